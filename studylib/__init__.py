@@ -1,0 +1,2 @@
+"""studylib: dense vs mixture-of-experts pretraining at tiny scale (TinyStories)."""
+__version__ = "0.1.0"

@@ -1,0 +1,410 @@
+"""Typed, validated configuration: model / FFN / data / training / preset.
+
+A preset YAML (``params/*.yaml``) has the sections ``data``, ``train``, ``model`` (defaults
+shared by every model), ``models`` (named variants, each a partial model config, or a
+``derive`` rule solved by :mod:`studylib.budget`), ``seeds`` and ``study`` (notebook knobs).
+
+Every error names the offending field (dotted path) and what was expected.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range; the message names the field."""
+
+
+# --------------------------------------------------------------------------------------------
+# dataclasses
+# --------------------------------------------------------------------------------------------
+FFNKind = Literal["dense", "moe", "soft"]
+Dispatch = Literal["naive", "grouped", "stacked"]
+RouterMode = Literal["learned", "uniform", "balanced"]
+
+
+@dataclass(frozen=True)
+class FFNConfig:
+    """Feed-forward block. ``hidden`` is the SwiGLU hidden size of the dense FFN or of *each* expert."""
+
+    kind: FFNKind = "dense"
+    hidden: int = 1024
+    num_experts: int = 1  # E (moe) or K (soft)
+    top_k: int = 1  # moe only
+    dispatch: Dispatch = "grouped"  # moe only
+    grouped_mm: Literal["auto", "on", "off"] = "auto"  # use torch._grouped_mm in `grouped`
+    balance_coef: float = 0.0  # lambda_bal (moe)
+    z_coef: float = 0.0  # lambda_z (moe)
+    router_scale: float = 1.0  # multiplies router logits (soft-MoE variant; 1.0 = none)
+    layers: Optional[tuple[int, ...]] = None  # layers that use this FFN; None = all. Others: dense
+
+    def validate(self, where: str = "ffn") -> None:
+        _positive(self.hidden, f"{where}.hidden")
+        _positive(self.num_experts, f"{where}.num_experts")
+        _positive(self.top_k, f"{where}.top_k")
+        if self.kind == "moe" and self.top_k > self.num_experts:
+            raise ConfigError(
+                f"{where}.top_k: must be between 1 and num_experts={self.num_experts}, got {self.top_k}"
+            )
+        if self.kind == "dense" and (self.num_experts != 1 or self.top_k != 1):
+            raise ConfigError(f"{where}: a dense FFN has num_experts=1 and top_k=1")
+        if self.kind == "soft" and self.top_k != 1:
+            raise ConfigError(f"{where}.top_k: the soft MoE mixes all experts; leave top_k at 1")
+        for name in ("balance_coef", "z_coef"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)}")
+        if self.router_scale <= 0:
+            raise ConfigError(f"{where}.router_scale: must be > 0, got {self.router_scale}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "model"
+    vocab_size: int = 4096
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    context: int = 512
+    dropout: float = 0.1
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    ffn: FFNConfig = field(default_factory=FFNConfig)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def ffn_for_layer(self, layer: int) -> FFNConfig:
+        """The FFN config of one layer: ``ffn`` on the listed layers, a dense SwiGLU elsewhere.
+
+        The dense layers of a mixed pattern use the MoE's active FFN width (``top_k * hidden``;
+        for the soft MoE ``num_experts * hidden``) so that they cost what the routed layer does.
+        """
+        f = self.ffn
+        if f.layers is None or layer in f.layers:
+            return f
+        width = f.hidden * (f.num_experts if f.kind == "soft" else f.top_k)
+        return FFNConfig(kind="dense", hidden=width)
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context"):
+            _positive(getattr(self, name), f"model.{name}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.n_heads: must divide d_model={self.d_model}; allowed: {_divisors(self.d_model)}"
+                f", got {self.n_heads}"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"model.n_kv_heads: must divide n_heads={self.n_heads}; allowed: "
+                f"{_divisors(self.n_heads)}, got {self.n_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"model.n_heads: head_dim d_model/n_heads={self.head_dim} must be even (RoPE)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout}")
+        self.ffn.validate("model.ffn")
+        if self.ffn.layers is not None:
+            bad = [i for i in self.ffn.layers if not 0 <= i < self.n_layers]
+            if bad:
+                raise ConfigError(
+                    f"model.ffn.layers: layer indices must be in 0..{self.n_layers - 1}, got {bad}"
+                )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: Literal["auto", "local", "hub"] = "auto"
+    data_dir: Optional[str] = None  # env STUDYLIB_DATA_DIR overrides
+    hub_dataset: str = "roneneldan/TinyStories"
+    hub_split: str = "train"
+    max_stories: Optional[int] = None  # take only the first N stories (None = all)
+    vocab_size: int = 4096
+    context: int = 512
+    val_fraction: float = 0.05
+    split_seed: int = 1337
+    cache_dir: str = "outputs/cache"  # env STUDYLIB_CACHE_DIR overrides
+    tokenizer_threads: int = 0  # 0 = all cores
+
+    def validate(self) -> None:
+        _positive(self.vocab_size, "data.vocab_size")
+        if self.context < 2:
+            raise ConfigError(f"data.context: must be >= 2, got {self.context}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction: must be in (0, 1), got {self.val_fraction}")
+        if self.max_stories is not None:
+            _positive(self.max_stories, "data.max_stories")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 16
+    grad_accum: int = 2
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_frac: float = 0.03
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    max_steps: Optional[int] = None  # None = one epoch of the train windows
+    eval_every: int = 250
+    eval_windows: Optional[int] = None  # fixed val subset during training (None = full pass)
+    final_full_eval: bool = True
+    checkpoint_every: Optional[int] = None  # None = at every evaluation
+    keep_checkpoints: bool = False  # keep one checkpoint per evaluation (for the explorer)
+    amp: Literal["auto", "bf16", "off"] = "auto"  # auto: bf16 on CUDA and CPU
+    compile: bool = False
+    device: str = "auto"
+    num_threads: int = 0  # torch threads on CPU; 0 = leave torch's default
+
+    def validate(self) -> None:
+        for name in ("batch_size", "grad_accum", "eval_every"):
+            _positive(getattr(self, name), f"train.{name}")
+        if self.max_steps is not None:
+            _positive(self.max_steps, "train.max_steps")
+        if self.eval_windows is not None:
+            _positive(self.eval_windows, "train.eval_windows")
+        if not 0 < self.min_lr <= self.lr:
+            raise ConfigError(f"train.min_lr: must be in (0, lr={self.lr}], got {self.min_lr}")
+        if not 0.0 <= self.warmup_frac < 1.0:
+            raise ConfigError(f"train.warmup_frac: must be in [0, 1), got {self.warmup_frac}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"train.betas: must be two numbers in [0, 1), got {self.betas}")
+        if self.grad_clip < 0:
+            raise ConfigError(f"train.grad_clip: must be >= 0 (0 = off), got {self.grad_clip}")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    data: DataConfig
+    train: TrainConfig
+    model: dict  # shared model defaults (raw mapping, merged into each model)
+    models: dict  # name -> raw mapping (partial model config or a `derive` rule)
+    seeds: tuple[int, ...] = (1337, 1338, 1339)
+    study: dict = field(default_factory=dict)  # free-form knobs for the notebooks
+    path: Optional[str] = None
+
+    def model_names(self) -> list[str]:
+        return list(self.models)
+
+    def model_config(self, name: str) -> ModelConfig:
+        """The resolved, validated config of one named model (derive rules solved here)."""
+        if name not in self.models:
+            raise ConfigError(f"models: no model named {name!r}; allowed: {sorted(self.models)}")
+        raw = self.models[name]
+        if isinstance(raw, dict) and "derive" in raw:
+            from .budget import derive_model  # the solver lives in budget.py
+
+            return derive_model(self, name, raw)
+        merged = deep_merge(self.model, raw or {})
+        merged.setdefault("vocab_size", self.data.vocab_size)
+        merged.setdefault("context", self.data.context)
+        merged["name"] = name
+        return model_from_dict(merged, where=f"models.{name}")
+
+
+# --------------------------------------------------------------------------------------------
+# building dataclasses from mappings, with field-naming errors
+# --------------------------------------------------------------------------------------------
+def _positive(v: Any, where: str) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise ConfigError(f"{where}: must be a positive integer, got {v!r}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check (and gently coerce: int->float, list->tuple, '3e-4'->float) a value against a type."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: unexpected value {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: must be one of {list(args)}, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: must be a list, got {type(value).__name__} {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{where}: must be a list of {len(args)} items, got {list(value)}")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if tp is Any or tp is dict:
+        if tp is dict and not isinstance(value, dict):
+            raise ConfigError(f"{where}: must be a mapping, got {value!r}")
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: must be an integer, got {type(value).__name__} {value!r}")
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: must be a number, got {type(value).__name__} {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: must be a string, got {type(value).__name__} {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return dataclass_from_dict(tp, value, where)
+    raise ConfigError(f"{where}: unsupported type {_type_name(tp)}")  # pragma: no cover
+
+
+def dataclass_from_dict(cls: type, raw: Any, where: str):
+    if isinstance(raw, cls):
+        return raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping of fields, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {names}")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in raw.items()}
+    obj = cls(**kwargs)
+    return obj
+
+
+def model_from_dict(raw: dict, where: str = "model") -> ModelConfig:
+    cfg = dataclass_from_dict(ModelConfig, raw, where)
+    try:
+        cfg.validate()
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg.replace("model.", f"{where}.", 1) if where != "model" else msg) from None
+    return cfg
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in (over or {}).items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+_PRESET_KEYS = ("name", "data", "train", "model", "models", "seeds", "study")
+
+
+def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path or 'preset'}: must be a YAML mapping with keys {list(_PRESET_KEYS)}")
+    unknown = sorted(set(raw) - set(_PRESET_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown top-level key(s) {unknown}; allowed: {list(_PRESET_KEYS)}")
+    data_raw = dict(raw.get("data") or {})
+    if os.environ.get("STUDYLIB_DATA_DIR"):
+        data_raw["data_dir"] = os.environ["STUDYLIB_DATA_DIR"]
+    if os.environ.get("STUDYLIB_CACHE_DIR"):
+        data_raw["cache_dir"] = os.environ["STUDYLIB_CACHE_DIR"]
+    if path is not None:  # relative data/cache dirs are relative to the repository (parent of params/)
+        root = Path(path).resolve().parent.parent
+        for key in ("data_dir", "cache_dir"):
+            v = data_raw.get(key)
+            if isinstance(v, str) and not os.path.isabs(v) and key not in _env_overridden():
+                data_raw[key] = str((root / v).resolve())
+    data = dataclass_from_dict(DataConfig, data_raw, "data")
+    data.validate()
+    train = dataclass_from_dict(TrainConfig, raw.get("train") or {}, "train")
+    train.validate()
+    model = raw.get("model") or {}
+    if not isinstance(model, dict):
+        raise ConfigError("model: must be a mapping of shared model fields")
+    models = raw.get("models") or {}
+    if not isinstance(models, dict) or not models:
+        raise ConfigError("models: must be a non-empty mapping of model name -> settings")
+    seeds = _coerce(raw.get("seeds", [1337, 1338, 1339]), tuple[int, ...], "seeds")
+    if not seeds:
+        raise ConfigError("seeds: must list at least one integer seed")
+    study = _coerce(raw.get("study") or {}, dict, "study")
+    name = raw.get("name") or (Path(path).stem if path else "preset")
+    preset = Preset(name=name, data=data, train=train, model=model, models=models, seeds=seeds,
+                    study=study, path=path)
+    return preset
+
+
+def _env_overridden() -> set[str]:
+    return {k for k, env in (("data_dir", "STUDYLIB_DATA_DIR"), ("cache_dir", "STUDYLIB_CACHE_DIR"))
+            if os.environ.get(env)}
+
+
+def load_preset(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> Preset:
+    """Load a preset YAML file, apply ``key.sub=value`` overrides, validate everything."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: preset file not found (presets live in params/*.yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    raw = apply_overrides(raw or {}, overrides or [])
+    return preset_from_dict(raw, str(path))
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b.c=value`` strings (value parsed as YAML) to a nested mapping."""
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. train.max_steps=100")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = raw
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {p!r} is not a section")
+        node[parts[-1]] = yaml.safe_load(value)
+    return raw
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass (nested) as plain YAML/JSON-friendly data."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,131 @@
+"""Feed-forward variants behind one interface: dense SwiGLU, sparse routed MoE, soft always-active MoE.
+
+Every FFN is called as ``y_BSD, router = ffn(x_BSD, stats=False)``; ``router`` is ``None`` for the
+dense FFN, else a :class:`RouterOutput` carrying the layer's auxiliary losses (as tensors, so the
+caller adds them to the objective; no global state) and, when ``stats=True``, its diagnostics.
+
+Router modes (``ffn.router_mode``, per layer; see :meth:`studylib.model.Decoder.set_router_mode`):
+``learned`` (normal), ``uniform`` (gate forced to 1/E; sparse layers take a fixed balanced
+assignment with weights 1/K) and ``balanced`` (sparse only: token t goes to experts
+``(t*K + j) mod E``, weighted by its renormalised router probabilities; for throughput runs).
+
+Shape legend: B batch, S sequence, T = B*S tokens, D model width, H hidden width (per expert),
+F = 2H (fused gate|up rows), E experts (K for the soft MoE's experts), K chosen per token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import routing
+from .config import FFNConfig
+from .dispatch import moe_experts, swiglu_rows
+
+
+@dataclass
+class RouterOutput:
+    balance: torch.Tensor  # scalar, Switch balance loss of this layer (0 for soft MoE)
+    z: torch.Tensor  # scalar, router z-loss of this layer (0 for soft MoE)
+    stats: Optional[dict] = None  # diagnostics (plain numbers) when requested
+
+
+class DenseFFN(nn.Module):
+    """SwiGLU: ``w_out(silu(x W_gate^T) * (x W_up^T))`` with gate|up fused into one matrix."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.hidden = hidden
+        self.w_in = nn.Linear(d_model, 2 * hidden, bias=False)  # rows: gate then up
+        self.w_out = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x_BSD, stats: bool = False):
+        return self.w_out(swiglu_rows(self.w_in(x_BSD))), None
+
+
+class _Experts(nn.Module):
+    """Shared parts of the two MoEs: a bias-free router and stacked expert weights."""
+
+    def __init__(self, d_model: int, cfg: FFNConfig):
+        super().__init__()
+        E, H = cfg.num_experts, cfg.hidden
+        self.cfg = cfg
+        self.router = nn.Linear(d_model, E, bias=False)
+        self.w_in_EFD = nn.Parameter(torch.empty(E, 2 * H, d_model))
+        self.w_out_EDH = nn.Parameter(torch.empty(E, d_model, H))
+        self.router_mode = "learned"
+
+    def router_logits(self, x_TD: torch.Tensor) -> torch.Tensor:
+        """Router logits in fp32 (autocast off): small matmul, and the softmax needs the precision."""
+        with torch.autocast(x_TD.device.type, enabled=False):
+            logits_TE = F.linear(x_TD.float(), self.router.weight.float())
+        if self.cfg.router_scale != 1.0:
+            logits_TE = logits_TE * self.cfg.router_scale
+        return logits_TE
+
+
+class SparseMoE(_Experts):
+    """Top-k token-choice routed MoE (Mixtral style), dropless."""
+
+    def forward(self, x_BSD, stats: bool = False):
+        B, S, D = x_BSD.shape
+        E, K = self.cfg.num_experts, self.cfg.top_k
+        x_TD = x_BSD.reshape(B * S, D)
+        logits_TE = self.router_logits(x_TD)
+        probs_TE = torch.softmax(logits_TE, dim=-1)
+        if self.router_mode == "learned":
+            w_TK, idx_TK = probs_TE.topk(K, dim=-1)
+        else:  # fixed balanced assignment: token t -> experts (t*K + j) mod E (distinct as K <= E)
+            t = torch.arange(B * S, device=x_TD.device)
+            idx_TK = (t[:, None] * K + torch.arange(K, device=x_TD.device)) % E
+            if self.router_mode == "uniform":
+                probs_TE = torch.full_like(probs_TE, 1.0 / E)
+            w_TK = probs_TE.gather(1, idx_TK)
+        w_TK = w_TK / w_TK.sum(-1, keepdim=True)  # renormalise the K weights
+        y_TD = moe_experts(x_TD, idx_TK, w_TK, self.w_in_EFD, self.w_out_EDH,
+                           self.cfg.dispatch, self.cfg.grouped_mm)
+        out = RouterOutput(
+            balance=routing.balance_loss(probs_TE, idx_TK),
+            z=routing.z_loss(logits_TE),
+            stats=routing.router_stats(logits_TE, probs_TE, idx_TK) if stats else None,
+        )
+        return y_TD.to(x_BSD.dtype).reshape(B, S, D), out
+
+
+class SoftMoE(_Experts):
+    """K always-active SwiGLU experts mixed by a per-token softmax gate (seed 003).
+
+    Computed as one wide SwiGLU of width K*H whose hidden groups are scaled by the gate:
+    ``sum_k g_k W_out_k act_k = W_out_wide [g_1 act_1; ...; g_K act_K]`` (exact by linearity).
+    """
+
+    def forward(self, x_BSD, stats: bool = False):
+        B, S, D = x_BSD.shape
+        E, H = self.cfg.num_experts, self.cfg.hidden
+        x_TD = x_BSD.reshape(B * S, D)
+        logits_TE = self.router_logits(x_TD)
+        if self.router_mode == "learned":
+            gate_TE = torch.softmax(logits_TE, dim=-1)
+        else:
+            gate_TE = torch.full_like(logits_TE, 1.0 / E)
+        h_TEF = F.linear(x_TD, self.w_in_EFD.reshape(E * 2 * H, D)).view(-1, E, 2 * H)
+        act_TEH = swiglu_rows(h_TEF) * gate_TE[:, :, None].to(h_TEF.dtype)
+        w_out_DX = self.w_out_EDH.permute(1, 0, 2).reshape(D, E * H)
+        y_TD = F.linear(act_TEH.reshape(-1, E * H), w_out_DX)
+        zero = logits_TE.new_zeros(())
+        out = RouterOutput(balance=zero, z=zero,
+                           stats=routing.router_stats(logits_TE, gate_TE, None) if stats else None)
+        return y_TD.to(x_BSD.dtype).reshape(B, S, D), out
+
+
+def build_ffn(d_model: int, cfg: FFNConfig) -> nn.Module:
+    if cfg.kind == "dense":
+        return DenseFFN(d_model, cfg.hidden)
+    if cfg.kind == "moe":
+        return SparseMoE(d_model, cfg)
+    if cfg.kind == "soft":
+        return SoftMoE(d_model, cfg)
+    raise ValueError(f"ffn.kind must be dense, moe or soft, got {cfg.kind!r}")

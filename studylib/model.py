@@ -1,0 +1,194 @@
+"""LLaMA-style decoder: RoPE, pre-RMSNorm, GQA attention (SDPA, causal), SwiGLU/MoE FFN, tied embeddings.
+
+No biases anywhere; dropout on the attention output and on the FFN path; final RMSNorm.
+``Decoder.forward`` returns the loss and the router outputs (no global state): see ModelOutput.
+
+Shape legend: B batch, S sequence, D model width, V vocab, Q query heads, G kv heads, A head dim.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .ffn import DenseFFN, RouterOutput, SoftMoE, SparseMoE, _Experts, build_ffn
+
+
+@dataclass
+class ModelOutput:
+    logits: Optional[torch.Tensor]  # (B, S, V); None when targets were given and return_logits=False
+    loss: Optional[torch.Tensor]  # mean next-token cross-entropy (targets already shifted)
+    balance_loss: torch.Tensor  # mean over MoE layers of the Switch balance loss (0 if none)
+    z_loss: torch.Tensor  # mean over MoE layers of the router z-loss (0 if none)
+    aux_loss: torch.Tensor  # balance_coef * balance_loss + z_coef * z_loss (add it to `loss`)
+    router_stats: list = field(default_factory=list)  # per layer: dict of diagnostics or None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_tables(head_dim: int, length: int, theta: float, device=None):
+    """cos/sin tables (S, A/2) for rotary embeddings (rotate-half convention)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    ang = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv)
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x_BHSA, cos_SA, sin_SA):
+    x1, x2 = x_BHSA.chunk(2, dim=-1)
+    cos, sin = cos_SA.to(x_BHSA.dtype), sin_SA.to(x_BHSA.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class KVCache:
+    """Per-layer key/value buffers for incremental decoding (B, G, S_max, A)."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, device, dtype=torch.float32):
+        shape = (batch, cfg.n_kv_heads, cfg.context, cfg.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.pos = 0  # tokens already in the cache
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.Q, self.G, self.A = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wqkv = nn.Linear(cfg.d_model, (self.Q + 2 * self.G) * self.A, bias=False)
+        self.wo = nn.Linear(self.Q * self.A, cfg.d_model, bias=False)
+
+    def forward(self, x_BSD, cos, sin, cache: Optional[KVCache] = None, layer: int = 0):
+        B, S, _ = x_BSD.shape
+        q, k, v = self.wqkv(x_BSD).split([self.Q * self.A, self.G * self.A, self.G * self.A], -1)
+        q = apply_rope(q.view(B, S, self.Q, self.A).transpose(1, 2), cos, sin)
+        k = apply_rope(k.view(B, S, self.G, self.A).transpose(1, 2), cos, sin)
+        v = v.view(B, S, self.G, self.A).transpose(1, 2)
+        causal = True
+        if cache is not None:
+            p = cache.pos
+            cache.k[layer][:, :, p:p + S] = k
+            cache.v[layer][:, :, p:p + S] = v
+            k, v = cache.k[layer][:, :, :p + S], cache.v[layer][:, :, :p + S]
+            causal = p == 0  # prefill is causal; a single new token sees the whole cache
+            if p > 0 and S > 1:
+                raise ValueError("KV cache: feed one token at a time after the prefill")
+        y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=causal,
+                                           enable_gqa=self.G != self.Q)
+        return self.wo(y.transpose(1, 2).reshape(B, S, self.Q * self.A))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.ffn = build_ffn(cfg.d_model, cfg.ffn_for_layer(layer))
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layer = layer
+
+    def forward(self, x, cos, sin, stats=False, cache=None):
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, self.layer))
+        h, router = self.ffn(self.ffn_norm(x), stats=stats)
+        return x + self.drop(h), router
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        cos, sin = rope_tables(cfg.head_dim, cfg.context, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    # ---- initialisation -------------------------------------------------------------------
+    @torch.no_grad()
+    def reset_parameters(self):
+        """N(0, init_std) everywhere; residual output projections scaled by 1/sqrt(2L);
+        norms at 1; the soft-MoE router at 0, so its gate starts exactly uniform."""
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.n_layers)
+        nn.init.normal_(self.tok_emb.weight, std=std)
+        for blk in self.blocks:
+            nn.init.normal_(blk.attn.wqkv.weight, std=std)
+            nn.init.normal_(blk.attn.wo.weight, std=out_std)
+            f = blk.ffn
+            if isinstance(f, DenseFFN):
+                nn.init.normal_(f.w_in.weight, std=std)
+                nn.init.normal_(f.w_out.weight, std=out_std)
+            else:
+                nn.init.normal_(f.w_in_EFD, std=std)
+                nn.init.normal_(f.w_out_EDH, std=out_std)
+                if isinstance(f, SoftMoE):
+                    nn.init.zeros_(f.router.weight)
+                else:
+                    nn.init.normal_(f.router.weight, std=std)
+            blk.attn_norm.weight.fill_(1.0)
+            blk.ffn_norm.weight.fill_(1.0)
+        self.norm.weight.fill_(1.0)
+
+    # ---- routing switches -----------------------------------------------------------------
+    def set_router_mode(self, mode: str, layers: Optional[list[int]] = None) -> None:
+        """Force routers to ``uniform`` / ``balanced`` (or back to ``learned``) on some layers."""
+        if mode not in ("learned", "uniform", "balanced"):
+            raise ValueError(f"router mode must be learned, uniform or balanced, got {mode!r}")
+        for i, blk in enumerate(self.blocks):
+            if isinstance(blk.ffn, _Experts) and (layers is None or i in layers):
+                if mode == "balanced" and isinstance(blk.ffn, SoftMoE):
+                    raise ValueError(f"layer {i}: 'balanced' applies to the sparse MoE only")
+                blk.ffn.router_mode = mode
+
+    def routed_layers(self) -> list[int]:
+        return [i for i, b in enumerate(self.blocks) if isinstance(b.ffn, _Experts)]
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # ---- forward --------------------------------------------------------------------------
+    def forward(self, idx_BS, targets_BS=None, *, stats: bool = False, cache: Optional[KVCache] = None,
+                return_logits: bool = True) -> ModelOutput:
+        B, S = idx_BS.shape
+        p = cache.pos if cache is not None else 0
+        if p + S > self.cfg.context:
+            raise ValueError(f"sequence of {p + S} tokens exceeds the model context {self.cfg.context}")
+        cos, sin = self.rope_cos[p:p + S], self.rope_sin[p:p + S]
+        x = self.tok_emb(idx_BS)
+        routers: list[Optional[RouterOutput]] = []
+        for blk in self.blocks:
+            x, r = blk(x, cos, sin, stats=stats, cache=cache)
+            routers.append(r)
+        if cache is not None:
+            cache.pos += S
+        h = self.norm(x)
+        logits = F.linear(h, self.tok_emb.weight)  # tied output embedding
+        loss = None
+        if targets_BS is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets_BS.reshape(-1))
+        moe = [r for blk, r in zip(self.blocks, routers) if isinstance(blk.ffn, SparseMoE)]
+        zero = x.new_zeros((), dtype=torch.float32)
+        bal = torch.stack([r.balance for r in moe]).mean() if moe else zero
+        z = torch.stack([r.z for r in moe]).mean() if moe else zero
+        f = self.cfg.ffn
+        aux = f.balance_coef * bal + f.z_coef * z if moe else zero
+        return ModelOutput(
+            logits=logits if (return_logits or targets_BS is None) else None,
+            loss=loss, balance_loss=bal, z_loss=z, aux_loss=aux,
+            router_stats=[r.stats if r is not None else None for r in routers],
+        )

@@ -1,0 +1,89 @@
+"""Router losses and diagnostics: pure functions of router logits / probabilities / choices.
+
+Shape legend: T tokens, E experts (K for the soft MoE's experts), K experts chosen per token.
+
+Balance loss (Switch style), per layer: ``E * sum_e f_e * P_e`` with ``f_e`` the share of the
+T*K assignments that went to expert e (sums to 1) and ``P_e`` the mean router probability of
+e. It is 1.0 at perfectly uniform routing and grows with skew (up to E). HF Mixtral instead pools
+the layers and lets f sum to k; we keep the paper's per-layer form and average over layers.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def assignment_shares(idx_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """f_e: share of the T*K assignments that went to each expert (sums to 1)."""
+    counts = torch.bincount(idx_TK.reshape(-1), minlength=num_experts)
+    return counts.to(torch.float32) / idx_TK.numel()
+
+
+def balance_loss(probs_TE: torch.Tensor, idx_TK: torch.Tensor) -> torch.Tensor:
+    E = probs_TE.shape[-1]
+    f_E = assignment_shares(idx_TK, E)  # not differentiable (counts), as in Switch
+    P_E = probs_TE.float().mean(0)
+    return E * torch.sum(f_E * P_E)
+
+
+def z_loss(logits_TE: torch.Tensor) -> torch.Tensor:
+    """ST-MoE router z-loss: mean over tokens of logsumexp(logits)^2."""
+    return torch.logsumexp(logits_TE.float(), dim=-1).pow(2).mean()
+
+
+def _entropy(p_TE: torch.Tensor) -> torch.Tensor:
+    return -(p_TE * torch.log(p_TE.clamp_min(1e-12))).sum(-1)
+
+
+@torch.no_grad()
+def router_stats(logits_TE: torch.Tensor, probs_TE: torch.Tensor, idx_TK: torch.Tensor | None) -> dict:
+    """Per-layer diagnostics as plain Python numbers (sparse MoE when idx_TK is given, else soft).
+
+    Common: ``shares`` (per expert), ``busiest`` (max share), ``usage_var`` (population variance of
+    the shares), ``entropy`` (mean per-token entropy of the router softmax, max ln E), ``top1``
+    (mean largest probability), ``margin`` (mean p1 - p2), ``logz`` (mean logsumexp of logits).
+    Soft MoE adds ``usage_entropy`` (entropy of the mean gate), ``max_gt_0.9`` (share of tokens
+    whose largest gate exceeds 0.9) and ``argmax_shares`` (share of tokens whose largest gate is e).
+    """
+    p = probs_TE.float()
+    E = p.shape[-1]
+    top2 = p.topk(min(2, E), dim=-1).values
+    margin = (top2[:, 0] - top2[:, 1]).mean() if E > 1 else top2[:, 0].mean()
+    if idx_TK is not None:
+        shares = assignment_shares(idx_TK, E)
+    else:
+        shares = p.mean(0)
+    out = {
+        "shares": shares.tolist(),
+        "busiest": float(shares.max()),
+        "usage_var": float(shares.var(unbiased=False)),
+        "entropy": float(_entropy(p).mean()),
+        "top1": float(top2[:, 0].mean()),
+        "margin": float(margin),
+        "logz": float(torch.logsumexp(logits_TE.float(), -1).mean()),
+    }
+    if idx_TK is None:
+        mean_gate = p.mean(0)
+        out["usage_entropy"] = float(_entropy(mean_gate[None])[0])
+        out["max_gt_0.9"] = float((top2[:, 0] > 0.9).float().mean())
+        out["argmax_shares"] = (torch.bincount(p.argmax(-1), minlength=E).float() / p.shape[0]).tolist()
+    return out
+
+
+def mean_stats(stats: list[dict]) -> dict:
+    """Average a list of per-batch stats dicts (same layer) key by key (lists element-wise)."""
+    if not stats:
+        return {}
+    out = {}
+    for k, v in stats[0].items():
+        vals = [s[k] for s in stats]
+        if isinstance(v, list):
+            out[k] = [sum(col) / len(col) for col in zip(*vals)]
+        else:
+            out[k] = sum(vals) / len(vals)
+    return out
+
+
+def max_entropy(num_experts: int) -> float:
+    return math.log(num_experts)
