@@ -132,10 +132,11 @@ def match_dense(
     """Dense widths matching ``ref``'s active or total parameter count.
 
     For each d_model (multiples of ``d_multiple`` from d/2 to 2d) with valid heads, the FFN hidden
-    size is solved in closed form and rounded to ``hidden_multiple``. Among the candidates within
-    the tolerance (1% active, 0.1% total), the one whose hidden/d_model ratio is closest (in log)
-    to ``ffn_ratio`` (default: the reference's per-expert ratio) wins, a modest width resize with
-    a conventional FFN shape; if none is within tolerance, the closest count wins.
+    size is solved in closed form and rounded to ``hidden_multiple`` (or half / a quarter of it, so
+    that tiny models can still meet the tolerance). Among the candidates within the tolerance (1%
+    active, 0.1% total), the one whose hidden/d_model ratio is closest (in log) to ``ffn_ratio``
+    (default: the reference's per-expert ratio) wins, a modest width resize with a conventional FFN
+    shape, preferring the coarsest rounding; if none is within tolerance, the closest count wins.
     """
     if target not in TOLERANCE:
         raise ConfigError(f"derive target must be 'active' or 'total', got {target!r}")
@@ -144,6 +145,7 @@ def match_dense(
     ratio = ffn_ratio or ref.ffn.hidden / ref.d_model
     cands = []
     lo = max(d_multiple, (ref.d_model // 2) // d_multiple * d_multiple)
+    mults = [m for m in (hidden_multiple, hidden_multiple // 2, hidden_multiple // 4) if m >= 8] or [hidden_multiple]
     for D in range(lo, 2 * ref.d_model + 1, d_multiple):
         heads = _heads_for(D, ref, min_head_dim)
         if heads is None:
@@ -153,18 +155,19 @@ def match_dense(
         fixed = count_params(base)
         per_unit = 3 * D * ref.n_layers  # params per unit of FFN hidden
         h_exact = (goal - fixed.embedding - fixed.non_ffn) / per_unit
-        for h in {math.floor(h_exact / hidden_multiple) * hidden_multiple,
-                  math.ceil(h_exact / hidden_multiple) * hidden_multiple}:
-            if h <= 0:
-                continue
-            cfg = dataclasses.replace(base, ffn=FFNConfig(kind="dense", hidden=h))
-            n = getattr(count_params(cfg), target)
-            cands.append((abs(n - goal) / goal, abs(math.log(h / D / ratio)), cfg, n))
+        for mult in mults:
+            for h in {math.floor(h_exact / mult) * mult, math.ceil(h_exact / mult) * mult}:
+                if h <= 0:
+                    continue
+                cfg = dataclasses.replace(base, ffn=FFNConfig(kind="dense", hidden=h))
+                n = getattr(count_params(cfg), target)
+                # rank: FFN shape closest to the reference's, then the coarsest rounding, then count
+                cands.append(((round(abs(math.log(h / D / ratio)), 2), -mult, abs(n - goal) / goal), cfg, n))
     if not cands:
         raise ConfigError(f"budget: no dense width can match {ref.name} ({target}); check its heads")
-    inside = [c for c in cands if c[0] <= tol]
-    best = min(inside, key=lambda c: (c[1], c[0])) if inside else min(cands, key=lambda c: c[0])
-    return Match(best[2], target, goal, best[3])
+    inside = [c for c in cands if c[0][2] <= tol]
+    best = min(inside, key=lambda c: c[0]) if inside else min(cands, key=lambda c: c[0][2])
+    return Match(best[1], target, goal, best[2])
 
 
 def iso_width_moe(dense: ModelConfig, num_experts: int = 4, top_k: int = 2, name: Optional[str] = None,
