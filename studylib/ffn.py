@@ -31,6 +31,8 @@ class RouterOutput:
     balance: torch.Tensor  # scalar, Switch balance loss of this layer (0 for soft MoE)
     z: torch.Tensor  # scalar, router z-loss of this layer (0 for soft MoE)
     stats: Optional[dict] = None  # diagnostics (plain numbers) when requested
+    token_weights: Optional[torch.Tensor] = None  # (T, E) combine weight of each expert per token
+    # (0 for experts a token did not choose; the gate for the soft MoE), detached, when requested
 
 
 class DenseFFN(nn.Module):
@@ -91,6 +93,8 @@ class SparseMoE(_Experts):
             balance=routing.balance_loss(probs_TE, idx_TK),
             z=routing.z_loss(logits_TE),
             stats=routing.router_stats(logits_TE, probs_TE, idx_TK) if stats else None,
+            token_weights=probs_TE.new_zeros(probs_TE.shape).scatter(1, idx_TK, w_TK).detach()
+            if stats else None,
         )
         return y_TD.to(x_BSD.dtype).reshape(B, S, D), out
 
@@ -117,7 +121,8 @@ class SoftMoE(_Experts):
         y_TD = F.linear(act_TEH.reshape(-1, E * H), w_out_DX)
         zero = logits_TE.new_zeros(())
         out = RouterOutput(balance=zero, z=zero,
-                           stats=routing.router_stats(logits_TE, gate_TE, None) if stats else None)
+                           stats=routing.router_stats(logits_TE, gate_TE, None) if stats else None,
+                           token_weights=gate_TE.detach() if stats else None)
         return y_TD.to(x_BSD.dtype).reshape(B, S, D), out
 
 

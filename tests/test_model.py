@@ -170,3 +170,16 @@ def test_kv_cache_matches_full_recompute(ffn):
     for t in range(6, 14):
         steps.append(m(idx[:, t:t + 1], cache=cache).logits)
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("ffn", ["moe", "soft"])
+def test_token_routing_returned_with_stats(ffn):
+    m = tiny(ffn)
+    out = m(torch.randint(0, 101, (2, 7)), stats=True)
+    tw = out.token_routing[1]
+    E = m.cfg.ffn.num_experts
+    assert tw.shape == (2, 7, E)
+    torch.testing.assert_close(tw.sum(-1), torch.ones(2, 7))  # weights of each token sum to 1
+    if ffn == "moe":
+        assert ((tw > 0).sum(-1) == 2).all()  # exactly top-2 experts carry weight
+    assert m(torch.randint(0, 101, (2, 7))).token_routing == [None, None]
