@@ -18,11 +18,12 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .ffn import DenseFFN, RouterOutput, SoftMoE, SparseMoE, _Experts, build_ffn
+from .loss import linear_cross_entropy
 
 
 @dataclass
 class ModelOutput:
-    logits: Optional[torch.Tensor]  # (B, S, V); None when targets were given and return_logits=False
+    logits: Optional[torch.Tensor]  # (B, S, V); None when targets are given (unless return_logits)
     loss: Optional[torch.Tensor]  # mean next-token cross-entropy (targets already shifted)
     balance_loss: torch.Tensor  # mean over MoE layers of the Switch balance loss (0 if none)
     z_loss: torch.Tensor  # mean over MoE layers of the router z-loss (0 if none)
@@ -168,7 +169,7 @@ class Decoder(nn.Module):
 
     # ---- forward --------------------------------------------------------------------------
     def forward(self, idx_BS, targets_BS=None, *, stats: bool = False, cache: Optional[KVCache] = None,
-                return_logits: bool = True) -> ModelOutput:
+                return_logits: bool = False) -> ModelOutput:
         B, S = idx_BS.shape
         p = cache.pos if cache is not None else 0
         if p + S > self.cfg.context:
@@ -182,10 +183,13 @@ class Decoder(nn.Module):
         if cache is not None:
             cache.pos += S
         h = self.norm(x)
-        logits = F.linear(h, self.tok_emb.weight)  # tied output embedding
-        loss = None
-        if targets_BS is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets_BS.reshape(-1))
+        logits = loss = None
+        if targets_BS is not None and not return_logits:  # fused chunked LM head + CE (no logits kept)
+            loss = linear_cross_entropy(h.reshape(B * S, -1), self.tok_emb.weight, targets_BS.reshape(-1))
+        else:
+            logits = F.linear(h, self.tok_emb.weight)  # tied output embedding
+            if targets_BS is not None:
+                loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets_BS.reshape(-1))
         moe = [r for blk, r in zip(self.blocks, routers) if isinstance(blk.ffn, SparseMoE)]
         zero = x.new_zeros((), dtype=torch.float32)
         bal = torch.stack([r.balance for r in moe]).mean() if moe else zero
@@ -193,8 +197,7 @@ class Decoder(nn.Module):
         f = self.cfg.ffn
         aux = f.balance_coef * bal + f.z_coef * z if moe else zero
         return ModelOutput(
-            logits=logits if (return_logits or targets_BS is None) else None,
-            loss=loss, balance_loss=bal, z_loss=z, aux_loss=aux,
+            logits=logits, loss=loss, balance_loss=bal, z_loss=z, aux_loss=aux,
             router_stats=[r.stats if r is not None else None for r in routers],
             token_routing=[r.token_weights.view(B, S, -1) if r is not None and r.token_weights is not None
                            else None for r in routers],

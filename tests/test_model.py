@@ -85,9 +85,12 @@ def test_gqa_shares_kv_heads():
 def test_loss_is_next_token_ce_and_aux_zero_for_dense():
     m = tiny("dense")
     idx = torch.randint(0, 101, (2, 17))
-    out = m(idx[:, :-1], idx[:, 1:])
+    out = m(idx[:, :-1], idx[:, 1:], return_logits=True)
     ref = F.cross_entropy(out.logits.reshape(-1, 101), idx[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, ref)
+    fused = m(idx[:, :-1], idx[:, 1:])  # default: chunked LM head + CE, no logits kept
+    assert fused.logits is None
+    torch.testing.assert_close(fused.loss, ref)
     assert out.aux_loss.item() == 0.0 and out.router_stats == [None, None]
 
 
