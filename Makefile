@@ -27,6 +27,7 @@ study: $(STAMP)
 
 ## unit tests + every notebook executed with params/ci.yaml and checked by nbval
 test: $(STAMP)
+	.ci/browser-deps || echo "(browser deps unavailable: the real-browser test will be skipped)"
 	$(BIN)/python -m pytest -q tests
 	$(BIN)/python -m studylib study --params params/ci.yaml --no-report
 	$(BIN)/python -m pytest -q --nbval-lax outputs/ci/notebooks

@@ -1,0 +1,86 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · Iso-width: dense vs top-2-of-4 MoE at the same width (seed 002)
+#
+# The MoE keeps the dense model's `d_model` and uses 4 experts with half the dense FFN hidden
+# size each, top-2 routing (plus balance and z-loss): per token it computes exactly the dense FFN's
+# parameters, but stores twice the FFN. Both are trained identically (first seed).
+#
+# Seed 002 also measured greedy decoding speed: batch 1, 32-token prompt, 64 new tokens, 5 timed
+# trials after 2 warm-ups, **without a KV cache**, and found the MoE 3.1x slower than dense. Here
+# both cache modes are timed (knobs: `study.decode`); the models are freshly initialised, since
+# speed does not depend on the weights. (Seed 002's downstream lm-evaluation-harness scores are
+# out of scope offline.)
+
+# %% tags=["parameters"]
+params = "params/cpu.yaml"
+jobs = None
+
+# %%
+from IPython.display import Markdown, display
+
+from studylib import analysis, bench, plots, runs, train
+from studylib.study import notebook_context
+from studylib.sweep import ensure_runs
+
+ctx = notebook_context(params, jobs)
+preset, study, out, seed = ctx.preset, ctx.study, ctx.out, ctx.first_seed
+dense, moe = study["iso_width"]
+summaries = ensure_runs(preset, [dense, moe], [seed], jobs=ctx.jobs)
+acct = analysis.accounting_frame([preset.model_config(m) for m in (dense, moe)])
+assert acct.loc[moe, "d_model"] == acct.loc[dense, "d_model"]
+assert acct.loc[moe, "ffn_active"] == acct.loc[dense, "ffn_total"], "the MoE's active FFN must equal the dense FFN"
+print(f"{dense} vs {moe}, seed {seed}, {int(summaries['tokens'].iloc[0]):,} target tokens each")
+
+# %% [markdown]
+# ## Losses
+
+# %%
+losses = summaries.set_index("model").loc[[dense, moe], ["best_val_loss", "best_val_ppl", "final_val_loss",
+                                                          "final_val_ppl", "train_tok_per_s"]]
+losses = losses.join(acct[["ffn", "total", "active"]])
+plots.save_table(losses, "iso_width_losses", out)
+display(losses)
+metrics = runs.collect_metrics(preset, [dense, moe], [seed])
+fig = plots.val_curves(metrics, order=[dense, moe], title="Iso-width: validation loss", outdir=out, name="iso_width_val_loss")
+
+# %% [markdown]
+# ## Greedy decoding speed
+#
+# New tokens per second (median over trials; whiskers: slowest and fastest trial), with and
+# without the KV cache; ratios are against the dense model in the same cache mode.
+
+# %%
+knobs = {"prompt_len": 32, "new_tokens": 64, "trials": 5, "warmup": 2, **study.get("decode", {})}
+device = train.resolve_device(preset.train)
+raw = bench.bench_decode(preset, [dense, moe], dtype="fp32", no_cache_too=True, device=str(device),
+                         progress=False, **knobs)
+plots.save_table(raw, "iso_width_decode_raw", out, index=False)
+decode = analysis.throughput_table(raw)
+plots.save_table(decode, "iso_width_decode", out)
+assert (raw["tok_s"] > 0).all()
+display(decode)
+fig = plots.throughput(decode.reset_index(), x="label", y="tok_per_s",
+                       title=f"Greedy decoding, batch 1, prompt {knobs['prompt_len']}, {knobs['new_tokens']} new tokens ({device})",
+                       outdir=out, name="iso_width_decode")
+
+# %%
+slow = {c: float(raw[(raw["model"] == dense) & (raw["cache"] == c)]["tok_s"].iloc[0]
+                 / raw[(raw["model"] == moe) & (raw["cache"] == c)]["tok_s"].iloc[0]) for c in (False, True)}
+gap = losses.loc[dense, "best_val_loss"] - losses.loc[moe, "best_val_loss"]
+display(Markdown(
+    f"**Summary.** Best val loss {dense} {losses.loc[dense, 'best_val_loss']:.4f} vs {moe} "
+    f"{losses.loc[moe, 'best_val_loss']:.4f} (dense − MoE = {gap:+.4f}). Decoding, dense speed / MoE speed: "
+    f"{slow[False]:.2f}x without a KV cache (seed 002: 3.1x), {slow[True]:.2f}x with it."))

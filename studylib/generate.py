@@ -1,0 +1,375 @@
+"""Decoding: a lean sampling loop with a KV cache, routing capture, and loading a trained run.
+
+``generate(model, prompt_ids, max_new_tokens, ...)`` prefills the prompt once into a
+:class:`~studylib.model.KVCache` and then feeds one token at a time (``use_cache=True``), or
+recomputes the whole prefix every step (``use_cache=False``, the seed-002 decoding protocol).
+It runs under ``torch.inference_mode()`` with the model in eval mode (restored afterwards) and
+returns the *new* token ids only (a ``list[int]``); with ``return_routing=True`` it returns a
+:class:`Generation` holding the tokens and, per generated token and layer, the router's choice.
+
+Sampling: ``temperature=0`` is greedy (argmax); otherwise logits / temperature, then optional
+``top_k`` (keep the k largest) and ``top_p`` (keep the smallest set of most likely tokens whose
+probability reaches p; the most likely token is always kept), then one draw from a private
+``torch.Generator`` seeded with ``seed`` (the global RNG is left alone; ``seed=None`` draws a seed
+from it). So ``top_k=1`` and a tiny ``top_p`` are greedy.
+
+Context: prompt + new tokens must fit ``model.cfg.context`` (the KV cache and the RoPE tables end
+there). A longer prompt is left-truncated to ``context - max_new_tokens`` tokens with a warning
+(``truncate=False`` raises instead); ``max_new_tokens >= context`` is always an error.
+
+``load_run(run_dir)`` rebuilds the model of a run directory written by the trainer
+(``config.yaml`` + ``checkpoints/latest.pt``) and finds its SentencePiece tokenizer.
+CLI: ``python -m studylib generate --run DIR --prompt "Once upon a time"``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .model import Decoder, KVCache
+
+
+class ContextOverflowWarning(UserWarning):
+    """The prompt was left-truncated so that prompt + new tokens fit the model context."""
+
+
+@dataclass
+class Generation:
+    """What ``generate(..., return_routing=True)`` returns.
+
+    ``routing[i][l]`` describes generated token ``i`` at layer ``l``: ``None`` for a dense layer,
+    else ``{"kind": "moe"|"soft", "experts": [...], "weights": [...], "probs": [...]}`` where
+    ``probs`` is the router softmax over all experts (fp32), ``experts`` the experts the token
+    used (top-k for the sparse MoE, all of them for the soft MoE) and ``weights`` their mixing
+    weights (renormalised top-k weights, or the soft gate). The routing of token ``i`` is the one
+    computed at the position that *produced* it (the last position of the step's input).
+    """
+
+    tokens: list[int]
+    prompt: list[int]  # the prompt actually used (after any truncation)
+    truncated: int = 0  # prompt tokens dropped from the left
+    routing: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# sampling
+# --------------------------------------------------------------------------------------------
+def sample_next(logits_V: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
+                top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> int:
+    """One token id from a 1-D logits vector (see the module docstring for the rules)."""
+    logits_V = logits_V.float()
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return int(torch.argmax(logits_V))
+    logits_V = logits_V / temperature
+    if top_k is not None:
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if top_k < logits_V.numel():
+            kth = torch.topk(logits_V, top_k).values[-1]
+            logits_V = logits_V.masked_fill(logits_V < kth, float("-inf"))
+    if top_p is not None:
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if top_p < 1.0:
+            sorted_V, order_V = torch.sort(logits_V, descending=True)
+            p_V = torch.softmax(sorted_V, -1)
+            drop_V = (p_V.cumsum(-1) - p_V) >= top_p  # the more likely tokens already reach p
+            drop_V[0] = False
+            logits_V = logits_V.masked_fill(torch.zeros_like(drop_V).scatter(0, order_V, drop_V), float("-inf"))
+    probs_V = torch.softmax(logits_V, -1)
+    return int(torch.multinomial(probs_V, 1, generator=generator))
+
+
+# --------------------------------------------------------------------------------------------
+# routing capture (forward pre-hooks on the routed FFNs; no change to the model)
+# --------------------------------------------------------------------------------------------
+class _RoutingProbe:
+    def __init__(self, model: Decoder):
+        from .ffn import SoftMoE, SparseMoE
+
+        self.layers = []  # (layer, ffn, kind)
+        for i, blk in enumerate(model.blocks):
+            if isinstance(blk.ffn, SparseMoE):
+                self.layers.append((i, blk.ffn, "moe"))
+            elif isinstance(blk.ffn, SoftMoE):
+                self.layers.append((i, blk.ffn, "soft"))
+        self.n_layers = len(model.blocks)
+        self.last_x = {}
+        self.handles = [ffn.register_forward_pre_hook(self._hook(i)) for i, ffn, _ in self.layers]
+
+    def _hook(self, layer):
+        def hook(module, args, kwargs=None):
+            x_BSD = args[0]
+            self.last_x[layer] = x_BSD[0, -1:].detach()  # the last position of the (only) sequence
+
+        return hook
+
+    def record(self) -> list:
+        out: list = [None] * self.n_layers
+        for i, ffn, kind in self.layers:
+            logits_1E = ffn.router_logits(self.last_x[i])
+            probs = torch.softmax(logits_1E, -1)[0]
+            E = probs.numel()
+            if kind == "soft":
+                gate = probs if ffn.router_mode == "learned" else torch.full_like(probs, 1.0 / E)
+                rec = {"kind": "soft", "experts": list(range(E)), "weights": gate.tolist()}
+            elif ffn.router_mode == "learned":
+                w, idx = probs.topk(ffn.cfg.top_k)
+                rec = {"kind": "moe", "experts": idx.tolist(), "weights": (w / w.sum()).tolist()}
+            else:  # fixed assignments depend on the token's index in the batch: not reconstructed here
+                rec = {"kind": "moe", "experts": None, "weights": None, "mode": ffn.router_mode}
+            rec["probs"] = probs.tolist()
+            out[i] = rec
+        return out
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+# --------------------------------------------------------------------------------------------
+# the decode loop
+# --------------------------------------------------------------------------------------------
+def _fit_context(prompt: list[int], max_new_tokens: int, context: int, truncate: bool) -> tuple[list[int], int]:
+    if max_new_tokens >= context:
+        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model "
+                         f"context of {context} tokens; ask for at most {context - 1}")
+    room = context - max_new_tokens
+    if len(prompt) <= room:
+        return prompt, 0
+    msg = (f"prompt of {len(prompt)} tokens + {max_new_tokens} new tokens exceeds the model context "
+           f"of {context}")
+    if not truncate:
+        raise ValueError(msg + f"; shorten the prompt to {room} tokens or ask for fewer new tokens")
+    drop = len(prompt) - room
+    warnings.warn(msg + f"; keeping the last {room} prompt tokens (dropped {drop} from the left)",
+                  ContextOverflowWarning, stacklevel=3)
+    return prompt[drop:], drop
+
+
+def generate(model: Decoder, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, *,
+             temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
+             seed: Optional[int] = None, use_cache: bool = True, eos_id: Optional[int] = None,
+             return_routing: bool = False, truncate: bool = True,
+             amp_dtype: Optional[torch.dtype] = None):
+    """Decode ``max_new_tokens`` tokens after ``prompt_ids`` (batch 1).
+
+    Returns the new token ids (``list[int]``; generation stops after emitting ``eos_id``), or a
+    :class:`Generation` with ``return_routing=True``. ``amp_dtype=torch.bfloat16`` runs under
+    autocast (default: the model's own dtype, fp32).
+    """
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() == 2:
+            if prompt_ids.shape[0] != 1:
+                raise ValueError(f"generate decodes one sequence; got a batch of {prompt_ids.shape[0]}")
+            prompt_ids = prompt_ids[0]
+        prompt = [int(t) for t in prompt_ids.tolist()]
+    else:
+        prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("generate needs a prompt of at least one token (e.g. the EOS/BOS id)")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    cfg = model.cfg
+    prompt, dropped = _fit_context(prompt, max_new_tokens, cfg.context, truncate)
+    bad = [t for t in prompt if not 0 <= t < cfg.vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids must be in [0, {cfg.vocab_size}); got {bad[:5]}")
+
+    param = next(model.parameters())
+    device = param.device
+    gen = None
+    if temperature != 0:
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(int(seed) if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+    probe = _RoutingProbe(model) if return_routing else None
+    was_training = model.training
+    model.eval()
+    amp = (torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None
+           else torch.autocast(device.type, enabled=False))
+    out: list[int] = []
+    routing: list = []
+    t0 = time.perf_counter()
+    try:
+        with torch.inference_mode(), amp:
+            ids = torch.tensor([prompt], dtype=torch.long, device=device)
+            cache = KVCache(cfg, 1, device, dtype=param.dtype) if use_cache else None
+            step_in = ids
+            for _ in range(max_new_tokens):
+                logits = model(step_in, cache=cache).logits[0, -1]
+                if probe is not None:
+                    routing.append(probe.record())
+                nxt = sample_next(logits.cpu() if gen is not None else logits, temperature, top_k, top_p, gen)
+                out.append(nxt)
+                if eos_id is not None and nxt == eos_id:
+                    break
+                tok = torch.tensor([[nxt]], dtype=torch.long, device=device)
+                step_in = tok if use_cache else torch.cat([step_in, tok], dim=1)
+    finally:
+        if probe is not None:
+            probe.close()
+        model.train(was_training)
+    if not return_routing:
+        return out
+    return Generation(tokens=out, prompt=prompt, truncated=dropped, routing=routing,
+                      seconds=time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------
+# loading a run directory
+# --------------------------------------------------------------------------------------------
+def _find_tokenizer(run_dir: Path, doc: dict, vocab_size: int) -> Optional[Path]:
+    """The run's tokenizer: recorded path if any, else the data cache (unique match or exact key)."""
+    import json
+
+    cands = []
+    for d in (doc.get("data") or {}, doc.get("run") or {}):
+        if isinstance(d, dict) and d.get("tokenizer"):
+            cands.append(d["tokenizer"])
+    summ = run_dir / "summary.json"
+    if summ.is_file():
+        try:
+            data = (json.loads(summ.read_text()).get("data") or {})
+            if data.get("tokenizer"):
+                cands.append(data["tokenizer"])
+        except (ValueError, AttributeError):
+            pass
+    for c in cands:
+        if Path(c).is_file():
+            return Path(c)
+    pdata = ((doc.get("preset") or {}).get("data") or {})
+    cache = os.environ.get("STUDYLIB_CACHE_DIR") or pdata.get("cache_dir")
+    if not cache or not Path(cache).is_dir():
+        return None
+    import sentencepiece as spm
+
+    want = pdata.get("vocab_size")
+    found = []
+    for p in sorted(Path(cache).glob("tokenizer-*.model")):
+        try:
+            n = spm.SentencePieceProcessor(model_file=str(p)).get_piece_size()
+        except (OSError, RuntimeError):
+            continue
+        if n <= vocab_size and (want is None or n == want):
+            found.append(p)
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:  # several corpora share the cache: recompute the exact key from the data
+        from .config import DataConfig, dataclass_from_dict
+        from .data import load_data
+
+        keys = {f.name for f in DataConfig.__dataclass_fields__.values()}
+        dcfg = dataclass_from_dict(DataConfig, {k: v for k, v in pdata.items() if k in keys}, "data")
+        return Path(load_data(dcfg, progress=False).tokenizer_path)
+    return None
+
+
+def load_run(run_dir: str | os.PathLike, checkpoint_path: str | os.PathLike | None = None,
+             device: str | torch.device = "cpu"):
+    """``(model, tokenizer, cfg)`` of a (finished or partial) run directory.
+
+    The model config comes from ``run_dir/config.yaml`` (key ``model``), the weights from
+    ``checkpoints/latest.pt`` (else ``prev.pt``; or ``checkpoint_path``), read with
+    ``torch.load(weights_only=True)``. ``tokenizer`` is a SentencePieceProcessor, or ``None``
+    (with a warning) if the data cache holding it cannot be found. The model is in eval mode.
+    """
+    import yaml
+
+    from .config import ConfigError, model_from_dict
+
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
+    doc = yaml.safe_load(cfg_path.read_text()) or {}
+    if "model" not in doc:
+        raise ConfigError(f"{cfg_path}: has no resolved 'model' section")
+    cfg = model_from_dict(doc["model"], where=f"{cfg_path}:model")
+    if checkpoint_path is None:
+        ck = run_dir / "checkpoints"
+        cands = [p for p in (ck / "latest.pt", ck / "prev.pt") if p.is_file()]
+        if not cands:
+            raise ConfigError(f"{run_dir}: no checkpoint yet ({ck}/latest.pt is missing)")
+        checkpoint_path = cands[0]
+    state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    sd = state["model"] if isinstance(state, dict) and "model" in state else state
+    model = Decoder(cfg)
+    model.load_state_dict(sd)
+    model.to(device).eval()
+    tok_path = _find_tokenizer(run_dir, doc, cfg.vocab_size)
+    tokenizer = None
+    if tok_path is None:
+        warnings.warn(f"{run_dir}: could not find the run's tokenizer (data cache moved?); "
+                      f"pass --tokenizer / load it yourself", UserWarning)
+    else:
+        import sentencepiece as spm
+
+        tokenizer = spm.SentencePieceProcessor(model_file=str(tok_path))
+    model.step = state.get("step") if isinstance(state, dict) else None  # for display only
+    return model, tokenizer, cfg
+
+
+# --------------------------------------------------------------------------------------------
+# CLI: python -m studylib generate --run DIR --prompt "..."
+# --------------------------------------------------------------------------------------------
+def add_cli(parser) -> None:
+    parser.add_argument("--run", required=True, help="run directory (holds config.yaml and checkpoints/)")
+    parser.add_argument("--prompt", default="", help="prompt text (a story start); empty = from scratch")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-cache", action="store_true", help="recompute the prefix every step")
+    parser.add_argument("--samples", type=int, default=1, help="number of samples (seeds seed, seed+1, ...)")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint file (default: checkpoints/latest.pt)")
+    parser.add_argument("--tokenizer", default=None, help="SentencePiece model (default: the run's)")
+    parser.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-story token")
+    parser.add_argument("--routing", action="store_true", help="print each token's experts per layer")
+
+
+def run_cli(args) -> int:
+    model, tok, cfg = load_run(args.run, args.checkpoint)
+    if args.tokenizer:
+        import sentencepiece as spm
+
+        tok = spm.SentencePieceProcessor(model_file=args.tokenizer)
+    if tok is None:
+        print(f"error: no tokenizer for {args.run}; pass --tokenizer PATH", file=sys.stderr)
+        return 2
+    eos = tok.eos_id()
+    # training windows are "story <eos> story <eos> ...": a story starts after an <eos>
+    prompt = [eos] + tok.encode(args.prompt)
+    step = getattr(model, "step", None)
+    print(f"# {cfg.name}: {model.num_params():,} params, step {step}, "
+          f"{'no cache' if args.no_cache else 'KV cache'}, temperature {args.temperature}", file=sys.stderr)
+    for i in range(args.samples):
+        seed = None if args.seed is None else args.seed + i
+        g = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                     top_p=args.top_p, seed=seed, use_cache=not args.no_cache,
+                     eos_id=None if args.no_stop else eos, return_routing=True)
+        text = tok.decode(g.tokens)
+        print(args.prompt + (" " if args.prompt and not text.startswith(" ") else "") + text)
+        print(f"# {len(g.tokens)} tokens in {g.seconds:.2f} s ({len(g.tokens) / max(g.seconds, 1e-9):.0f} tok/s)",
+              file=sys.stderr)
+        if args.routing:
+            for t, r in zip(g.tokens, g.routing):
+                layers = " ".join("-" if x is None else
+                                  ("/".join(map(str, x["experts"])) if x["kind"] == "moe"
+                                   else "g" + ",".join(f"{w:.2f}" for w in x["weights"]))
+                                  for x in r)
+                print(f"{tok.id_to_piece(t)!r:>16}  {layers}")
+        if args.samples > 1:
+            print("---")
+    return 0

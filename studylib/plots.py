@@ -1,0 +1,262 @@
+"""The seaborn figures the notebooks share, and saving figures / tables.
+
+Every plotting function returns its matplotlib Figure; given ``outdir`` (the preset's output
+folder ``outputs/<preset>``, see :func:`studylib.analysis.outputs_dir`) it also saves the figure
+as ``<outdir>/figures/<name>.png``. :func:`save_table` writes ``<outdir>/tables/<name>.csv``.
+Figures are made through pyplot, so a notebook shows them inline at the end of the cell.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import matplotlib
+
+if not os.environ.get("MPLBACKEND") and "ipykernel" not in __import__("sys").modules:
+    matplotlib.use("Agg")  # headless outside notebooks (scripts, tests)
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+DPI = 110
+
+
+def setup(context: str = "notebook") -> None:
+    """One look for every figure of the study."""
+    sns.set_theme(context=context, style="whitegrid", palette="colorblind")
+    plt.rcParams.update({"figure.dpi": DPI, "savefig.dpi": DPI, "savefig.bbox": "tight",
+                         "figure.max_open_warning": 0})
+
+
+def save_figure(fig, name: str, outdir=None) -> Optional[Path]:
+    if outdir is None:
+        return None
+    path = Path(outdir) / "figures" / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def save_table(df: pd.DataFrame, name: str, outdir=None, index: bool = True) -> Optional[Path]:
+    """Write ``df`` as ``<outdir>/tables/<name>.csv`` (no-op without ``outdir``); returns the path."""
+    if outdir is None:
+        return None
+    path = Path(outdir) / "tables" / f"{name}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(path, index=index)
+    return path
+
+
+def _finish(fig, name: str, outdir) -> plt.Figure:
+    fig.tight_layout()
+    save_figure(fig, name, outdir)
+    return fig
+
+
+def _signed(v: float) -> str:
+    return f"{v:+.4f}" if abs(v) >= 1e-3 or v == 0 else f"{v:+.1e}"
+
+
+def _order(df: pd.DataFrame, col: str, order: Optional[Sequence]) -> list:
+    seen = list(dict.fromkeys(df[col]))
+    return [m for m in order if m in seen] if order else seen
+
+
+# --------------------------------------------------------------------------------------------
+# training curves and gaps (Figs 2, 3)
+# --------------------------------------------------------------------------------------------
+def val_curves(metrics: pd.DataFrame, x: str = "tokens", y: str = "val_loss",
+               order: Optional[Sequence[str]] = None, title: str = "Validation loss",
+               outdir=None, name: str = "val_loss_curves", logy: bool = False) -> plt.Figure:
+    """``y`` vs ``x`` per model: mean over seeds with a ±1 std band (seaborn, errorbar="sd")."""
+    ev = metrics[metrics["kind"] == "eval"] if "kind" in metrics else metrics
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    sns.lineplot(data=ev, x=x, y=y, hue="model", hue_order=_order(ev, "model", order),
+                 errorbar="sd", marker="o", markersize=3, ax=ax)
+    ax.set(title=title, xlabel="target tokens" if x == "tokens" else x, ylabel=y.replace("_", " "))
+    if logy:
+        ax.set_yscale("log")
+    return _finish(fig, name, outdir)
+
+
+def gap_curves(gaps: pd.DataFrame, x: str = "tokens", title: str = "Loss gaps over training",
+               outdir=None, name: str = "gap_curves") -> plt.Figure:
+    """Gap curves from :func:`studylib.analysis.gap_curves`: mean ± 1 std over seeds, per gap."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (g, d) in enumerate(gaps.groupby("gap", sort=False)):
+        d = d.sort_values(x)
+        c = sns.color_palette()[i]
+        ax.plot(d[x], d["mean"], marker="o", markersize=3, color=c, label=g)
+        std = d["std"].fillna(0.0)
+        ax.fill_between(d[x], d["mean"] - std, d["mean"] + std, color=c, alpha=0.2)
+    ax.axhline(0.0, color="0.4", lw=1, ls="--")
+    ax.set(title=title, xlabel="target tokens" if x == "tokens" else x, ylabel="gap (nats)")
+    ax.legend()
+    return _finish(fig, name, outdir)
+
+
+# --------------------------------------------------------------------------------------------
+# routing (Table 1, Figs 4, 5)
+# --------------------------------------------------------------------------------------------
+METRIC_LABELS = {"busiest": "busiest-expert fraction", "usage_var": "expert-usage variance",
+                 "entropy": "router entropy (nats)", "top1": "top-1 gate", "margin": "top1 - top2 margin",
+                 "logz": "router log-z", "usage_entropy": "usage entropy", "max_gt_0.9": "share max gate > 0.9"}
+
+
+def routing_diagnostics(rf: pd.DataFrame, metrics: Sequence[str] = ("busiest", "usage_var", "entropy",
+                                                                     "top1", "margin", "logz"),
+                        x: str = "step", title: str = "Routing diagnostics per layer",
+                        outdir=None, name: str = "routing_diagnostics", hue: str = "layer") -> plt.Figure:
+    """One panel per metric of a :func:`studylib.analysis.routing_frame` (optionally with a
+    ``seed`` column: mean ± std band over seeds), one line per layer (or per ``hue`` value;
+    rows sharing an x and hue value are averaged with a ±1 std band)."""
+    metrics = [m for m in metrics if m in set(rf["metric"])]
+    n = len(metrics)
+    cols = min(3, max(n, 1))
+    rows = max(1, int(np.ceil(n / cols)))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols + (1.5 if n == 1 else 0), 3.2 * rows), squeeze=False)
+    for ax, m in zip(axes.flat, metrics):
+        d = rf[rf["metric"] == m]
+        sns.lineplot(data=d, x=x, y="value", hue=hue, palette="viridis" if hue == "layer" else None,
+                     errorbar="sd",
+                     marker="o", markersize=3, ax=ax, legend=ax is axes.flat[0])
+        ax.set(title=METRIC_LABELS.get(m, m), xlabel=x, ylabel="")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    first = axes.flat[0]
+    if first.get_legend() is not None:
+        handles, labels = first.get_legend_handles_labels()
+        first.get_legend().remove()
+        fig.legend(handles, labels, title=hue, loc="upper left", bbox_to_anchor=(1.0, 0.92), frameon=False)
+    fig.suptitle(title)
+    return _finish(fig, name, outdir)
+
+
+def share_heatmap(shares: pd.DataFrame, title: str = "Expert shares by layer (last evaluation)",
+                  outdir=None, name: str = "expert_share_heatmap", value: str = "share") -> plt.Figure:
+    """Heatmap layer x expert of the (mean) share at the last eval step of a shares frame."""
+    last = shares[shares["step"] == shares["step"].max()]
+    grid = last.pivot_table(index="layer", columns="expert", values=value, aggfunc="mean")
+    fig, ax = plt.subplots(figsize=(1.2 * grid.shape[1] + 2.5, 0.7 * grid.shape[0] + 1.8))
+    sns.heatmap(grid, annot=True, fmt=".2f", cmap="mako", vmin=0,
+                vmax=max(2.0 / grid.shape[1], 0.5, float(np.nanmax(grid.to_numpy()))),
+                cbar_kws={"label": value}, ax=ax)
+    ax.set(title=title)
+    return _finish(fig, name, outdir)
+
+
+def collapse_shares(shares_by_model: dict, threshold: float = 0.9, x: str = "step",
+                    title: str = "Per-layer assignment shares over training",
+                    outdir=None, name: str = "routing_collapse") -> plt.Figure:
+    """Grid: one row per variant, one column per layer, one line per expert share; the dashed
+    line marks the collapse threshold."""
+    frames = [d.assign(model=m) for m, d in shares_by_model.items() if len(d)]
+    df = pd.concat(frames, ignore_index=True)
+    models = list(shares_by_model)
+    layers = sorted(df["layer"].unique())
+    fig, axes = plt.subplots(len(models), len(layers), figsize=(3.2 * len(layers), 2.4 * len(models)),
+                             squeeze=False, sharex=True, sharey=True)
+    for r, m in enumerate(models):
+        for c, layer in enumerate(layers):
+            ax = axes[r, c]
+            d = df[(df["model"] == m) & (df["layer"] == layer)]
+            sns.lineplot(data=d, x=x, y="share", hue="expert", palette="tab10", ax=ax,
+                         legend=(r == 0 and c == len(layers) - 1), errorbar=None)
+            ax.axhline(threshold, color="red", ls="--", lw=1)
+            ax.set_ylim(0, 1.02)
+            ax.set(xlabel=x if r == len(models) - 1 else "", ylabel=m if c == 0 else "",
+                   title=f"layer {layer}" if r == 0 else "")
+    fig.suptitle(title)
+    return _finish(fig, name, outdir)
+
+
+# --------------------------------------------------------------------------------------------
+# budgets, throughput, granularity
+# --------------------------------------------------------------------------------------------
+SPLIT_COLORS = {"embedding": "#4c72b0", "non_ffn": "#8172b3", "ffn_active": "#55a868",
+                "ffn_inactive": "#c7e9c0", "router": "#c44e52"}
+
+
+def param_split(split: pd.DataFrame, title: str = "Parameter split", outdir=None,
+                name: str = "param_split") -> plt.Figure:
+    """Stacked horizontal bars (millions) of :func:`studylib.analysis.param_split`."""
+    d = split[[c for c in SPLIT_COLORS if c in split]] / 1e6
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(d) + 1.6))
+    left = np.zeros(len(d))
+    for col in d.columns:
+        ax.barh(d.index, d[col], left=left, color=SPLIT_COLORS[col], label=col.replace("_", " "))
+        left += d[col].to_numpy()
+    for y, total in enumerate(left):
+        ax.text(total, y, f" {total:.2f}M", va="center", fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(0, left.max() * 1.15)
+    ax.set(title=title, xlabel="parameters (millions)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return _finish(fig, name, outdir)
+
+
+def throughput(df: pd.DataFrame, x: str = "label", y: str = "tok_per_s", hue: Optional[str] = None,
+               title: str = "Training throughput", ylabel: str = "tokens / s", outdir=None,
+               name: str = "throughput") -> plt.Figure:
+    """Bars of tokens/s (one bar per model / dispatch path), value labels on top; whiskers from
+    ``lo`` to ``hi`` (e.g. min and max over the timed rounds) when those columns exist."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * df[x].nunique() + 2), 4))
+    sns.barplot(data=df, x=x, y=y, hue=hue, ax=ax, errorbar=None)
+    for cont in ax.containers:
+        ax.bar_label(cont, fmt="{:,.0f}", fontsize=8, padding=2)
+    if hue is None and {"lo", "hi"} <= set(df.columns):
+        yv = df[y].to_numpy(dtype=float)
+        err = np.vstack([np.clip(yv - df["lo"].to_numpy(dtype=float), 0, None),
+                         np.clip(df["hi"].to_numpy(dtype=float) - yv, 0, None)])
+        ax.errorbar(np.arange(len(df)), yv, yerr=err, fmt="none", ecolor="0.25", capsize=4, lw=1)
+    ax.set(title=title, xlabel="", ylabel=ylabel)
+    ax.tick_params(axis="x", rotation=20)
+    return _finish(fig, name, outdir)
+
+
+def deltas(df: pd.DataFrame, y: str, x: str = "model", title: str = "Loss change vs K=1",
+           ylabel: str = "delta val loss (nats)", outdir=None, name: str = "granularity_deltas",
+           hue: Optional[str] = None) -> plt.Figure:
+    """Bars of a delta column (e.g. val-loss change vs K=1, or the uniform-gate ablation)."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(df) + 2), 3.8))
+    sns.barplot(data=df.reset_index(), x=x, y=y, hue=hue, ax=ax, errorbar=None)
+    for cont in ax.containers:
+        ax.bar_label(cont, labels=[_signed(b.get_height()) for b in cont], fontsize=8)
+    ax.axhline(0, color="0.3", lw=1)
+    ax.set(title=title, xlabel="", ylabel=ylabel)
+    return _finish(fig, name, outdir)
+
+
+def cosine_heatmaps(mats_by_model: dict, title: str = "Expert-output cosine similarity",
+                    outdir=None, name: str = "expert_cosine") -> plt.Figure:
+    """Grid of K x K heatmaps: one row per model, one column per layer."""
+    models = [m for m, v in mats_by_model.items() if v]
+    layers = sorted({layer for m in models for layer in mats_by_model[m]})
+    fig, axes = plt.subplots(max(1, len(models)), max(1, len(layers)),
+                             figsize=(2.8 * max(1, len(layers)), 2.6 * max(1, len(models))), squeeze=False)
+    for r, m in enumerate(models):
+        for c, layer in enumerate(layers):
+            ax = axes[r, c]
+            mat = mats_by_model[m].get(layer)
+            if mat is None:
+                ax.set_visible(False)
+                continue
+            sns.heatmap(mat, vmin=-1, vmax=1, cmap="vlag", annot=mat.shape[0] <= 4, fmt=".2f",
+                        cbar=False, square=True, ax=ax)
+            ax.set(title=f"{m} L{layer}")
+    fig.suptitle(title)
+    return _finish(fig, name, outdir)
+
+
+def bars(df: pd.DataFrame, x: str, y: str, hue: Optional[str] = None, title: str = "",
+         ylabel: Optional[str] = None, outdir=None, name: str = "bars", fmt: str = "{:.3f}") -> plt.Figure:
+    """A generic labelled bar chart (e.g. final losses of the ablation variants)."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * df[x].nunique() + 2), 3.8))
+    sns.barplot(data=df, x=x, y=y, hue=hue, ax=ax, errorbar=None)
+    for cont in ax.containers:
+        ax.bar_label(cont, fmt=fmt, fontsize=8)
+    ax.set(title=title, xlabel="", ylabel=ylabel or y)
+    ax.tick_params(axis="x", rotation=15)
+    return _finish(fig, name, outdir)

@@ -1,0 +1,281 @@
+"""Run the study: execute the notebooks in order with papermill, then one HTML report.
+
+``python -m studylib study --params params/cpu.yaml [--notebooks 01 03] [--jobs N] [--no-report]
+[--timeout S]``: each ``notebooks/NN_*.py`` (Jupytext ``py:percent``) is converted to a notebook,
+executed with papermill (kernel ``python3``, working directory = the repository root, parameters
+``params`` and ``jobs`` injected after the cell tagged ``parameters``) and written to
+``outputs/<preset>/notebooks/NN_*.ipynb``. A failing notebook stops the study with a message naming
+the notebook, the failing cell and the error (the partly executed notebook is kept). Then,
+unless ``--no-report``, the executed notebooks are stitched into ``outputs/<preset>/report.html``
+(code hidden, figures embedded).
+
+Notebooks call :func:`notebook_context` first: it finds the repository root (so a notebook runs
+from any working directory, e.g. nbval's, which is the notebook's folder), changes into it, loads
+the preset and sets the plotting style.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional, Sequence
+
+from .config import ConfigError, load_preset
+
+KERNEL = "python3"
+NOTEBOOK_RE = re.compile(r"^(\d\d)_.+\.py$")
+
+
+class StudyError(RuntimeError):
+    """A notebook of the study failed; the message names the notebook and the failing cell."""
+
+
+# --------------------------------------------------------------------------------------------
+# locating things
+# --------------------------------------------------------------------------------------------
+def _is_root(d: Path) -> bool:
+    return (d / "params").is_dir() and (d / "notebooks").is_dir()
+
+
+def repo_root(start: Optional[os.PathLike] = None) -> Path:
+    """The repository root: ``$STUDYLIB_ROOT``, else the first folder at or above ``start``
+    (default: the working directory) holding ``params/`` and ``notebooks/``, else the folder
+    above the installed package."""
+    if os.environ.get("STUDYLIB_ROOT"):
+        return Path(os.environ["STUDYLIB_ROOT"]).resolve()
+    here = Path(start or os.getcwd()).resolve()
+    for d in (here, *here.parents):
+        if _is_root(d):
+            return d
+    return Path(__file__).resolve().parent.parent
+
+
+def find_notebooks(notebook_dir: os.PathLike, select: Optional[Sequence[str]] = None) -> list[Path]:
+    """``NN_*.py`` files of ``notebook_dir`` in order; ``select``: numbers ("01", "3") or names."""
+    nbs = sorted(p for p in Path(notebook_dir).glob("*.py") if NOTEBOOK_RE.match(p.name))
+    if not select:
+        return nbs
+    out = []
+    for s in select:
+        s = str(s)
+        hits = [p for p in nbs if p.name.split("_")[0] == s.zfill(2) or p.stem == s or p.name == s]
+        if not hits:
+            raise ConfigError(f"--notebooks: no notebook {s!r} in {notebook_dir}; allowed: "
+                              f"{[p.name.split('_')[0] for p in nbs]}")
+        out += [h for h in hits if h not in out]
+    return sorted(out)
+
+
+# --------------------------------------------------------------------------------------------
+# inside a notebook
+# --------------------------------------------------------------------------------------------
+def notebook_context(params: str, jobs: Optional[int] = None, chdir: bool = True) -> SimpleNamespace:
+    """What every notebook needs first: ``root``, ``preset``, ``out`` (outputs/<preset>),
+    ``jobs`` (``jobs`` or ``study.jobs``), ``seeds`` and ``first_seed``. Changes the working
+    directory to the repository root and sets the seaborn style."""
+    from . import plots
+    from .runs import outputs_root
+    from .sweep import default_jobs
+
+    root = repo_root()
+    path = Path(params)
+    if not path.is_absolute():
+        path = root / path
+    if chdir:
+        os.chdir(root)
+    preset = load_preset(path)
+    plots.setup()
+    out = outputs_root(preset) / preset.name
+    out.mkdir(parents=True, exist_ok=True)
+    return SimpleNamespace(root=root, preset=preset, params=str(path), out=out,
+                           jobs=default_jobs(preset) if jobs is None else int(jobs),
+                           seeds=list(preset.seeds), first_seed=preset.seeds[0],
+                           study=dict(preset.study))
+
+
+# --------------------------------------------------------------------------------------------
+# executing notebooks
+# --------------------------------------------------------------------------------------------
+def to_ipynb(py_path: os.PathLike):
+    """The Jupytext ``py:percent`` file as an nbformat notebook (kernel python3)."""
+    import jupytext
+
+    nb = jupytext.read(str(py_path))
+    # the executed copy is a plain notebook: without this, JupyterLab's jupytext extension looks
+    # for the paired .py next to it and refuses to open it
+    nb.metadata.pop("jupytext", None)
+    nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def _failure_message(name: str, err, out_path: Path) -> str:
+    src = (getattr(err, "source", "") or "").strip().splitlines()
+    head = "\n".join("    " + ln for ln in src[:6]) + ("\n    ..." if len(src) > 6 else "")
+    return (f"notebook {name} failed in cell {err.cell_index} (execution count {err.exec_count}): "
+            f"{err.ename}: {err.evalue}\n  cell source:\n{head}\n"
+            f"  the partly executed notebook (with the traceback) is {out_path}")
+
+
+def execute_notebook(py_path: os.PathLike, out_path: os.PathLike, parameters: dict, cwd: os.PathLike,
+                     timeout: Optional[float] = None, progress: bool = True) -> float:
+    """Convert and execute one notebook; returns seconds. Raises :class:`StudyError` on failure."""
+    import nbformat
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    py_path, out_path = Path(py_path), Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    nb = to_ipynb(py_path)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="studylib-nb-") as tmp:
+        src = Path(tmp) / (py_path.stem + ".ipynb")
+        nbformat.write(nb, str(src))
+        try:
+            pm.execute_notebook(str(src), str(out_path), parameters=parameters, kernel_name=KERNEL,
+                                cwd=str(cwd), progress_bar=progress, execution_timeout=timeout,
+                                log_output=False)
+        except PapermillExecutionError as e:
+            raise StudyError(_failure_message(py_path.name, e, out_path)) from None
+        except Exception as e:  # kernel died, timeout, bad notebook ...
+            raise StudyError(f"notebook {py_path.name} failed: {type(e).__name__}: {e}\n"
+                             f"  the partly executed notebook is {out_path}") from None
+    return time.perf_counter() - t0
+
+
+def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Optional[int] = None,
+              report: bool = True, timeout: Optional[float] = None, notebook_dir: Optional[os.PathLike] = None,
+              root: Optional[os.PathLike] = None, progress: bool = True, echo=None) -> dict:
+    """Execute the selected notebooks in order (see the module docstring); returns
+    ``{"notebooks": {name: seconds}, "report": path or None, "total_s": seconds}``."""
+    from .runs import outputs_root
+
+    echo = echo or (lambda msg: print(msg, flush=True))
+    t_start = time.perf_counter()
+    root = Path(root).resolve() if root is not None else repo_root()
+    ppath = Path(params)
+    abs_params = ppath if ppath.is_absolute() else (Path.cwd() / ppath)
+    if not abs_params.is_file():
+        abs_params = root / ppath
+    preset = load_preset(abs_params)  # validates the preset before any kernel starts
+    try:
+        param_arg = str(abs_params.resolve().relative_to(root))
+    except ValueError:
+        param_arg = str(abs_params.resolve())
+    nb_dir = Path(notebook_dir) if notebook_dir is not None else root / "notebooks"
+    nbs = find_notebooks(nb_dir, notebooks)
+    if not nbs:
+        raise ConfigError(f"no notebooks (NN_*.py) in {nb_dir}")
+    out = outputs_root(preset) / preset.name
+    nb_out = out / "notebooks"
+    parameters = {"params": param_arg, "jobs": jobs}
+    echo(f"study {preset.name!r}: {len(nbs)} notebook(s) -> {nb_out}")
+    times: dict = {}
+    executed = []
+    for i, py in enumerate(nbs, 1):
+        target = nb_out / (py.stem + ".ipynb")
+        echo(f"[{i}/{len(nbs)}] {py.name} ...")
+        secs = execute_notebook(py, target, parameters, root, timeout, progress)
+        times[py.stem] = secs
+        executed.append(target)
+        echo(f"[{i}/{len(nbs)}] {py.name} done in {secs:.1f} s (total {time.perf_counter() - t_start:.1f} s)")
+    report_path = None
+    if report:
+        report_path = write_report(executed, out / "report.html", title=f"Dense vs MoE study: preset {preset.name}")
+        echo(f"report: {report_path}")
+    total = time.perf_counter() - t_start
+    echo(f"study {preset.name!r} finished in {total:.1f} s: "
+         + ", ".join(f"{k.split('_')[0]} {v:.1f} s" for k, v in times.items()))
+    return {"notebooks": times, "report": report_path, "total_s": total}
+
+
+# --------------------------------------------------------------------------------------------
+# the HTML report
+# --------------------------------------------------------------------------------------------
+_WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def _clean_outputs(outputs: list) -> list:
+    """Report copy of a cell's outputs: no stderr streams (progress bars, warnings) and no
+    widget views (their state is not saved)."""
+    out = []
+    for o in outputs:
+        if o.get("output_type") == "stream" and o.get("name") == "stderr":
+            continue
+        if o.get("output_type") in ("display_data", "execute_result") and _WIDGET_MIME in o.get("data", {}):
+            continue
+        out.append(o)
+    return out
+
+
+def merge_notebooks(paths: Sequence[os.PathLike], title: str = "Study report"):
+    """One notebook holding the cells of all ``paths`` (a heading and contents list first)."""
+    import nbformat
+    from nbformat.v4 import new_markdown_cell, new_notebook
+
+    merged = new_notebook()
+    merged.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Python 3", "language": "python"}
+    toc = [f"# {title}", "", f"Generated {time.strftime('%Y-%m-%d %H:%M')}.", ""]
+    body = []
+    for n, p in enumerate(paths):
+        nb = nbformat.read(str(p), as_version=4)
+        anchor = f"nb-{n}"
+        toc.append(f"{n + 1}. [{Path(p).stem}](#{anchor})")
+        body.append(new_markdown_cell(f'<a id="{anchor}"></a>\n\n---\n\n*Notebook `{Path(p).name}`*'))
+        for cell in nb.cells:
+            c = copy.deepcopy(cell)
+            if c.cell_type == "code":
+                tags = c.metadata.get("tags", [])
+                if "injected-parameters" in tags or "parameters" in tags:
+                    continue
+                c.outputs = _clean_outputs(c.get("outputs", []))
+            body.append(c)
+    merged.cells = [new_markdown_cell("\n".join(toc))] + body
+    for i, c in enumerate(merged.cells):
+        c["id"] = f"cell-{i}"
+    return merged
+
+
+def write_report(paths: Sequence[os.PathLike], out_path: os.PathLike, title: str = "Study report",
+                 hide_code: bool = True) -> Path:
+    """Export the executed notebooks as one self-contained HTML file (figures embedded)."""
+    from nbconvert import HTMLExporter
+
+    nb = merge_notebooks(paths, title)
+    exporter = HTMLExporter(exclude_input=hide_code, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(body, encoding="utf-8")
+    return out_path
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+def add_cli(parser) -> None:
+    parser.add_argument("--params", required=True, help="preset YAML, e.g. params/cpu.yaml")
+    parser.add_argument("--notebooks", nargs="+", default=None, metavar="NN",
+                        help="only these notebooks (numbers like 01 03, or names); default: all")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="parallel training processes (default: the preset's study.jobs)")
+    parser.add_argument("--no-report", action="store_true", help="skip outputs/<preset>/report.html")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="per-cell execution timeout in seconds (default: none)")
+    parser.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
+
+
+def run_cli(args) -> int:
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
+    try:
+        run_study(args.params, args.notebooks, args.jobs, report=not args.no_report, timeout=args.timeout,
+                  progress=not args.no_progress)
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,133 @@
+"""Shared tiny fixtures for trainer tests: a synthetic TokenData look-alike and a tiny preset.
+
+Importable from tests (``from _tiny import ...``) and from subprocess scripts that put
+``tests/`` on ``sys.path``.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from studylib.config import Preset, preset_from_dict
+
+VOCAB, CONTEXT = 256, 33  # 32 input tokens per window
+
+
+@dataclass
+class SyntheticData:
+    """The parts of :class:`studylib.data.TokenData` the trainer uses, over generated tokens."""
+
+    tokens: np.ndarray
+    context: int
+    train_idx: np.ndarray
+    val_idx: np.ndarray
+    vocab_size: int
+    tokenizer_path: Path = Path("/nonexistent/tokenizer.model")
+
+    def windows(self, idx) -> torch.Tensor:
+        grid = self.tokens[: (len(self.tokens) // self.context) * self.context].reshape(-1, self.context)
+        return torch.from_numpy(grid[np.asarray(idx, dtype=np.int64)].astype(np.int64))
+
+    def summary(self) -> dict:
+        t = self.context - 1
+        return dict(train_windows=len(self.train_idx), val_windows=len(self.val_idx),
+                    train_targets=len(self.train_idx) * t, val_targets=len(self.val_idx) * t,
+                    tokens=len(self.tokens), vocab_size=self.vocab_size, context=self.context)
+
+
+def synthetic_data(n_windows: int = 400, context: int = CONTEXT, vocab: int = VOCAB, seed: int = 0,
+                   val: int = 24) -> SyntheticData:
+    """Tokens from a sparse random Markov chain (learnable: each token has 4 likely successors)."""
+    rng = np.random.default_rng(seed)
+    succ = rng.integers(0, vocab, size=(vocab, 4))
+    n = n_windows * context
+    toks = np.empty(n, dtype=np.uint16)
+    toks[0] = 1
+    choice = rng.integers(0, 4, size=n)
+    noise = rng.random(n) < 0.1
+    rand = rng.integers(0, vocab, size=n)
+    for i in range(1, n):
+        toks[i] = rand[i] if noise[i] else succ[toks[i - 1], choice[i]]
+    perm = rng.permutation(n_windows)
+    return SyntheticData(tokens=toks, context=context, train_idx=np.sort(perm[val:]).astype(np.int64),
+                         val_idx=np.sort(perm[:val]).astype(np.int64), vocab_size=vocab)
+
+
+TINY_RAW = {
+    "name": "tiny",
+    "data": {"source": "local", "vocab_size": VOCAB, "context": CONTEXT},
+    "train": {"batch_size": 8, "grad_accum": 2, "lr": 3e-3, "min_lr": 3e-4, "warmup_frac": 0.1,
+              "max_steps": 12, "eval_every": 4, "eval_windows": 16, "amp": "off", "device": "cpu"},
+    "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "dropout": 0.1,
+              "ffn": {"kind": "dense", "hidden": 64}},
+    "models": {
+        "dense": {},
+        "moe": {"ffn": {"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2,
+                        "balance_coef": 0.01, "z_coef": 0.001}},
+    },
+    "seeds": [1, 2],
+}
+
+
+def tiny_raw(**sections) -> dict:
+    """TINY_RAW with sections updated, e.g. ``tiny_raw(train={"max_steps": 20})``."""
+    raw = copy.deepcopy(TINY_RAW)
+    for k, v in sections.items():
+        if isinstance(v, dict) and isinstance(raw.get(k), dict):
+            raw[k].update(v)
+        else:
+            raw[k] = v
+    return raw
+
+
+def tiny_preset(**sections) -> Preset:
+    return preset_from_dict(tiny_raw(**sections))
+
+
+TIMING_KEYS = ("tok_per_s", "elapsed_s", "eval_s")
+
+
+def comparable(records: list[dict]) -> list[dict]:
+    """Metrics records without the wall-clock fields (for exact comparisons between runs)."""
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+def main(argv=None) -> int:
+    """``python tests/_tiny.py RUN_DIR [--model M] [--raw JSON] [--delay S]``: one tiny run on
+    synthetic data (used by the subprocess / torchrun tests). ``--delay`` sleeps that long in
+    every training forward so a test can kill the process mid-run."""
+    import argparse
+    import json
+    import time
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_dir")
+    ap.add_argument("--model", default="dense")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--raw", default="{}", help="JSON: preset sections to update")
+    ap.add_argument("--delay", type=float, default=0.0)
+    a = ap.parse_args(argv)
+    if a.delay:
+        import studylib.model as M
+
+        forward = M.Decoder.forward
+
+        def slow_forward(self, *args, **kw):
+            if self.training:
+                time.sleep(a.delay)
+            return forward(self, *args, **kw)
+
+        M.Decoder.forward = slow_forward
+    from studylib.train import train_run
+
+    preset = tiny_preset(**json.loads(a.raw))
+    train_run(preset, a.model, a.seed, run_dir=a.run_dir, progress=False, data=synthetic_data())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
