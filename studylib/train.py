@@ -199,8 +199,12 @@ class Dist:
 
     def close(self) -> None:
         if self.owns_group:
+            import gc
+
             import torch.distributed as dist
 
+            gc.collect()  # free the DDP wrapper (and its reducer threads) before the group goes
+            dist.barrier()  # no rank tears gloo down while another still talks to it
             dist.destroy_process_group()
             self.owns_group = False
 

@@ -91,6 +91,8 @@ def test_unknown_model_and_derive_errors():
 
 
 def test_overrides_and_env(tmp_path, monkeypatch):
+    monkeypatch.delenv("STUDYLIB_DATA_DIR", raising=False)
+    monkeypatch.delenv("STUDYLIB_CACHE_DIR", raising=False)
     path = tmp_path / "params" / "p.yaml"
     path.parent.mkdir()
     path.write_text(yaml.safe_dump({"models": {"m": {"d_model": 32, "n_heads": 2, "n_kv_heads": 1}},
