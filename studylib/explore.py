@@ -7,7 +7,7 @@ Plain functions (unit-tested; the widgets only call them):
 * :func:`list_checkpoints` gives the steps a run can be loaded at (its ``step_<N>.pt`` snapshots,
   written with ``train.keep_checkpoints``, plus the step of ``latest.pt``);
   :func:`load_checkpoint_model` loads one: ``(model, tokenizer, cfg)`` as
-  :func:`studylib.generate.load_run`, with ``model.step`` set;
+  :func:`studylib.generate.load_run`, with ``model.checkpoint_info`` (path, step) set;
 * :func:`route_text` runs a text through a model and returns a :class:`RoutingView`: the tokens
   (SentencePiece pieces) and, per layer, each token's chosen expert(s) and their gate weights
   (the renormalised top-k weights of the sparse MoE; the soft MoE's gate over all K experts).
@@ -162,7 +162,7 @@ def load_checkpoint_model(run_dir: str | os.PathLike, step: Optional[int] = None
     """``(model, tokenizer, cfg)`` of ``run_dir`` at optimizer step ``step`` (None: the latest).
 
     A step loads its ``step_<N>.pt`` snapshot, or ``latest.pt`` when that is the step it holds.
-    The model is in eval mode; ``model.step`` is the step it was saved at.
+    The model is in eval mode; ``model.checkpoint_info['step']`` is the step it was saved at.
     """
     from .generate import load_run
 
@@ -338,7 +338,7 @@ def route_ids(model, tokenizer, ids: Sequence[int], *, text: Optional[str] = Non
     return RoutingView(
         text=text, ids=ids, tokens=_pieces(tokenizer, ids), kinds=kinds, weights=weights, probs=probs,
         experts=experts, num_experts=E, top_k=K, nll=nll, n_prefix=min(n_prefix, len(ids)),
-        n_prompt=n_prompt, truncated=truncated, label=label, step=getattr(model, "step", None),
+        n_prompt=n_prompt, truncated=truncated, label=label, step=(getattr(model, "checkpoint_info", None) or {}).get("step"),
         model_name=getattr(model.cfg, "name", ""), router_stats=list(out.router_stats))
 
 

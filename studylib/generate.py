@@ -316,7 +316,8 @@ def load_run(run_dir: str | os.PathLike, checkpoint_path: str | os.PathLike | No
         import sentencepiece as spm
 
         tokenizer = spm.SentencePieceProcessor(model_file=str(tok_path))
-    model.step = state.get("step") if isinstance(state, dict) else None  # for display only
+    model.checkpoint_info = {"path": str(checkpoint_path),  # for display only
+                             "step": state.get("step") if isinstance(state, dict) else None}
     return model, tokenizer, cfg
 
 
@@ -351,7 +352,7 @@ def run_cli(args) -> int:
     eos = tok.eos_id()
     # training windows are "story <eos> story <eos> ...": a story starts after an <eos>
     prompt = [eos] + tok.encode(args.prompt)
-    step = getattr(model, "step", None)
+    step = model.checkpoint_info["step"]
     print(f"# {cfg.name}: {model.num_params():,} params, step {step}, "
           f"{'no cache' if args.no_cache else 'KV cache'}, temperature {args.temperature}", file=sys.stderr)
     for i in range(args.samples):
