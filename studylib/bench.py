@@ -47,7 +47,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -359,7 +359,7 @@ def _memory_child(spec: dict) -> dict:
         torch.set_num_threads(spec["threads"])
     if spec["impl"] == "hf":
         import transformers  # noqa: F401  (count its import in the baseline)
-    from . import model as _m  # noqa: F401
+    from . import model  # noqa: F401
 
     device = torch.device("cpu")
     base = _status_mb("VmRSS")
@@ -422,6 +422,12 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
     variants = _make_variants(pairs, dispatches, peer, hf_experts, device, seed)
     for v in variants:
         _build(v, device, seed, hf_experts)
+    for v in variants:
+        if v.impl == "hf":
+            ours = next(w for w in variants if w.model == v.model and w.impl == "studylib")
+            ok = "match" if ours.n_params == v.n_params else "MISMATCH"
+            print(f"{v.model}: parameters studylib {ours.n_params:,}, transformers {v.n_params:,} ({ok})",
+                  file=sys.stderr)
     load0 = os.getloadavg()[0]
     say(f"bench train: {len(variants)} variants, batch {batch} x {context}, {dtype}, "
         f"{torch.get_num_threads()} threads, allocator {allocator_info()}, load average {load0:.1f}")
@@ -687,13 +693,16 @@ def bench_allocators(argv: Sequence[str], allocators: Sequence[str] = tuple(ALLO
                 return [doc["rows"][i][key] for doc in results.get(alloc, [])]
 
             toks, cpu = col("tok_s"), col("cpu_s")
-            base, base_cpu = col("tok_s", "glibc") or [float("nan")] * reps, col("cpu_s", "glibc") or [float("nan")] * reps
+            nan = [float("nan")] * reps
+            base, base_cpu = col("tok_s", "glibc") or nan, col("cpu_s", "glibc") or nan
             rows.append({"allocator": a, "detected": results[a][0]["allocator"], "model": x["model"],
                          "impl": x["impl"], "dispatch": x["dispatch"], "tok_s": statistics.median(toks),
-                         "tok_s_all": toks, "ratio_glibc": statistics.median(t / b for t, b in zip(toks, base)),
+                         "tok_s_all": toks,
+                         "ratio_glibc": statistics.median(t / b for t, b in zip(toks, base)),
                          "cpu_s": statistics.median(cpu),
                          "cpu_ratio_glibc": statistics.median(b / c for c, b in zip(cpu, base_cpu)),
-                         "sys_frac": statistics.median(col("sys_frac")), "minflt": statistics.median(col("minflt"))})
+                         "sys_frac": statistics.median(col("sys_frac")),
+                         "minflt": statistics.median(col("minflt"))})
     return pd.DataFrame(rows)
 
 
@@ -704,7 +713,7 @@ def add_cli(parser) -> None:
     sub = parser.add_subparsers(dest="bench_kind", metavar="{train,decode,alloc}")
 
     def common(p, dtype_default):
-        p.add_argument("--params", default="params/paper.yaml", help="preset YAML (default params/paper.yaml)")
+        p.add_argument("--params", default="params/paper.yaml", help="preset YAML")
         p.add_argument("--models", nargs="+", default=None, help="model names (default: study.headline)")
         p.add_argument("--dtype", default=dtype_default, choices=["bf16", "fp32"])
         p.add_argument("--peer", default=None, choices=["hf"], help="also time transformers' Llama/Mixtral")
@@ -758,7 +767,10 @@ def _json_safe(obj):
 
 
 def _fmt_table(df, cols) -> str:
-    return df[cols].to_string(index=False, float_format=lambda x: f"{x:,.3g}" if abs(x) < 100 else f"{x:,.0f}")
+    def fmt(x):
+        return f"{x:,.3g}" if abs(x) < 100 else f"{x:,.0f}"
+
+    return df[cols].to_string(index=False, float_format=fmt)
 
 
 def run_cli(args) -> int:
@@ -774,7 +786,8 @@ def run_cli(args) -> int:
         else:
             print(_fmt_table(df, ["allocator", "model", "impl", "dispatch", "tok_s", "ratio_glibc", "cpu_s",
                                   "cpu_ratio_glibc", "sys_frac", "minflt"]))
-            print("# detected: " + "; ".join(f"{a}: {d}" for a, d in dict(zip(df.allocator, df.detected)).items()))
+            seen = dict(zip(df.allocator, df.detected))
+            print("# detected: " + "; ".join(f"{a}: {d}" for a, d in seen.items()))
         return 0
     if args.peer == "hf":
         try:
@@ -784,9 +797,9 @@ def run_cli(args) -> int:
             return 2
     if args.bench_kind == "train":
         if args.profile:
-            tabs = profile_train(args.params, args.models, args.dispatch, args.dtype, args.batch, args.context,
-                                 max(args.warmup, 1), args.peer, args.device, args.seed, args.profile_rows,
-                                 args.hf_experts)
+            tabs = profile_train(args.params, args.models, args.dispatch, args.dtype, args.batch,
+                                 args.context, max(args.warmup, 1), args.peer, args.device, args.seed,
+                                 args.profile_rows, args.hf_experts)
             for label, tab in tabs.items():
                 print(f"\n=== {label}: one training step, batch {args.batch} x {args.context}, {args.dtype}, "
                       f"allocator {allocator_info()} ===\n{tab}")
@@ -795,10 +808,9 @@ def run_cli(args) -> int:
                          args.rounds, args.warmup, args.peer, args.memory, args.device, args.seed,
                          args.hf_experts, progress=True)
         if args.json:
-            print(json.dumps(_json_safe({"allocator": df.attrs["allocator"], "peak_gflops": df.attrs["peak_gflops"],
-                              "peak_gflops_all": df.attrs["peak_gflops_all"], "loadavg": df.attrs["loadavg"],
-                              "threads": df.attrs["threads"], "torch": df.attrs["torch"],
-                              "rows": df.to_dict(orient="records"), "times": df.attrs["times"]}), indent=1))
+            keys = ("allocator", "peak_gflops", "peak_gflops_all", "loadavg", "threads", "torch", "times")
+            doc = {k: df.attrs[k] for k in keys} | {"rows": df.to_dict(orient="records")}
+            print(json.dumps(_json_safe(doc), indent=1))
             return 0
         print(f"# bench train: batch {args.batch} x {args.context}, {df.attrs['rounds']} rounds after "
               f"{df.attrs['warmup']} warm-up, {args.dtype}, {df.attrs['threads']} threads, "

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from .model import Decoder, KVCache
 
@@ -86,7 +85,8 @@ def sample_next(logits_V: torch.Tensor, temperature: float = 1.0, top_k: Optiona
             p_V = torch.softmax(sorted_V, -1)
             drop_V = (p_V.cumsum(-1) - p_V) >= top_p  # the more likely tokens already reach p
             drop_V[0] = False
-            logits_V = logits_V.masked_fill(torch.zeros_like(drop_V).scatter(0, order_V, drop_V), float("-inf"))
+            drop_V = torch.zeros_like(drop_V).scatter(0, order_V, drop_V)  # back to vocabulary order
+            logits_V = logits_V.masked_fill(drop_V, float("-inf"))
     probs_V = torch.softmax(logits_V, -1)
     return int(torch.multinomial(probs_V, 1, generator=generator))
 
@@ -141,7 +141,8 @@ class _RoutingProbe:
 # --------------------------------------------------------------------------------------------
 # the decode loop
 # --------------------------------------------------------------------------------------------
-def _fit_context(prompt: list[int], max_new_tokens: int, context: int, truncate: bool) -> tuple[list[int], int]:
+def _fit_context(prompt: list[int], max_new_tokens: int, context: int,
+                 truncate: bool) -> tuple[list[int], int]:
     if max_new_tokens >= context:
         raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model "
                          f"context of {context} tokens; ask for at most {context - 1}")
@@ -362,8 +363,8 @@ def run_cli(args) -> int:
                      eos_id=None if args.no_stop else eos, return_routing=True)
         text = tok.decode(g.tokens)
         print(args.prompt + (" " if args.prompt and not text.startswith(" ") else "") + text)
-        print(f"# {len(g.tokens)} tokens in {g.seconds:.2f} s ({len(g.tokens) / max(g.seconds, 1e-9):.0f} tok/s)",
-              file=sys.stderr)
+        rate = len(g.tokens) / max(g.seconds, 1e-9)
+        print(f"# {len(g.tokens)} tokens in {g.seconds:.2f} s ({rate:.0f} tok/s)", file=sys.stderr)
         if args.routing:
             for t, r in zip(g.tokens, g.routing):
                 layers = " ".join("-" if x is None else
