@@ -52,14 +52,13 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from .alloc import GLIBC_TUNED, TCMALLOC_PATHS
 from .config import ConfigError, ModelConfig, Preset, model_from_dict, preset_from_dict, to_dict
 
 DISPATCHES = ("naive", "grouped", "stacked")
-TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
-# large blocks stay in the heap (no mmap per big tensor) and the heap top is never given back
-GLIBC_TUNED = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736:glibc.malloc.top_pad=67108864"
+TCMALLOC = TCMALLOC_PATHS[0]
 ALLOCATORS = {
-    "glibc": {},
+    "glibc": {"STUDYLIB_ALLOCATOR": "system"},  # no re-exec into the fast allocator
     "glibc-tuned": {"GLIBC_TUNABLES": GLIBC_TUNED},
     "tcmalloc": {"LD_PRELOAD": TCMALLOC},
 }
@@ -667,7 +666,7 @@ def bench_allocators(argv: Sequence[str], allocators: Sequence[str] = tuple(ALLO
                   file=sys.stderr)
             continue
         env = {k: v for k, v in os.environ.items()
-               if k not in ("LD_PRELOAD", "GLIBC_TUNABLES") and not k.startswith("MALLOC_")}
+               if k not in ("LD_PRELOAD", "GLIBC_TUNABLES", "STUDYLIB_ALLOCATOR") and not k.startswith("MALLOC_")}
         env.update(ALLOCATORS[a])
         envs[a] = env
     names = list(envs)
