@@ -23,7 +23,7 @@ from .loss import linear_cross_entropy
 
 @dataclass
 class ModelOutput:
-    logits: Optional[torch.Tensor]  # (B, S, V); None when targets are given (unless return_logits)
+    logits: Optional[torch.Tensor]  # (B, S, V) ((B, 1, V) with last_only); None when targets are given
     loss: Optional[torch.Tensor]  # mean next-token cross-entropy (targets already shifted)
     balance_loss: torch.Tensor  # mean over MoE layers of the Switch balance loss (0 if none)
     z_loss: torch.Tensor  # mean over MoE layers of the router z-loss (0 if none)
@@ -169,7 +169,7 @@ class Decoder(nn.Module):
 
     # ---- forward --------------------------------------------------------------------------
     def forward(self, idx_BS, targets_BS=None, *, stats: bool = False, cache: Optional[KVCache] = None,
-                return_logits: bool = False) -> ModelOutput:
+                return_logits: bool = False, last_only: bool = False) -> ModelOutput:
         B, S = idx_BS.shape
         p = cache.pos if cache is not None else 0
         if p + S > self.cfg.context:
@@ -187,6 +187,8 @@ class Decoder(nn.Module):
         if targets_BS is not None and not return_logits:  # fused chunked LM head + CE (no logits kept)
             loss = linear_cross_entropy(h.reshape(B * S, -1), self.tok_emb.weight, targets_BS.reshape(-1))
         else:
+            if last_only:  # decoding needs the next-token logits only (S-fold less LM-head work)
+                h = h[:, -1:]
             logits = F.linear(h, self.tok_emb.weight)  # tied output embedding
             if targets_BS is not None:
                 loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets_BS.reshape(-1))

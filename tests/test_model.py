@@ -186,3 +186,9 @@ def test_token_routing_returned_with_stats(ffn):
     if ffn == "moe":
         assert ((tw > 0).sum(-1) == 2).all()  # exactly top-2 experts carry weight
     assert m(torch.randint(0, 101, (2, 7))).token_routing == [None, None]
+
+
+def test_last_only_logits_equal_last_row():
+    m = tiny("moe")
+    idx = torch.randint(0, 101, (2, 9))
+    torch.testing.assert_close(m(idx, last_only=True).logits, m(idx).logits[:, -1:], rtol=1e-5, atol=1e-6)
