@@ -192,3 +192,15 @@ def test_last_only_logits_equal_last_row():
     m = tiny("moe")
     idx = torch.randint(0, 101, (2, 9))
     torch.testing.assert_close(m(idx, last_only=True).logits, m(idx).logits[:, -1:], rtol=1e-5, atol=1e-6)
+
+
+def test_decode_head_cache_follows_weight_updates():
+    m = tiny("dense")
+    idx = torch.randint(0, 101, (1, 5))
+    with torch.no_grad():
+        a = m(idx, last_only=True).logits
+        torch.testing.assert_close(a, m(idx).logits[:, -1:], rtol=1e-5, atol=1e-6)
+        m.tok_emb.weight.mul_(2.0)  # an in-place update (as the optimizer does) invalidates the copy
+        b = m(idx, last_only=True).logits
+        torch.testing.assert_close(b, m(idx).logits[:, -1:], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(a, b)
