@@ -24,13 +24,7 @@ TRAIN_COLS = {"model", "impl", "dispatch", "dtype", "batch", "context", "params"
               "mem_delta_mb", "ratio_ref", "ratio_naive", "ratio_hf", "allocator"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny shapes: one thread avoids OpenMP barrier stalls when the shared machine is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _has_transformers():

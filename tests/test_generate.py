@@ -36,13 +36,7 @@ def tiny(kind="dense", seed=0, **kw):
 PROMPT = [5, 17, 3, 42, 8, 1, 77]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny shapes: one thread avoids OpenMP barrier stalls when the shared machine is busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("ffn", list(FFNS))
