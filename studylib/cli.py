@@ -35,7 +35,8 @@ def _available() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studylib", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m studylib",
+                                     description="Dense vs MoE pretraining at tiny scale: one command per job.")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     cmds = _available()
     for name, (mod, help_) in cmds.items():
