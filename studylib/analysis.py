@@ -321,18 +321,14 @@ def fmt_count(n: int, unit: Optional[str] = None) -> str:
 def accounting_frame(cfgs: Iterable) -> pd.DataFrame:
     """SPEC Table 5 for model configs: the integer accounting plus shape columns and a
     ``display`` column "embedding | non-FFN | FFN total | total / active" in millions."""
-    from .budget import count_params
+    from .budget import count_params, ffn_label
 
     rows = []
     for c in cfgs:
         n = count_params(c)
         u = "M" if n.total >= 1e6 else "k"  # one unit per model, as in the paper
-        f = c.ffn
-        ffn = (f"dense {f.hidden}" if f.kind == "dense" else
-               f"{f.num_experts}x{f.hidden} top-{f.top_k}" if f.kind == "moe" else
-               f"soft {f.num_experts}x{f.hidden}")
         rows.append({"model": c.name, "d_model": c.d_model, "heads": f"{c.n_heads}/{c.n_kv_heads}",
-                     "ffn": ffn, "embedding": n.embedding, "non_ffn": n.non_ffn, "ffn_total": n.ffn_total,
+                     "ffn": ffn_label(c), "embedding": n.embedding, "non_ffn": n.non_ffn, "ffn_total": n.ffn_total,
                      "ffn_active": n.ffn_active, "router": n.router, "total": n.total, "active": n.active,
                      "display": " | ".join(fmt_count(v, u) for v in (n.embedding, n.non_ffn, n.ffn_total))
                                 + f" | {fmt_count(n.total, u)} / {fmt_count(n.active, u)}"})

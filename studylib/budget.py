@@ -74,11 +74,12 @@ def fmt_m(n: int) -> str:
     return f"{n / 1e6:.2f}M"
 
 
-def accounting_table(cfgs: Iterable[ModelConfig]):
-    """A pandas DataFrame of the accounting (integers), one row per model."""
-    import pandas as pd
-
-    return pd.DataFrame([count_params(c).as_dict() for c in cfgs]).set_index("name")
+def ffn_label(cfg: ModelConfig) -> str:
+    """Short description of a model's FFN: ``dense 1120``, ``4x1024 top-2``, ``soft 4x432``."""
+    f = cfg.ffn
+    if f.kind == "dense":
+        return f"dense {f.hidden}"
+    return f"{f.num_experts}x{f.hidden} top-{f.top_k}" if f.kind == "moe" else f"soft {f.num_experts}x{f.hidden}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,9 +279,7 @@ def run_cli(args) -> int:
     print(head)
     print("-" * len(head))
     for c, n in zip(cfgs, counts):
-        f = c.ffn
-        ffn = f"dense {f.hidden}" if f.kind == "dense" else \
-            (f"{f.num_experts}x{f.hidden} top-{f.top_k}" if f.kind == "moe" else f"soft {f.num_experts}x{f.hidden}")
+        ffn = ffn_label(c)
         print(f"{c.name:<22}{c.d_model:>8}{f'{c.n_heads}/{c.n_kv_heads}':>7}{ffn:>26}{fmt_m(n.embedding):>11}"
               f"{fmt_m(n.non_ffn):>9}{fmt_m(n.ffn_total):>12}{n.router:>8,}"
               f"{fmt_m(n.total) + ' / ' + fmt_m(n.active):>20}")

@@ -81,12 +81,12 @@ class Attention(nn.Module):
         causal = True
         if cache is not None:
             p = cache.pos
+            if p > 0 and S > 1:
+                raise ValueError("KV cache: feed one token at a time after the prefill")
             cache.k[layer][:, :, p:p + S] = k
             cache.v[layer][:, :, p:p + S] = v
             k, v = cache.k[layer][:, :, :p + S], cache.v[layer][:, :, :p + S]
             causal = p == 0  # prefill is causal; a single new token sees the whole cache
-            if p > 0 and S > 1:
-                raise ValueError("KV cache: feed one token at a time after the prefill")
         if q.device.type == "cpu" and self.A < 64:
             # measured: CPU flash attention in bf16 is ~2.5x slower than fp32 at head dim 32
             q, k, v = q.float(), k.float(), v.float()
