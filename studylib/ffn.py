@@ -1,8 +1,9 @@
 """Feed-forward variants behind one interface: dense SwiGLU, sparse routed MoE, soft always-active MoE.
 
-Every FFN is called as ``y_BSD, router = ffn(x_BSD, stats=False)``; ``router`` is ``None`` for the
-dense FFN, else a :class:`RouterOutput` carrying the layer's auxiliary losses (as tensors, so the
-caller adds them to the objective; no global state) and, when ``stats=True``, its diagnostics.
+Every FFN is called as ``y_BSD, router = ffn(x_BSD, stats=False, aux=True)``; ``router`` is ``None``
+for the dense FFN, else a :class:`RouterOutput` carrying the layer's auxiliary losses (as tensors, so
+the caller adds them to the objective; no global state; zero when ``aux=False``, which decoding
+uses) and, when ``stats=True``, its diagnostics.
 
 Router modes (``ffn.router_mode``, per layer; see :meth:`studylib.model.Decoder.set_router_mode`):
 ``learned`` (normal), ``uniform`` (gate forced to 1/E; sparse layers take a fixed balanced
@@ -44,7 +45,7 @@ class DenseFFN(nn.Module):
         self.w_in = nn.Linear(d_model, 2 * hidden, bias=False)  # rows: gate then up
         self.w_out = nn.Linear(hidden, d_model, bias=False)
 
-    def forward(self, x_BSD, stats: bool = False):
+    def forward(self, x_BSD, stats: bool = False, aux: bool = True):
         return self.w_out(swiglu_rows(self.w_in(x_BSD))), None
 
 
@@ -72,7 +73,7 @@ class _Experts(nn.Module):
 class SparseMoE(_Experts):
     """Top-k token-choice routed MoE (Mixtral style), dropless."""
 
-    def forward(self, x_BSD, stats: bool = False):
+    def forward(self, x_BSD, stats: bool = False, aux: bool = True):
         B, S, D = x_BSD.shape
         E, K = self.cfg.num_experts, self.cfg.top_k
         x_TD = x_BSD.reshape(B * S, D)
@@ -89,9 +90,10 @@ class SparseMoE(_Experts):
         w_TK = w_TK / w_TK.sum(-1, keepdim=True)  # renormalise the K weights
         y_TD = moe_experts(x_TD, idx_TK, w_TK, self.w_in_EFD, self.w_out_EDH,
                            self.cfg.dispatch, self.cfg.grouped_mm)
+        zero = logits_TE.new_zeros(()) if not aux else None
         out = RouterOutput(
-            balance=routing.balance_loss(probs_TE, idx_TK),
-            z=routing.z_loss(logits_TE),
+            balance=routing.balance_loss(probs_TE, idx_TK) if aux else zero,
+            z=routing.z_loss(logits_TE) if aux else zero,
             stats=routing.router_stats(logits_TE, probs_TE, idx_TK) if stats else None,
             token_weights=probs_TE.new_zeros(probs_TE.shape).scatter(1, idx_TK, w_TK).detach()
             if stats else None,
@@ -106,7 +108,7 @@ class SoftMoE(_Experts):
     ``sum_k g_k W_out_k act_k = W_out_wide [g_1 act_1; ...; g_K act_K]`` (exact by linearity).
     """
 
-    def forward(self, x_BSD, stats: bool = False):
+    def forward(self, x_BSD, stats: bool = False, aux: bool = True):
         B, S, D = x_BSD.shape
         E, H = self.cfg.num_experts, self.cfg.hidden
         x_TD = x_BSD.reshape(B * S, D)

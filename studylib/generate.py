@@ -208,7 +208,7 @@ def generate(model: Decoder, prompt_ids: Sequence[int] | torch.Tensor, max_new_t
             cache = KVCache(cfg, 1, device, dtype=param.dtype) if use_cache else None
             step_in = ids
             for _ in range(max_new_tokens):
-                logits = model(step_in, cache=cache, last_only=True).logits[0, -1]
+                logits = model(step_in, cache=cache, last_only=True, aux_losses=False).logits[0, -1]
                 if probe is not None:
                     routing.append(probe.record())
                 nxt = sample_next(logits.cpu() if gen is not None else logits, temperature, top_k, top_p, gen)

@@ -105,9 +105,9 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.layer = layer
 
-    def forward(self, x, cos, sin, stats=False, cache=None):
+    def forward(self, x, cos, sin, stats=False, cache=None, aux=True):
         x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, self.layer))
-        h, router = self.ffn(self.ffn_norm(x), stats=stats)
+        h, router = self.ffn(self.ffn_norm(x), stats=stats, aux=aux)
         return x + self.drop(h), router
 
 
@@ -182,7 +182,9 @@ class Decoder(nn.Module):
 
     # ---- forward --------------------------------------------------------------------------
     def forward(self, idx_BS, targets_BS=None, *, stats: bool = False, cache: Optional[KVCache] = None,
-                return_logits: bool = False, last_only: bool = False) -> ModelOutput:
+                return_logits: bool = False, last_only: bool = False,
+                aux_losses: bool = True) -> ModelOutput:
+        """``aux_losses=False`` skips the router losses (they come back as zeros): for decoding."""
         B, S = idx_BS.shape
         p = cache.pos if cache is not None else 0
         if p + S > self.cfg.context:
@@ -191,7 +193,7 @@ class Decoder(nn.Module):
         x = self.tok_emb(idx_BS)
         routers: list[Optional[RouterOutput]] = []
         for blk in self.blocks:
-            x, r = blk(x, cos, sin, stats=stats, cache=cache)
+            x, r = blk(x, cos, sin, stats=stats, cache=cache, aux=aux_losses)
             routers.append(r)
         if cache is not None:
             cache.pos += S
@@ -208,7 +210,7 @@ class Decoder(nn.Module):
                 logits = F.linear(h, self.tok_emb.weight)  # tied output embedding
             if targets_BS is not None:
                 loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets_BS.reshape(-1))
-        moe = [r for blk, r in zip(self.blocks, routers) if isinstance(blk.ffn, SparseMoE)]
+        moe = [r for blk, r in zip(self.blocks, routers) if isinstance(blk.ffn, SparseMoE)] if aux_losses else []
         zero = x.new_zeros((), dtype=torch.float32)
         bal = torch.stack([r.balance for r in moe]).mean() if moe else zero
         z = torch.stack([r.z for r in moe]).mean() if moe else zero

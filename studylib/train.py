@@ -9,7 +9,11 @@ windows is ``epoch_order(n_train, seed, epoch)`` for epoch 0, 1, ...; micro-batc
 ``s`` takes the ``batch_size`` windows at positions ``(s*grad_accum + m)*batch_size + [0, B)``.
 So resuming needs only the step number (stored in the checkpoint as ``data_position``).
 
-Evaluation every ``eval_every`` optimizer steps and at the end, checkpoints at each evaluation
+Evaluation every ``eval_every`` optimizer steps and at the end, on a fixed subset of
+``eval_windows`` validation windows; the end also makes a full pass (``final_full_eval``), which is
+the run's ``final_val_loss``. ``best_val_loss`` is the lowest loss *on the subset* (the last step
+evaluates the subset too), so it never compares two different samples of windows.
+Checkpoints at each evaluation
 (or every ``checkpoint_every`` steps) and at the end; a finished run directory is skipped, an
 unfinished one resumes from its last good checkpoint, bit for bit on CPU.
 
@@ -571,15 +575,20 @@ def _train(preset, tcfg, mcfg, model_name, seed, run_dir, doc, chash, dist, devi
             evaluated = False
             if done % tcfg.eval_every == 0 or is_last:
                 ev = run_eval(done, full=is_last and tcfg.final_full_eval)
+                # `best` compares like with like: the subset's losses only (a full pass at the end
+                # is a different sample of windows); the full pass is the final record
+                ev_best = ev if not ev["full"] or len(sub_idx) == len(full_idx) else run_eval(done, full=False)
                 clock["elapsed_s"] = time.perf_counter() - t_wall0
-                if ev["val_loss"] < best["val_loss"]:
-                    best = {"val_loss": ev["val_loss"], "step": done, "full": ev["full"]}
+                if ev_best["val_loss"] < best["val_loss"]:
+                    best = {"val_loss": ev_best["val_loss"], "step": done, "full": ev_best["full"]}
                 rec = {"kind": "eval", "step": done, "tokens": done * targets_per_step,
                        "val_loss": ev["val_loss"], "val_ppl": _ppl(ev["val_loss"]),
                        "train_loss": since_eval["loss"] / max(since_eval["n"], 1), "lr": lr,
                        "tok_per_s": since_eval["n"] * targets_per_step / max(since_eval["train_s"], 1e-9),
                        "elapsed_s": clock["elapsed_s"], "eval_s": ev["eval_s"], "full": ev["full"],
                        "val_windows": ev["n_windows"], "router": ev["router"]}
+                if ev_best is not ev:
+                    rec["subset_val_loss"] = ev_best["val_loss"]
                 if dist.main:
                     _log_line(metrics_path, rec)
                 since_eval = {"loss": 0.0, "n": 0, "train_s": 0.0}

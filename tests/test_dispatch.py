@@ -44,9 +44,10 @@ def _grads(fn, x, w, w_in, w_out, gy):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("K,empty", [(1, None), (2, None), (2, 3), (3, 0)])
-def test_paths_match_per_token_reference(path, K, empty):
-    x, idx, w, w_in, w_out = _case(K=K, empty_expert=empty)
+@pytest.mark.parametrize("K,empty,T", [(1, None, 37), (2, None, 37), (2, 3, 37), (3, 0, 37),
+                                       (2, None, 1), (3, 1, 1)])  # T = 1: the decoding shortcut
+def test_paths_match_per_token_reference(path, K, empty, T):
+    x, idx, w, w_in, w_out = _case(T=T, K=K, empty_expert=empty)
     if empty is not None:
         assert not (idx == empty).any()  # the case really has an expert with no token
     gy = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))

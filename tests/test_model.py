@@ -204,3 +204,12 @@ def test_decode_head_cache_follows_weight_updates():
         b = m(idx, last_only=True).logits
         torch.testing.assert_close(b, m(idx).logits[:, -1:], rtol=1e-5, atol=1e-6)
     assert not torch.allclose(a, b)
+
+
+def test_aux_losses_off_leaves_logits_and_zeroes_the_losses():
+    m = tiny("moe")
+    idx = torch.randint(0, 101, (2, 9))
+    on, off = m(idx), m(idx, aux_losses=False)
+    torch.testing.assert_close(off.logits, on.logits, rtol=0, atol=0)
+    assert on.aux_loss.item() > 0 and on.balance_loss.item() >= 1.0 - 1e-6
+    assert off.aux_loss.item() == 0 and off.balance_loss.item() == 0 and off.z_loss.item() == 0

@@ -145,6 +145,10 @@ def test_run_directory_contents_moe_bf16(tmp_path, data):
     assert [e["step"] for e in evals] == [4, 8, 12] and len(trains) == 12
     assert [e["full"] for e in evals] == [False, False, True]
     assert [e["val_windows"] for e in evals] == [16, 16, 24]
+    # best is the lowest loss on the 16-window subset (the last step evaluates it as well)
+    subset = [e["val_loss"] for e in evals[:-1]] + [evals[-1]["subset_val_loss"]]
+    assert s["best_val_loss"] == min(subset) and not s["best_is_full_eval"]
+    assert s["final_val_loss"] == evals[-1]["val_loss"] != evals[-1]["subset_val_loss"]
     for e in evals:
         for k in ("step", "tokens", "val_loss", "val_ppl", "train_loss", "lr", "tok_per_s", "elapsed_s",
                   "eval_s", "full", "router"):
@@ -153,8 +157,6 @@ def test_run_directory_contents_moe_bf16(tmp_path, data):
         assert len(e["router"]) == 2
         for layer in e["router"]:
             assert sum(layer["shares"]) == pytest.approx(1.0) and 0 < layer["entropy"] <= math.log(4) + 1e-6
-    assert min(e["val_loss"] for e in evals) == pytest.approx(s["best_val_loss"])
-    assert evals[-1]["val_loss"] == s["final_val_loss"]
     assert trains[0]["lr"] == pytest.approx(T.lr_at(0, 12, preset.train))
     ck = C.load(r / "checkpoints" / "latest.pt")
     assert ck["step"] == 12 and ck["final"]["val_loss"] == s["final_val_loss"]
