@@ -33,7 +33,8 @@ meaningless (allocators keep freed memory). On CUDA:
 ``torch.cuda.max_memory_allocated`` per variant, in process.
 
 bf16 means ``torch.autocast(device, torch.bfloat16)`` with fp32 weights (as the trainer does);
-fp16 is never used on CPU.
+decode also takes ``bf16-weights``: both models (ours and the peer) cast to bf16, no autocast, the
+usual way to run bf16 inference. fp16 is never used on CPU.
 """
 from __future__ import annotations
 
@@ -568,8 +569,12 @@ def bench_decode(preset: Any, models: Optional[Sequence[str]] = None, dtype: str
     from .generate import generate
 
     device = torch.device(device)
-    amp = _dtype(dtype)
-    dtype = "bf16" if amp is not None else "fp32"
+    weights = None  # bf16-weights: both sides' weights cast to bf16, no autocast (the usual bf16 inference)
+    if dtype in ("bf16-weights", "bf16w"):
+        weights, amp, dtype = torch.bfloat16, None, "bf16-weights"
+    else:
+        amp = _dtype(dtype)
+        dtype = "bf16" if amp is not None else "fp32"
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
     pairs = resolve_models(preset, models)
     caches = [True, False] if no_cache_too else [True]
@@ -588,6 +593,9 @@ def bench_decode(preset: Any, models: Optional[Sequence[str]] = None, dtype: str
                 say(f"note: {name}: {hf_supported(cfg)}; skipped")
             else:
                 hf = build_hf(cfg, ours, device=device).eval()
+        if weights is not None:
+            ours = ours.to(weights)
+            hf = hf.to(weights) if hf is not None else None
         for c in caches:
             def f_ours(m=ours, p=prompt, c=c):
                 return generate(m, p, new_tokens, temperature=0, use_cache=c, amp_dtype=amp)
@@ -738,6 +746,10 @@ def add_cli(parser) -> None:
 
     d = sub.add_parser("decode", help="greedy batch-1 decoding speed (seed-002 protocol)")
     common(d, "fp32")
+    for act in d._actions:  # decoding can also run with bf16 weights (both sides), not only autocast
+        if act.dest == "dtype":
+            act.choices = ["bf16", "fp32", "bf16-weights"]
+            act.help = "fp32; bf16 = autocast over fp32 weights; bf16-weights = both models cast to bf16"
     d.add_argument("--prompt-len", type=int, default=32)
     d.add_argument("--new-tokens", type=int, default=64)
     d.add_argument("--trials", type=int, default=5)

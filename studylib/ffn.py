@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import routing
+from . import gemv, routing
 from .config import FFNConfig
 from .dispatch import moe_experts, swiglu_rows
 
@@ -42,8 +42,8 @@ class DenseFFN(nn.Module):
     def __init__(self, d_model: int, hidden: int):
         super().__init__()
         self.hidden = hidden
-        self.w_in = nn.Linear(d_model, 2 * hidden, bias=False)  # rows: gate then up
-        self.w_out = nn.Linear(hidden, d_model, bias=False)
+        self.w_in = gemv.Linear(d_model, 2 * hidden)  # rows: gate then up
+        self.w_out = gemv.Linear(hidden, d_model)
 
     def forward(self, x_BSD, stats: bool = False, aux: bool = True):
         return self.w_out(swiglu_rows(self.w_in(x_BSD))), None
@@ -88,8 +88,11 @@ class SparseMoE(_Experts):
                 probs_TE = torch.full_like(probs_TE, 1.0 / E)
             w_TK = probs_TE.gather(1, idx_TK)
         w_TK = w_TK / w_TK.sum(-1, keepdim=True)  # renormalise the K weights
-        y_TD = moe_experts(x_TD, idx_TK, w_TK, self.w_in_EFD, self.w_out_EDH,
-                           self.cfg.dispatch, self.cfg.grouped_mm)
+        if gemv.one_row(x_TD):  # decoding: the K chosen experts against cached transposed weights
+            y_TD = self._decode_one(x_TD, idx_TK, w_TK)
+        else:
+            y_TD = moe_experts(x_TD, idx_TK, w_TK, self.w_in_EFD, self.w_out_EDH,
+                               self.cfg.dispatch, self.cfg.grouped_mm)
         zero = logits_TE.new_zeros(()) if not aux else None
         out = RouterOutput(
             balance=routing.balance_loss(probs_TE, idx_TK) if aux else zero,
@@ -99,6 +102,16 @@ class SparseMoE(_Experts):
             if stats else None,
         )
         return y_TD.to(x_BSD.dtype).reshape(B, S, D), out
+
+
+    def _decode_one(self, x_1D, idx_1K, w_1K):
+        w_in_EDF = gemv.transposed(self, self.w_in_EFD, "w_in")
+        w_out_EHD = gemv.transposed(self, self.w_out_EDH, "w_out")
+        y_1D = None
+        for k, e in enumerate(idx_1K[0].tolist()):
+            out_1D = (swiglu_rows(x_1D @ w_in_EDF[e]) @ w_out_EHD[e]) * w_1K[:, k:k + 1]
+            y_1D = out_1D if y_1D is None else y_1D + out_1D
+        return y_1D
 
 
 class SoftMoE(_Experts):

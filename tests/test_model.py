@@ -213,3 +213,31 @@ def test_aux_losses_off_leaves_logits_and_zeroes_the_losses():
     torch.testing.assert_close(off.logits, on.logits, rtol=0, atol=0)
     assert on.aux_loss.item() > 0 and on.balance_loss.item() >= 1.0 - 1e-6
     assert off.aux_loss.item() == 0 and off.balance_loss.item() == 0 and off.z_loss.item() == 0
+
+
+def test_single_row_inference_uses_fresh_transposed_weights():
+    from studylib import gemv
+
+    lin = gemv.Linear(16, 8)
+    x = torch.randn(1, 1, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-6)
+        assert "weight" in lin._transposed_cache  # the single-row path was taken
+        lin.weight.mul_(3.0)  # an in-place update must not be served from the stale copy
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-6)
+    assert "_transposed_cache" not in str(lin.state_dict().keys())
+    y = lin(x)  # grad enabled: plain F.linear, differentiable
+    y.sum().backward()
+    assert lin.weight.grad is not None
+
+
+@pytest.mark.parametrize("ffn", ["dense", "moe"])
+def test_one_token_decode_step_equals_batched_forward(ffn):
+    m = tiny(ffn)
+    idx = torch.randint(0, 101, (1, 7))
+    with torch.no_grad():
+        full = m(idx).logits[:, -1]
+        cache = KVCache(m.cfg, 1, "cpu")
+        m(idx[:, :-1], cache=cache)
+        step = m(idx[:, -1:], cache=cache, last_only=True, aux_losses=False).logits[:, -1]
+    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
