@@ -6,9 +6,9 @@ import torch.nn.functional as F
 from studylib.loss import linear_cross_entropy
 
 
-@pytest.mark.parametrize("chunk", [7, 64, 1000])
+@pytest.mark.parametrize("chunk,rows", [(7, None), (64, 5), (1000, None), (1000, 16)])
 @pytest.mark.parametrize("ignore", [False, True])
-def test_matches_reference_fp32(chunk, ignore):
+def test_matches_reference_fp32(chunk, rows, ignore):
     g = torch.Generator().manual_seed(0)
     h = torch.randn(50, 16, generator=g, requires_grad=True)
     w = torch.randn(97, 16, generator=g, requires_grad=True)
@@ -17,7 +17,7 @@ def test_matches_reference_fp32(chunk, ignore):
         t[::5] = -100
     ref = F.cross_entropy(h @ w.T, t, ignore_index=-100)
     gh_ref, gw_ref = torch.autograd.grad(ref * 3.0, (h, w))
-    got = linear_cross_entropy(h, w, t, chunk=chunk)
+    got = linear_cross_entropy(h, w, t, chunk=chunk, rows=rows)
     gh, gw = torch.autograd.grad(got * 3.0, (h, w))  # upstream gradient 3 is propagated
     torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(gh, gh_ref, rtol=1e-5, atol=1e-6)
@@ -42,3 +42,26 @@ def test_no_grad_path():
     t = torch.randint(0, 11, (10,))
     with torch.no_grad():
         torch.testing.assert_close(linear_cross_entropy(h, w, t, chunk=3), F.cross_entropy(h @ w.T, t))
+
+
+def test_auto_rows_fit_the_cache_budget_and_blocks_match_reference():
+    from studylib.loss import CHUNK_BYTES, auto_rows
+
+    assert auto_rows(30008) == 256 and auto_rows(2048) == 4096
+    for v in (101, 2048, 30008, 10**6):
+        r = auto_rows(v)
+        assert 64 <= r <= 8192 and r & (r - 1) == 0
+        assert r == 64 or r * v * 4 <= CHUNK_BYTES
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(300, 8, generator=g, requires_grad=True)
+    w = torch.randn(30008, 8, generator=g, requires_grad=True)
+    t = torch.randint(0, 30008, (300,), generator=g)
+    t[::7] = -100
+    ref = F.cross_entropy(h @ w.T, t)
+    gh_ref, gw_ref = torch.autograd.grad(ref, (h, w))
+    for chunk, rows in ((2048, None), (128, 50), (300, 7)):  # blocks that do and don't divide
+        got = linear_cross_entropy(h, w, t, chunk=chunk, rows=rows)
+        gh, gw = torch.autograd.grad(got, (h, w))
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(gh, gh_ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(gw, gw_ref, rtol=1e-5, atol=1e-6)
