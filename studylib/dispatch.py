@@ -42,7 +42,7 @@ def _naive(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH):
         tok_N, slot_N = torch.nonzero(idx_TK == e, as_tuple=True)
         if tok_N.numel() == 0:
             continue
-        out_ND = expert_mlp(x_TD[tok_N], w_in_EFD[e], w_out_EDH[e])
+        out_ND = expert_mlp(x_TD.index_select(0, tok_N), w_in_EFD[e], w_out_EDH[e])
         y_TD = y_TD.index_add(0, tok_N, out_ND * w_TK[tok_N, slot_N, None])
     return y_TD
 
@@ -105,7 +105,7 @@ def _segment_matmul(x_ND, w_EFD, counts_E, use_grouped_mm: bool):
 def _grouped(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH, grouped_mm="auto"):
     E = w_in_EFD.shape[0]
     order_N, tok_N, _, counts_E = _sort_by_expert(idx_TK, E)
-    x_ND = x_TD[tok_N]
+    x_ND = x_TD.index_select(0, tok_N)
     use = grouped_mm == "on" or (grouped_mm == "auto" and x_TD.device.type == "cuda")
     use = use and grouped_mm_supported(x_ND, w_in_EFD)
     h_NH = swiglu_rows(_segment_matmul(x_ND, w_in_EFD, counts_E, use))
@@ -122,7 +122,7 @@ def _stacked(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH):
     start_E = torch.cumsum(counts_E, 0) - counts_E
     pos_N = torch.arange(expert_N.numel(), device=x_TD.device) - start_E[expert_N]
     buf_ECD = x_TD.new_zeros(E, C, x_TD.shape[1])
-    buf_ECD = buf_ECD.index_put((expert_N, pos_N), x_TD[tok_N])  # padding rows stay zero
+    buf_ECD = buf_ECD.index_put((expert_N, pos_N), x_TD.index_select(0, tok_N))  # padding rows stay zero
     h_ECH = swiglu_rows(torch.bmm(buf_ECD, w_in_EFD.transpose(1, 2)))  # SwiGLU(0) = 0
     out_ECD = torch.bmm(h_ECH, w_out_EDH.transpose(1, 2))
     out_ND = out_ECD[expert_N, pos_N] * w_TK.reshape(-1)[order_N, None]
