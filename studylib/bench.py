@@ -16,6 +16,13 @@
   allocators (glibc default, glibc tunables, tcmalloc via ``LD_PRELOAD``), interleaved.
 ``--profile`` (train)  prints torch.profiler's top-ops table of one step per variant instead of timing.
 
+Dropout and the HF peer: SPEC puts dropout on the attention output and on the FFN path; HF's
+Llama / Mixtral have no such dropout, only dropout on the attention probabilities
+(``attention_dropout``), which the peer gets at the same rate. That is the closest HF config, but
+not the same computation, and on the CPU HF's attention-probability dropout is expensive (its
+dense active-match step is ~1.6x slower with it). ``bench train --dropout 0`` compares identical
+computations (same weights, same loss) on both sides; the README gives both.
+
 FLOPs (``flops_per_token``, analytic, per trained token, forward + backward = 3 x forward):
 ``6 * N_mm + 6 * L * S * d_attn`` where ``N_mm`` are the parameters a token multiplies by: the
 active parameters without the RMSNorm gains, with the tied embedding counted once *as the LM-head
@@ -163,7 +170,11 @@ def resolve_models(preset: Any, models: Optional[Sequence[str]] = None) -> list[
     raise TypeError(f"preset: expected a Preset, a path or a mapping, got {type(preset).__name__}")
 
 
-def _with_context(cfg: ModelConfig, context: int) -> ModelConfig:
+def _with_context(cfg: ModelConfig, context: int, dropout: Optional[float] = None) -> ModelConfig:
+    if dropout is not None and dropout != cfg.dropout:
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"--dropout: must be in [0, 1), got {dropout}")
+        cfg = dataclasses.replace(cfg, dropout=dropout)
     return cfg if cfg.context >= context else dataclasses.replace(cfg, context=context)
 
 
@@ -394,7 +405,7 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
                 dispatches: Optional[Sequence[str]] = DISPATCHES, dtype: str = "bf16", batch: int = 16,
                 context: int = 512, rounds: int = 5, warmup: int = 1, peer: Optional[str] = None,
                 memory: str = "auto", device: str = "cpu", seed: int = 0, hf_experts: str = "eager",
-                progress: bool = True, peak_size: int = 2048):
+                progress: bool = True, peak_size: int = 2048, dropout: Optional[float] = None):
     """Time one training step per variant, interleaved; a pandas DataFrame, one row per variant.
 
     Columns: model, impl, dispatch, dtype, batch, context, params (stored, counted on the built
@@ -403,8 +414,10 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
     share of it: page faults), minflt (minor page faults per step), peak_mem_mb, mem_delta_mb,
     ratio_ref (speed vs the first model of the same impl, its first variant), ratio_naive (MoE
     dispatch rows: speed vs `naive` of the same model), ratio_hf (ours / HF of the same model),
-    allocator. ``df.attrs`` holds the matmul peak
+    allocator, dropout. ``df.attrs`` holds the matmul peak
     (``peak_gflops``, ``peak_gflops_all``), threads, allocator, torch version, and per-variant times.
+    ``dropout`` overrides the preset's rate for every variant (``0`` compares identical
+    computations with the HF peer: see the module docstring).
     """
     import pandas as pd
 
@@ -417,7 +430,7 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
         bad = [d for d in dispatches if d not in DISPATCHES]
         if bad:
             raise ConfigError(f"--dispatch: unknown path(s) {bad}; allowed: {list(DISPATCHES)}")
-    pairs = [(n, _with_context(c, context)) for n, c in resolve_models(preset, models)]
+    pairs = [(n, _with_context(c, context, dropout)) for n, c in resolve_models(preset, models)]
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
     variants = _make_variants(pairs, dispatches, peer, hf_experts, device, seed)
     for v in variants:
@@ -504,7 +517,7 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
             "ratio_ref": _paired_ratio(ref[v.impl].times, v.times),
             "ratio_naive": _paired_ratio(naive.times, v.times) if naive else float("nan"),
             "ratio_hf": _paired_ratio(hf.times, v.times) if hf else float("nan"),
-            "allocator": allocator_info(),
+            "allocator": allocator_info(), "dropout": v.cfg.dropout,
         })
     df = pd.DataFrame(rows)
     df.attrs.update(peak_gflops=peak, peak_gflops_all=peaks, threads=torch.get_num_threads(),
@@ -516,13 +529,13 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
 
 def profile_train(preset: Any, models=None, dispatches=DISPATCHES, dtype="bf16", batch=16, context=512,
                   warmup=1, peer=None, device="cpu", seed=0, rows=15, hf_experts="eager",
-                  sort_by="self_cpu_time_total") -> dict:
+                  sort_by="self_cpu_time_total", dropout: Optional[float] = None) -> dict:
     """torch.profiler top-ops tables of one training step per variant: {label: table text}."""
     from torch.profiler import ProfilerActivity, profile
 
     device = torch.device(device)
     amp = _dtype(dtype)
-    pairs = [(n, _with_context(c, context)) for n, c in resolve_models(preset, models)]
+    pairs = [(n, _with_context(c, context, dropout)) for n, c in resolve_models(preset, models)]
     variants = _make_variants(pairs, dispatches, peer, hf_experts, device, seed)
     g = torch.Generator().manual_seed(seed)
     data = torch.randint(0, min(c.vocab_size for _, c in pairs), (batch, context + 1), generator=g).to(device)
@@ -740,6 +753,9 @@ def add_cli(parser) -> None:
     t.add_argument("--memory", default="auto", choices=["auto", "subprocess", "cuda", "none"],
                    help="peak-memory measurement (auto: a fresh subprocess per variant on CPU)")
     t.add_argument("--hf-experts", default="eager", help="transformers experts implementation for Mixtral")
+    t.add_argument("--dropout", type=float, default=None,
+                   help="override the preset's dropout for every variant (0: identical computations "
+                        "on both sides; HF has attention-probability dropout only)")
     t.add_argument("--profile", action="store_true", help="print torch.profiler top ops of one step per "
                                                          "variant (no timing rounds)")
     t.add_argument("--profile-rows", type=int, default=15)
@@ -810,14 +826,14 @@ def run_cli(args) -> int:
         if args.profile:
             tabs = profile_train(args.params, args.models, args.dispatch, args.dtype, args.batch,
                                  args.context, max(args.warmup, 1), args.peer, args.device, args.seed,
-                                 args.profile_rows, args.hf_experts)
+                                 args.profile_rows, args.hf_experts, dropout=args.dropout)
             for label, tab in tabs.items():
                 print(f"\n=== {label}: one training step, batch {args.batch} x {args.context}, {args.dtype}, "
                       f"allocator {allocator_info()} ===\n{tab}")
             return 0
         df = bench_train(args.params, args.models, args.dispatch, args.dtype, args.batch, args.context,
                          args.rounds, args.warmup, args.peer, args.memory, args.device, args.seed,
-                         args.hf_experts, progress=True)
+                         args.hf_experts, progress=True, dropout=args.dropout)
         if args.json:
             keys = ("allocator", "peak_gflops", "peak_gflops_all", "loadavg", "threads", "torch", "times")
             doc = {k: df.attrs[k] for k in keys} | {"rows": df.to_dict(orient="records")}

@@ -55,6 +55,14 @@ def test_bench_train_frame(dtype):
     assert math.isclose(df.loc[0, "mfu"], df.loc[0, "gflops"] / df.attrs["peak_gflops"])
 
 
+def test_bench_train_dropout_override():
+    df = bench.bench_train(TINY, ["dense"], dtype="fp32", batch=2, context=16, rounds=1, warmup=0,
+                           memory="none", progress=False, peak_size=64, dropout=0.25)
+    assert list(df["dropout"]) == [0.25]
+    with pytest.raises(bench.ConfigError, match="--dropout"):
+        bench.bench_train(TINY, ["dense"], dropout=1.5, memory="none", progress=False)
+
+
 def test_flops_formula():
     cfg = TINY["dense"]
     n_mm = (cfg.vocab_size * 32 + 2 * (32 * 64 + 32 * 32) + 2 * 3 * 32 * 64)  # head + attn + ffn
