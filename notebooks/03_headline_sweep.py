@@ -16,7 +16,10 @@
 #
 # SPEC Tables 2 and 6, Figures 2 and 3. The three headline models (matched-active dense,
 # the top-2-of-4 MoE with balance and z-loss, matched-total dense) are trained with every seed of
-# the preset under one recipe. Headline numbers use each run's **best** validation loss.
+# the preset under one recipe. Headline numbers use each run's **best** validation loss: the
+# lowest over training on the preset's fixed validation subset (`train.eval_windows`, the same
+# windows for every model and seed; the last step included). The full-validation-set loss at the
+# end is in each run's summary as `final_val_loss`.
 #
 # * **matched-active gap** = dense_active − MoE (positive: the MoE beats a dense model that
 #   computes as much per token);
