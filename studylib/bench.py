@@ -296,6 +296,7 @@ class _Variant:
     impl: str  # "studylib" or "hf"
     dispatch: Optional[str]
     cfg: ModelConfig
+    compiled: bool = False  # ours wrapped in torch.compile
     net: Optional[nn.Module] = None
     opt: Any = None
     n_params: int = 0
@@ -306,7 +307,7 @@ class _Variant:
     @property
     def label(self) -> str:
         return f"{self.model}" + (f"[{self.dispatch}]" if self.dispatch else "") + \
-            ("" if self.impl == "studylib" else f" ({self.impl})")
+            ("" if self.impl == "studylib" else f" ({self.impl})") + (" +compile" if self.compiled else "")
 
 
 def _train_step(v: _Variant, idx, tgt, device, amp) -> None:
@@ -322,12 +323,19 @@ def _train_step(v: _Variant, idx, tgt, device, amp) -> None:
     v.opt.zero_grad(set_to_none=True)
 
 
-def _make_variants(pairs, dispatches, peer, hf_experts, device, seed) -> list[_Variant]:
+COMPILE_MODES = ("off", "on", "both")
+
+
+def _make_variants(pairs, dispatches, peer, hf_experts, device, seed, compile: str = "off") -> list[_Variant]:
+    if compile not in COMPILE_MODES:
+        raise ConfigError(f"--compile: must be one of {list(COMPILE_MODES)}, got {compile!r}")
+    flags = {"off": [False], "on": [True], "both": [False, True]}[compile]
     out = []
     for name, cfg in pairs:
         paths = list(dispatches) if (cfg.ffn.kind == "moe" and dispatches) else [None]
-        for d in paths:
-            out.append(_Variant(name, "studylib", d, cfg))
+        for c in flags:
+            for d in paths:
+                out.append(_Variant(name, "studylib", d, cfg, compiled=c))
         if peer == "hf":
             if hf_supported(cfg):
                 print(f"note: {name}: {hf_supported(cfg)}; skipped", file=sys.stderr)
@@ -348,6 +356,8 @@ def _build(v: _Variant, device, seed, hf_experts="eager", train=True, copy=True)
     v.n_params = _n_params(v.net)
     if train:
         v.opt = _optimizer(v.net)
+    if v.compiled:  # after the optimizer: it holds the module's own parameters
+        v.net = torch.compile(v.net)
 
 
 def _paired_ratio(num: list[float], den: list[float]) -> float:
@@ -375,7 +385,7 @@ def _memory_child(spec: dict) -> dict:
     device = torch.device("cpu")
     base = _status_mb("VmRSS")
     cfg = model_from_dict(spec["cfg"])
-    v = _Variant(cfg.name, spec["impl"], spec["dispatch"], cfg)
+    v = _Variant(cfg.name, spec["impl"], spec["dispatch"], cfg, compiled=spec.get("compiled", False))
     _build(v, device, spec["seed"], spec.get("hf_experts", "eager"), copy=False)
     g = torch.Generator().manual_seed(spec["seed"])
     idx = torch.randint(0, cfg.vocab_size, (spec["batch"], spec["context"] + 1), generator=g)
@@ -387,7 +397,8 @@ def _memory_child(spec: dict) -> dict:
 
 
 def _measure_memory_subprocess(v: _Variant, batch, context, dtype, seed, steps, hf_experts) -> dict:
-    spec = {"cfg": to_dict(v.cfg), "impl": v.impl, "dispatch": v.dispatch, "batch": batch,
+    spec = {"cfg": to_dict(v.cfg), "impl": v.impl, "dispatch": v.dispatch, "compiled": v.compiled,
+            "batch": batch,
             "context": context, "dtype": dtype, "seed": seed, "steps": steps,
             "threads": torch.get_num_threads(), "hf_experts": hf_experts}
     code = ("import json, sys; from studylib.bench import _memory_child; "
@@ -405,7 +416,8 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
                 dispatches: Optional[Sequence[str]] = DISPATCHES, dtype: str = "bf16", batch: int = 16,
                 context: int = 512, rounds: int = 5, warmup: int = 1, peer: Optional[str] = None,
                 memory: str = "auto", device: str = "cpu", seed: int = 0, hf_experts: str = "eager",
-                progress: bool = True, peak_size: int = 2048, dropout: Optional[float] = None):
+                progress: bool = True, peak_size: int = 2048, dropout: Optional[float] = None,
+                compile: str = "off"):
     """Time one training step per variant, interleaved; a pandas DataFrame, one row per variant.
 
     Columns: model, impl, dispatch, dtype, batch, context, params (stored, counted on the built
@@ -417,7 +429,10 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
     allocator, dropout. ``df.attrs`` holds the matmul peak
     (``peak_gflops``, ``peak_gflops_all``), threads, allocator, torch version, and per-variant times.
     ``dropout`` overrides the preset's rate for every variant (``0`` compares identical
-    computations with the HF peer: see the module docstring).
+    computations with the HF peer: see the module docstring). ``compile``: ``off``, ``on`` (our
+    variants wrapped in ``torch.compile``) or ``both`` (each of ours twice; column ``compiled``,
+    ``ratio_compile`` = compiled over eager of the same variant). With compilation the warm-up is
+    at least 2 rounds, so compiling and recompiling (the MoE's token counts change) is not timed.
     """
     import pandas as pd
 
@@ -432,7 +447,9 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
             raise ConfigError(f"--dispatch: unknown path(s) {bad}; allowed: {list(DISPATCHES)}")
     pairs = [(n, _with_context(c, context, dropout)) for n, c in resolve_models(preset, models)]
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
-    variants = _make_variants(pairs, dispatches, peer, hf_experts, device, seed)
+    variants = _make_variants(pairs, dispatches, peer, hf_experts, device, seed, compile)
+    if compile != "off":
+        warmup = max(warmup, 2)
     for v in variants:
         _build(v, device, seed, hf_experts)
     for v in variants:
@@ -500,7 +517,9 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
         fpt = train_flops_per_token(v.cfg, context)
         med_tok = statistics.median(ts)
         naive = next((w for w in variants if w.model == v.model and w.impl == v.impl
-                      and w.dispatch == "naive"), None) if v.dispatch else None
+                      and w.dispatch == "naive" and w.compiled == v.compiled), None) if v.dispatch else None
+        eager = next((w for w in variants if w.model == v.model and w.impl == v.impl
+                      and w.dispatch == v.dispatch and not w.compiled), None) if v.compiled else None
         hf = next((w for w in variants if w.model == v.model and w.impl == "hf"), None) \
             if v.impl == "studylib" else None
         rows.append({
@@ -517,7 +536,8 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
             "ratio_ref": _paired_ratio(ref[v.impl].times, v.times),
             "ratio_naive": _paired_ratio(naive.times, v.times) if naive else float("nan"),
             "ratio_hf": _paired_ratio(hf.times, v.times) if hf else float("nan"),
-            "allocator": allocator_info(), "dropout": v.cfg.dropout,
+            "allocator": allocator_info(), "dropout": v.cfg.dropout, "compiled": v.compiled,
+            "ratio_compile": _paired_ratio(eager.times, v.times) if eager else float("nan"),
         })
     df = pd.DataFrame(rows)
     df.attrs.update(peak_gflops=peak, peak_gflops_all=peaks, threads=torch.get_num_threads(),
@@ -753,6 +773,8 @@ def add_cli(parser) -> None:
     t.add_argument("--memory", default="auto", choices=["auto", "subprocess", "cuda", "none"],
                    help="peak-memory measurement (auto: a fresh subprocess per variant on CPU)")
     t.add_argument("--hf-experts", default="eager", help="transformers experts implementation for Mixtral")
+    t.add_argument("--compile", default="off", choices=list(COMPILE_MODES),
+                   help="torch.compile our models: off, on, or both (eager and compiled side by side)")
     t.add_argument("--dropout", type=float, default=None,
                    help="override the preset's dropout for every variant (0: identical computations "
                         "on both sides; HF has attention-probability dropout only)")
@@ -833,7 +855,7 @@ def run_cli(args) -> int:
             return 0
         df = bench_train(args.params, args.models, args.dispatch, args.dtype, args.batch, args.context,
                          args.rounds, args.warmup, args.peer, args.memory, args.device, args.seed,
-                         args.hf_experts, progress=True, dropout=args.dropout)
+                         args.hf_experts, progress=True, dropout=args.dropout, compile=args.compile)
         if args.json:
             keys = ("allocator", "peak_gflops", "peak_gflops_all", "loadavg", "threads", "torch", "times")
             doc = {k: df.attrs[k] for k in keys} | {"rows": df.to_dict(orient="records")}
@@ -847,11 +869,14 @@ def run_cli(args) -> int:
         pk = df.attrs["peak_gflops_all"]
         print(f"# matmul peak 2048^2 {args.dtype}: {df.attrs['peak_gflops']:,.0f} GFLOP/s "
               f"(min {min(pk):,.0f}, max {max(pk):,.0f} over {len(pk)} probes)")
-        print(_fmt_table(df, ["model", "impl", "dispatch", "params", "tok_s", "tok_s_min", "tok_s_max",
+        comp = ["compiled"] if args.compile != "off" else []
+        print(_fmt_table(df, ["model", "impl", "dispatch", *comp, "params", "tok_s", "tok_s_min", "tok_s_max",
                               "gflops", "mfu", "cpu_s", "sys_frac", "minflt", "peak_mem_mb", "mem_delta_mb",
-                              "ratio_ref", "ratio_naive", "ratio_hf"]))
+                              "ratio_ref", "ratio_naive", "ratio_hf"]
+                         + (["ratio_compile"] if args.compile == "both" else [])))
         print("# ratio_ref: speed vs the first model (same impl); ratio_naive: vs the naive dispatch; "
-              "ratio_hf: ours / transformers. Ratios are medians of per-round paired ratios.")
+              "ratio_hf: ours / transformers" + ("; ratio_compile: compiled / eager" if args.compile == "both"
+                                                 else "") + ". Ratios are medians of per-round paired ratios.")
         return 0
     df = bench_decode(args.params, args.models, args.dtype, args.prompt_len, args.new_tokens, args.trials,
                       args.warmup, args.no_cache_too, args.peer, args.dispatch, args.device, args.seed,

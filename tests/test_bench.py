@@ -63,6 +63,16 @@ def test_bench_train_dropout_override():
         bench.bench_train(TINY, ["dense"], dropout=1.5, memory="none", progress=False)
 
 
+def test_bench_train_compile_both_pairs_each_variant():
+    df = bench.bench_train(TINY, ["dense"], dtype="fp32", batch=2, context=16, rounds=1, warmup=0,
+                           memory="none", progress=False, peak_size=64, compile="both")
+    assert list(df["compiled"]) == [False, True]
+    assert math.isnan(df.loc[0, "ratio_compile"]) and df.loc[1, "ratio_compile"] > 0
+    assert df.attrs["warmup"] == 2  # compiling is never timed
+    with pytest.raises(bench.ConfigError, match="--compile"):
+        bench.bench_train(TINY, ["dense"], compile="yes", memory="none", progress=False)
+
+
 def test_flops_formula():
     cfg = TINY["dense"]
     n_mm = (cfg.vocab_size * 32 + 2 * (32 * 64 + 32 * 32) + 2 * 3 * 32 * 64)  # head + attn + ffn
