@@ -17,7 +17,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Optional
 
 from .config import ConfigError, FFNConfig, ModelConfig, Preset, deep_merge, model_from_dict, to_dict
 
