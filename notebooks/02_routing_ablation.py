@@ -14,15 +14,24 @@
 # %% [markdown]
 # # 02 · Routing ablation (SPEC Table 1)
 #
-# Four routed variants of the same MoE shape, trained with the first seed at one equal token
-# budget (the preset's training schedule):
+# Routed variants of the same MoE shape, trained with the first seed at one equal token budget
+# (the preset's training schedule):
 #
 # | variant | balance loss | z-loss | the paper's observation |
 # |---|---|---|---|
 # | top-1 | no | no | collapses within ~100 steps: most layers send nearly all tokens to one expert |
+# | top-1, Switch gate | no | no | (added here; see below) |
 # | top-1 | yes | no | stable; busiest-expert fraction about 0.45 |
 # | top-2 | yes | no | the main quality gain over top-1 |
 # | top-2 | yes | yes | same loss, lower router log-z, milder late-layer sharpness |
+#
+# **Why a second top-1 variant.** SPEC (like Mixtral) renormalises the top-k gate weights to sum
+# to 1. With k = 1 the gate is then exactly 1 for every token, so the router gets *no gradient*
+# from the language-model loss (tests/test_model.py checks it: ~1e-11 against ~1e-3 for the
+# experts). Without a balance or z-loss that router only decays under weight decay, and any
+# collapse can only come from the hidden states drifting. `moe_top1_switch` uses the Switch
+# Transformer's gate instead (`ffn.renormalize: false`: the token's output is scaled by its
+# router probability), so its router learns from the loss and can run away to one expert.
 #
 # *Collapse* here means one expert receives at least 90 % of a layer's token assignments.
 # Tiny presets train far fewer steps than the paper, so collapse may or may not appear; the

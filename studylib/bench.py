@@ -194,6 +194,8 @@ def hf_supported(cfg: ModelConfig) -> Optional[str]:
         return "no transformers peer for the soft MoE"
     if f.kind == "moe" and f.layers is not None and len(f.layers) != cfg.n_layers:
         return "no transformers peer for a mixed dense/MoE layer pattern"
+    if f.kind == "moe" and not f.renormalize:
+        return "HF Mixtral always renormalises the top-k weights (ffn.renormalize: false has no peer)"
     return None
 
 

@@ -44,6 +44,9 @@ class FFNConfig:
     grouped_mm: Literal["auto", "on", "off"] = "auto"  # use torch._grouped_mm in `grouped`
     balance_coef: float = 0.0  # lambda_bal (moe)
     z_coef: float = 0.0  # lambda_z (moe)
+    renormalize: bool = True  # moe: top-k gate weights renormalised to sum to 1 (Mixtral; SPEC).
+    # False: the gate is the router probability itself (Switch style). With top_k=1 and
+    # renormalisation the gate is exactly 1, so the router gets no gradient from the LM loss.
     router_scale: float = 1.0  # multiplies router logits (soft-MoE variant; 1.0 = none)
     layers: Optional[tuple[int, ...]] = None  # layers that use this FFN; None = all. Others: dense
 

@@ -87,7 +87,8 @@ class SparseMoE(_Experts):
             if self.router_mode == "uniform":
                 probs_TE = torch.full_like(probs_TE, 1.0 / E)
             w_TK = probs_TE.gather(1, idx_TK)
-        w_TK = w_TK / w_TK.sum(-1, keepdim=True)  # renormalise the K weights
+        if self.cfg.renormalize:  # Mixtral: the K weights sum to 1 (for K = 1 the gate is exactly 1)
+            w_TK = w_TK / w_TK.sum(-1, keepdim=True)
         if gemv.one_row(x_TD):  # decoding: the K chosen experts against cached transposed weights
             y_TD = self._decode_one(x_TD, idx_TK, w_TK)
         else:

@@ -126,7 +126,8 @@ class _RoutingProbe:
                 rec = {"kind": "soft", "experts": list(range(E)), "weights": gate.tolist()}
             elif ffn.router_mode == "learned":
                 w, idx = probs.topk(ffn.cfg.top_k)
-                rec = {"kind": "moe", "experts": idx.tolist(), "weights": (w / w.sum()).tolist()}
+                w = w / w.sum() if ffn.cfg.renormalize else w
+                rec = {"kind": "moe", "experts": idx.tolist(), "weights": w.tolist()}
             else:  # fixed assignments depend on the token's index in the batch: not reconstructed here
                 rec = {"kind": "moe", "experts": None, "weights": None, "mode": ffn.router_mode}
             rec["probs"] = probs.tolist()

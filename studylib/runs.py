@@ -29,6 +29,20 @@ _EXEC_ONLY = {"data": ("source", "data_dir", "cache_dir", "tokenizer_threads"),
               "train": ("device", "num_threads", "compile", "keep_checkpoints", "checkpoint_every")}
 
 
+# FFN fields added after runs existed: hashed only when set away from their default, so run
+# directories written before keep their identity (and are reused, not retrained)
+_FFN_ADDED = {"renormalize": True}
+
+
+def _hashed_model(model_cfg: ModelConfig) -> dict:
+    doc = to_dict(model_cfg)
+    ffn = doc.get("ffn") or {}
+    for key, default in _FFN_ADDED.items():
+        if key in ffn and ffn[key] == default:
+            del ffn[key]
+    return doc
+
+
 class RunDirConflict(ConfigError):
     """The run directory holds a run with a different configuration."""
 
@@ -59,7 +73,7 @@ def config_document(preset: Preset, model_cfg: ModelConfig, model: str, seed: in
         "preset": preset.name, "model_name": model, "seed": seed,
         "data": {k: v for k, v in p["data"].items() if k not in _EXEC_ONLY["data"]},
         "train": {k: v for k, v in p["train"].items() if k not in _EXEC_ONLY["train"]},
-        "model": to_dict(model_cfg),
+        "model": _hashed_model(model_cfg),
     }
     return {
         "run": {"preset": preset.name, "model": model, "seed": seed,

@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,3 +156,23 @@ def test_snapshots_listed_by_step(tmp_path):
 def test_config_hash_stable_and_order_free():
     assert C.config_hash({"a": 1, "b": [1, 2]}) == C.config_hash({"b": [1, 2], "a": 1})
     assert C.config_hash({"a": 1}) != C.config_hash({"a": 2})
+
+
+def test_run_hash_ignores_added_fields_at_their_default():
+    """A field added to FFNConfig later must not change the identity of runs written before it."""
+    import dataclasses
+
+    from studylib import runs
+    from studylib.config import load_preset
+
+    p = load_preset(Path(__file__).resolve().parents[1] / "params" / "ci.yaml")
+    cfg = p.model_config("moe_top1")
+    doc = runs.config_document(p, cfg, "moe_top1", 1)
+    hashed = {"preset": p.name, "model_name": "moe_top1", "seed": 1,
+              "data": {k: v for k, v in doc["preset"]["data"].items() if k not in runs._EXEC_ONLY["data"]},
+              "train": {k: v for k, v in doc["preset"]["train"].items() if k not in runs._EXEC_ONLY["train"]},
+              "model": doc["model"]}
+    del hashed["model"]["ffn"]["renormalize"]  # what a run written before the field hashed
+    assert C.config_hash(hashed) == doc["run"]["config_hash"]
+    off = dataclasses.replace(cfg, ffn=dataclasses.replace(cfg.ffn, renormalize=False))
+    assert runs.config_document(p, off, "moe_top1", 1)["run"]["config_hash"] != doc["run"]["config_hash"]

@@ -241,3 +241,21 @@ def test_one_token_decode_step_equals_batched_forward(ffn):
         m(idx[:, :-1], cache=cache)
         step = m(idx[:, -1:], cache=cache, last_only=True, aux_losses=False).logits[:, -1]
     torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+
+
+def test_top1_renormalised_gate_gives_the_router_no_gradient_switch_gate_does():
+    """Mixtral-style renormalisation makes a top-1 gate exactly 1: without aux losses the router
+    learns nothing from the LM loss. ``renormalize=False`` (Switch style: gate = probability) does."""
+    grads = {}
+    for renorm in (True, False):
+        ffn = FFNConfig(kind="moe", hidden=48, num_experts=4, top_k=1, renormalize=renorm)
+        torch.manual_seed(0)
+        m = Decoder(ModelConfig(name="t", vocab_size=101, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                context=24, dropout=0.0, ffn=ffn))
+        idx = torch.randint(0, 101, (4, 24), generator=torch.Generator().manual_seed(1))
+        out = m(idx[:, :-1], idx[:, 1:])
+        (out.loss + out.aux_loss).backward()
+        grads[renorm] = float(m.blocks[0].ffn.router.weight.grad.abs().max())
+        experts = float(m.blocks[0].ffn.w_in_EFD.grad.abs().max())
+        assert experts > 1e-5
+    assert grads[True] < 1e-8 < 1e-5 < grads[False]
