@@ -104,8 +104,8 @@ class SparseMoE(_Experts):
         )
         return y_TD.to(x_BSD.dtype).reshape(B, S, D), out
 
-
     def _decode_one(self, x_1D, idx_1K, w_1K):
+        """One token at inference: its K experts against cached transposed weights (studylib.gemv)."""
         w_in_EDF = gemv.transposed(self, self.w_in_EFD, "w_in")
         w_out_EHD = gemv.transposed(self, self.w_out_EDH, "w_out")
         y_1D = None
