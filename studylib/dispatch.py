@@ -9,9 +9,6 @@ Shape legend: T tokens (batch*sequence flattened), D model width, H expert hidde
 F = 2H (gate|up fused rows), E experts, K experts per token, N = T*K assignments,
 C per-expert capacity of the stacked buffer.
 
-A single token (batch-1 decoding, T = 1) skips the dispatch whichever path is set: its K experts'
-weights are indexed directly (``_one_token``), so decoding costs K small matmuls and no sort.
-
 Expert weights are stacked: ``w_in_EFD`` (rows 0..H-1 = gate, H..2H-1 = up) and ``w_out_EDH``.
 """
 from __future__ import annotations
@@ -45,17 +42,6 @@ def _naive(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH):
         out_ND = expert_mlp(x_TD.index_select(0, tok_N), w_in_EFD[e], w_out_EDH[e])
         y_TD = y_TD.index_add(0, tok_N, out_ND * w_TK[tok_N, slot_N, None])
     return y_TD
-
-
-# --------------------------------------------------------------------------------------------
-# one token (decoding): no masks, no sort; K matmul pairs against views of the chosen experts
-# --------------------------------------------------------------------------------------------
-def _one_token(x_1D, idx_1K, w_1K, w_in_EFD, w_out_EDH):
-    y_1D = None
-    for k, e in enumerate(idx_1K[0].tolist()):
-        out_1D = expert_mlp(x_1D, w_in_EFD[e], w_out_EDH[e]) * w_1K[:, k:k + 1]
-        y_1D = out_1D if y_1D is None else y_1D + out_1D
-    return y_1D
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,8 +128,6 @@ def moe_experts(
     """Weighted sum of each token's K experts. The one seam every dispatch path plugs into."""
     if path not in PATHS:
         raise ValueError(f"dispatch path must be one of {PATHS}, got {path!r}")
-    if x_TD.shape[0] == 1:
-        return _one_token(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH)
     if path == "grouped":
         return _grouped(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH, grouped_mm)
     if path == "stacked":

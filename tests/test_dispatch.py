@@ -45,7 +45,7 @@ def _grads(fn, x, w, w_in, w_out, gy):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("K,empty,T", [(1, None, 37), (2, None, 37), (2, 3, 37), (3, 0, 37),
-                                       (2, None, 1), (3, 1, 1)])  # T = 1: the decoding shortcut
+                                       (2, None, 1), (3, 1, 1)])  # T = 1: a single token
 def test_paths_match_per_token_reference(path, K, empty, T):
     x, idx, w, w_in, w_out = _case(T=T, K=K, empty_expert=empty)
     if empty is not None:
