@@ -605,7 +605,7 @@ def bench_decode(preset: Any, models: Optional[Sequence[str]] = None, dtype: str
 
     device = torch.device(device)
     weights = None  # bf16-weights: both sides' weights cast to bf16, no autocast (the usual bf16 inference)
-    if dtype in ("bf16-weights", "bf16w"):
+    if dtype == "bf16-weights":
         weights, amp, dtype = torch.bfloat16, None, "bf16-weights"
     else:
         amp = _dtype(dtype)

@@ -104,8 +104,6 @@ def test_bench_decode_bf16_weights():
     df = bench.bench_decode(TINY, ["dense", "moe"], dtype="bf16-weights", prompt_len=8, new_tokens=6,
                             trials=1, warmup=0, no_cache_too=True, progress=False)
     assert set(df["dtype"]) == {"bf16-weights"} and (df["tok_s"] > 0).all()
-    # with the cache and without it, the bf16 model decodes the same greedy tokens
-    assert df.groupby("model")["same_tokens_as_ours"].all().all()
 
 
 def test_generate_with_bf16_weights_follows_fp32_logits():
@@ -118,7 +116,10 @@ def test_generate_with_bf16_weights_follows_fp32_logits():
         ref = m(ids).logits[0, -1]
         got = m.to(torch.bfloat16)(ids, last_only=True).logits[0, -1].float()
     torch.testing.assert_close(got, ref, rtol=0.05, atol=0.05)
-    assert len(generate(m, prompt, 5, temperature=0)) == 5
+    # bf16 weights: the one-token cached path (studylib.gemv, the MoE decode path) and the
+    # full recompute pick the same greedy tokens
+    cached = generate(m, prompt, 10, temperature=0, use_cache=True)
+    assert len(cached) == 10 and cached == generate(m, prompt, 10, temperature=0, use_cache=False)
 
 
 @pytest.mark.skipif(not _has_transformers(), reason="transformers not installed")
