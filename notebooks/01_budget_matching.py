@@ -35,8 +35,12 @@ jobs = None
 import pandas as pd
 from IPython.display import Markdown, display
 
-from studylib import analysis, budget, plots
-from studylib.study import notebook_context
+from studylib.study import analysis
+
+from studylib.config import budget
+
+from studylib.study import plots
+from studylib.study.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs)
 preset, study, out = ctx.preset, ctx.study, ctx.out

@@ -40,9 +40,13 @@ import math
 import pandas as pd
 from IPython.display import Markdown, display
 
-from studylib import analysis, plots, runs
-from studylib.study import notebook_context
-from studylib.sweep import ensure_runs
+from studylib.study import analysis
+
+from studylib.study import plots
+
+from studylib.run import rundir as runs
+from studylib.study.notebooks import notebook_context
+from studylib.study.sweep import ensure_runs
 
 ctx = notebook_context(params, jobs)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds

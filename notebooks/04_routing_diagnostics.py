@@ -37,9 +37,11 @@ import math
 
 from IPython.display import Markdown, display
 
-from studylib import analysis, plots
-from studylib.study import notebook_context
-from studylib.sweep import ensure_runs
+from studylib.study import analysis
+
+from studylib.study import plots
+from studylib.study.notebooks import notebook_context
+from studylib.study.sweep import ensure_runs
 
 ctx = notebook_context(params, jobs)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds

@@ -37,8 +37,14 @@ import math
 
 from IPython.display import Markdown, display
 
-from studylib import analysis, bench, plots, train
-from studylib.study import notebook_context
+from studylib.study import analysis
+
+from studylib.tools import bench
+
+from studylib.study import plots
+
+from studylib.run import trainer as train
+from studylib.study.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs)
 preset, study, out = ctx.preset, ctx.study, ctx.out

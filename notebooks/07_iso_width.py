@@ -31,9 +31,17 @@ jobs = None
 # %%
 from IPython.display import Markdown, display
 
-from studylib import analysis, bench, plots, runs, train
-from studylib.study import notebook_context
-from studylib.sweep import ensure_runs
+from studylib.study import analysis
+
+from studylib.tools import bench
+
+from studylib.study import plots
+
+from studylib.run import rundir as runs
+
+from studylib.run import trainer as train
+from studylib.study.notebooks import notebook_context
+from studylib.study.sweep import ensure_runs
 
 ctx = notebook_context(params, jobs)
 preset, study, out, seed = ctx.preset, ctx.study, ctx.out, ctx.first_seed

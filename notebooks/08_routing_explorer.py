@@ -51,9 +51,13 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Image, Markdown, display
 
-from studylib import explore, plots, runs
-from studylib.study import notebook_context
-from studylib.sweep import ensure_runs
+from studylib.tools import explorer as explore
+
+from studylib.study import plots
+
+from studylib.run import rundir as runs
+from studylib.study.notebooks import notebook_context
+from studylib.study.sweep import ensure_runs
 
 ctx = notebook_context(params, jobs)
 preset, study, out = ctx.preset, ctx.study, ctx.out

@@ -9,16 +9,16 @@ import argparse
 import importlib
 import sys
 
-from .config import ConfigError
+from studylib.config.schema import ConfigError
 
 COMMANDS = {
     # name: (module, one-line help)
-    "budget": ("studylib.budget", "parameter accounting table and budget-matched dense widths"),
-    "prepare-data": ("studylib.data", "train the SentencePiece tokenizer and build the token cache"),
-    "train": ("studylib.train", "train one model of a preset with one seed"),
-    "study": ("studylib.study", "execute the study notebooks with papermill (and an HTML report)"),
-    "bench": ("studylib.bench", "training / decoding throughput benchmarks"),
-    "generate": ("studylib.generate", "sample text from a trained run"),
+    "budget": ("studylib.config.budget", "parameter accounting table and budget-matched dense widths"),
+    "prepare-data": ("studylib.run.data", "train the SentencePiece tokenizer and build the token cache"),
+    "train": ("studylib.run.trainer", "train one model of a preset with one seed"),
+    "study": ("studylib.study.notebooks", "execute the study notebooks with papermill (and an HTML report)"),
+    "bench": ("studylib.tools.bench", "training / decoding throughput benchmarks"),
+    "generate": ("studylib.run.decode", "sample text from a trained run"),
 }
 
 

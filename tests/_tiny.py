@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from studylib.config import Preset, preset_from_dict
+from studylib.config.schema import Preset, preset_from_dict
 
 VOCAB, CONTEXT = 256, 33  # 32 input tokens per window
 
 
 @dataclass
 class SyntheticData:
-    """The parts of :class:`studylib.data.TokenData` the trainer uses, over generated tokens."""
+    """The parts of :class:`studylib.run.data.TokenData` the trainer uses, over generated tokens."""
 
     tokens: np.ndarray
     context: int
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     ap.add_argument("--delay", type=float, default=0.0)
     a = ap.parse_args(argv)
     if a.delay:
-        import studylib.model as M
+        import studylib.nn.model as M
 
         forward = M.Decoder.forward
 
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
             return forward(self, *args, **kw)
 
         M.Decoder.forward = slow_forward
-    from studylib.train import train_run
+    from studylib.run.trainer import train_run
 
     preset = tiny_preset(**json.loads(a.raw))
     train_run(preset, a.model, a.seed, run_dir=a.run_dir, progress=False, data=synthetic_data())

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from studylib import alloc
+from studylib.run import alloc
 
 linux_glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                                  reason="glibc-only mechanism")

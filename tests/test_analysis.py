@@ -8,7 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studylib import analysis, runs
+from studylib.study import analysis
+
+from studylib.run import rundir as runs
 
 MODELS = ("dense_active", "moe", "dense_total")
 
@@ -200,7 +202,7 @@ def test_gap_curves_per_seed_then_mean_std():
 
 def test_param_split_sums_to_total():
     from _tiny import tiny_preset
-    from studylib.budget import count_params
+    from studylib.config.budget import count_params
 
     p = tiny_preset()
     cfgs = [p.model_config(m) for m in ("dense", "moe")]

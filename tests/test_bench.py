@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from studylib import bench
-from studylib.config import FFNConfig, ModelConfig
+from studylib.tools import bench
+from studylib.config.schema import FFNConfig, ModelConfig
 
 TINY = {
     "dense": ModelConfig(name="dense", vocab_size=128, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1,
@@ -107,7 +107,7 @@ def test_bench_decode_bf16_weights():
 
 
 def test_generate_with_bf16_weights_follows_fp32_logits():
-    from studylib.generate import generate
+    from studylib.run.decode import generate
 
     m = bench.build_ours(bench.resolve_models(TINY, ["moe"])[0][1]).eval()
     prompt = list(range(1, 9))
@@ -116,7 +116,7 @@ def test_generate_with_bf16_weights_follows_fp32_logits():
         ref = m(ids).logits[0, -1]
         got = m.to(torch.bfloat16)(ids, last_only=True).logits[0, -1].float()
     torch.testing.assert_close(got, ref, rtol=0.05, atol=0.05)
-    # bf16 weights: the one-token cached path (studylib.gemv, the MoE decode path) and the
+    # bf16 weights: the one-token cached path (studylib.nn.gemv, the MoE decode path) and the
     # full recompute pick the same greedy tokens
     cached = generate(m, prompt, 10, temperature=0, use_cache=True)
     assert len(cached) == 10 and cached == generate(m, prompt, 10, temperature=0, use_cache=False)

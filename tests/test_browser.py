@@ -146,7 +146,7 @@ def lab(tiny, tmp_path):
 def test_explorer_in_jupyterlab(lab, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    from studylib.explore import load_checkpoint_model
+    from studylib.tools.explorer import load_checkpoint_model
 
     tok = load_checkpoint_model(lab["tiny"]["runs"]["moe"])[1]
     want = [tok.id_to_piece(i) for i in [tok.eos_id()] + tok.encode(NEW_PROMPT)]

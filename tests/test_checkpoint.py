@@ -1,4 +1,4 @@
-"""Tests of studylib.checkpoint: atomic save, safe load, RNG capture, resume lookup, crash mid-write."""
+"""Tests of studylib.run.checkpoint: atomic save, safe load, RNG capture, resume lookup, crash mid-write."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from studylib import checkpoint as C
+from studylib.run import checkpoint as C
 
 
 def _state(step=3, chash="abc"):
@@ -126,7 +126,7 @@ def test_kill_during_save_leaves_last_good_checkpoint(tmp_path):
     script = tmp_path / "saver.py"
     script.write_text(
         "import sys, torch\n"
-        "from studylib import checkpoint as C\n"
+        "from studylib.run import checkpoint as C\n"
         "d = sys.argv[1]\n"
         "for step in (1, 2, 3):\n"
         "    C.save(d + '/latest.pt', {'kind': 'full', 'step': step, 'config_hash': 'h',\n"
@@ -162,8 +162,8 @@ def test_run_hash_ignores_added_fields_at_their_default():
     """A field added to FFNConfig later must not change the identity of runs written before it."""
     import dataclasses
 
-    from studylib import runs
-    from studylib.config import load_preset
+    from studylib.run import rundir as runs
+    from studylib.config.schema import load_preset
 
     p = load_preset(Path(__file__).resolve().parents[1] / "params" / "ci.yaml")
     cfg = p.model_config("moe_top1")

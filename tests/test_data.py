@@ -1,4 +1,4 @@
-"""Tests of studylib.data: sources, tokenizer/token caches, windows, split, CLI."""
+"""Tests of studylib.run.data: sources, tokenizer/token caches, windows, split, CLI."""
 from __future__ import annotations
 
 import gzip
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from studylib import data as D
-from studylib.config import ConfigError, DataConfig
+from studylib.run import data as D
+from studylib.config.schema import ConfigError, DataConfig
 
 SUBSET = Path("/work/shared/data/tinystories")
 needs_subset = pytest.mark.skipif(not (SUBSET / "train.txt.gz").exists(), reason="shared subset absent")

@@ -3,9 +3,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from studylib.config import FFNConfig
-from studylib.dispatch import PATHS, grouped_mm_supported, moe_experts
-from studylib.ffn import DenseFFN, SoftMoE, SparseMoE
+from studylib.config.schema import FFNConfig
+from studylib.nn.dispatch import PATHS, grouped_mm_supported, moe_experts
+from studylib.nn.ffn import DenseFFN, SoftMoE, SparseMoE
 
 
 def reference_moe(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH):

@@ -1,4 +1,4 @@
-"""Routing explorer (studylib.explore): the functions on tiny finished runs (sparse, soft, dense),
+"""Routing explorer (studylib.tools.explorer): the functions on tiny finished runs (sparse, soft, dense),
 and the ipywidgets explorer driven from Python."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import yaml
 
 pytest.importorskip("ipywidgets")
 
-from studylib import explore  # noqa: E402
-from studylib.config import load_preset  # noqa: E402
+from studylib.tools import explorer as explore  # noqa: E402
+from studylib.config.schema import load_preset  # noqa: E402
 
 DATA_DIR = os.environ.get("STUDYLIB_DATA_DIR") or str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tinystories")
 STEPS = [4, 8, 12]
@@ -42,8 +42,8 @@ def build_tiny_study(root: Path) -> dict:
     """A preset at ``root/params/explore_tiny.yaml`` (data cache in ``root/cache``) and one
     finished run per model in ``root/outputs/explore_tiny/runs/<model>/seed1`` with snapshots at
     steps 4, 8, 12. Idempotent (finished runs are skipped). Returns paths."""
-    from studylib.data import load_data
-    from studylib.train import train_run
+    from studylib.run.data import load_data
+    from studylib.run.trainer import train_run
 
     root = Path(root)
     raw = yaml.safe_load(yaml.safe_dump(TINY_STUDY))
@@ -185,7 +185,7 @@ def test_route_text_dense_says_nothing_to_route(loaded):
 def test_route_mixed_layers_and_long_text(loaded):
     import dataclasses
 
-    from studylib.model import Decoder
+    from studylib.nn.model import Decoder
 
     model, tok, cfg = loaded["moe"]
     mixed = Decoder(dataclasses.replace(cfg, ffn=dataclasses.replace(cfg.ffn, layers=(1,))))

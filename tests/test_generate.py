@@ -5,9 +5,9 @@ import pytest
 import torch
 import yaml
 
-from studylib.config import FFNConfig, ModelConfig, to_dict
-from studylib.generate import ContextOverflowWarning, Generation, generate, load_run, sample_next
-from studylib.model import Decoder
+from studylib.config.schema import FFNConfig, ModelConfig, to_dict
+from studylib.run.decode import ContextOverflowWarning, Generation, generate, load_run, sample_next
+from studylib.nn.model import Decoder
 
 FFNS = {
     "dense": FFNConfig(kind="dense", hidden=96),

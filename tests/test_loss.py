@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from studylib.loss import linear_cross_entropy
+from studylib.nn.lm_loss import linear_cross_entropy
 
 
 @pytest.mark.parametrize("chunk,rows", [(7, None), (64, 5), (1000, None), (1000, 16)])
@@ -45,7 +45,7 @@ def test_no_grad_path():
 
 
 def test_auto_rows_fit_the_cache_budget_and_blocks_match_reference():
-    from studylib.loss import CHUNK_BYTES, auto_rows
+    from studylib.nn.lm_loss import CHUNK_BYTES, auto_rows
 
     assert auto_rows(30008) == 256 and auto_rows(2048) == 4096
     for v in (101, 2048, 30008, 10**6):

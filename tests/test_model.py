@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from studylib import routing
-from studylib.budget import count_params
-from studylib.config import FFNConfig, ModelConfig
-from studylib.model import Attention, Decoder, KVCache, rope_tables
+from studylib.nn import router_losses as routing
+from studylib.config.budget import count_params
+from studylib.config.schema import FFNConfig, ModelConfig
+from studylib.nn.model import Attention, Decoder, KVCache, rope_tables
 
 FFNS = {
     "dense": FFNConfig(kind="dense", hidden=96),
@@ -57,7 +57,7 @@ def test_gqa_with_all_kv_heads_is_plain_mha():
     x = torch.randn(2, 16, 64)
     cos, sin = rope_tables(16, 16, 10000.0)
     q, k, v = att.wqkv(x).split(64, -1)
-    from studylib.model import apply_rope
+    from studylib.nn.model import apply_rope
     q = apply_rope(q.view(2, 16, 4, 16).transpose(1, 2), cos, sin)
     k = apply_rope(k.view(2, 16, 4, 16).transpose(1, 2), cos, sin)
     v = v.view(2, 16, 4, 16).transpose(1, 2)
@@ -216,7 +216,7 @@ def test_aux_losses_off_leaves_logits_and_zeroes_the_losses():
 
 
 def test_single_row_inference_uses_fresh_transposed_weights():
-    from studylib import gemv
+    from studylib.nn import gemv
 
     lin = gemv.Linear(16, 8)
     x = torch.randn(1, 1, 16)

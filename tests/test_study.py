@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from _tiny import tiny_raw
-from studylib import study
+from studylib.study import notebooks as study
 from studylib.cli import main
 
 HEADER = textwrap.dedent("""\
@@ -38,7 +38,7 @@ OK = HEADER + textwrap.dedent("""\
 
     # %%
     import os
-    from studylib.study import notebook_context
+    from studylib.study.notebooks import notebook_context
     ctx = notebook_context(params, jobs)
     print("PARAMS", params, "JOBS", jobs, "PRESET", ctx.preset.name)
     print("CWD", os.getcwd())
@@ -151,10 +151,10 @@ def test_merge_notebooks_drops_parameters_and_stderr(repo):
 
 
 # --------------------------------------------------------------------------------------------
-# the sweep the notebooks call (studylib.sweep.ensure_runs)
+# the sweep the notebooks call (studylib.study.sweep.ensure_runs)
 # --------------------------------------------------------------------------------------------
 def _fake_finished_run(preset, model, seed, loss):
-    from studylib import runs
+    from studylib.run import rundir as runs
 
     rd = runs.run_dir_for(preset, model, seed)
     runs.write_config(rd, runs.config_document(preset, preset.model_config(model), model, seed))
@@ -166,7 +166,7 @@ def _fake_finished_run(preset, model, seed, loss):
 
 def test_ensure_runs_reuses_finished_runs_without_training(tmp_path, monkeypatch):
     from _tiny import tiny_preset
-    from studylib import sweep
+    from studylib.study import sweep
 
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     p = tiny_preset()
@@ -176,7 +176,7 @@ def test_ensure_runs_reuses_finished_runs_without_training(tmp_path, monkeypatch
     def no_data(*a, **k):
         raise AssertionError("nothing to train: the data must not be loaded")
 
-    monkeypatch.setattr("studylib.data.load_data", no_data)
+    monkeypatch.setattr("studylib.run.data.load_data", no_data)
     df = sweep.ensure_runs(p, ["dense", "dense"], [1, 2], jobs=2, progress=False)
     assert list(df["seed"]) == [1, 2] and list(df["best_val_loss"]) == [2.0, 2.5]
     assert df.loc[0, "params_total"] == 5
@@ -184,7 +184,8 @@ def test_ensure_runs_reuses_finished_runs_without_training(tmp_path, monkeypatch
 
 def test_ensure_runs_refuses_a_run_dir_with_another_config(tmp_path, monkeypatch):
     from _tiny import tiny_preset
-    from studylib import runs, sweep
+    from studylib.run import rundir as runs
+    from studylib.study import sweep
 
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     p = tiny_preset()
@@ -198,10 +199,10 @@ def test_parallel_failure_names_model_seed_and_log(tmp_path, monkeypatch):
     import sys
 
     from _tiny import synthetic_data, tiny_preset
-    from studylib import sweep
+    from studylib.study import sweep
 
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
-    monkeypatch.setattr("studylib.data.load_data", lambda *a, **k: synthetic_data())
+    monkeypatch.setattr("studylib.run.data.load_data", lambda *a, **k: synthetic_data())
     seen = []
 
     def fake_command(params_file, model, seed, run_dir, threads):

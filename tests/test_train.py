@@ -1,4 +1,4 @@
-"""Tests of studylib.train and studylib.runs: schedule, optimizer groups, batches, run directory,
+"""Tests of studylib.run.trainer and studylib.run.rundir: schedule, optimizer groups, batches, run directory,
 skip / resume / conflicts, non-finite stop, grad accumulation, kill -9 resume, DDP, CLI."""
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import torch
 import yaml
 
 from _tiny import TINY_RAW, comparable, synthetic_data, tiny_preset, tiny_raw
-from studylib import checkpoint as C
-from studylib import runs
-from studylib import train as T
-from studylib.config import TrainConfig
+from studylib.run import checkpoint as C
+from studylib.run import rundir as runs
+from studylib.run import trainer as T
+from studylib.config.schema import TrainConfig
 
 TESTS = Path(__file__).resolve().parent
 TINY_SCRIPT = TESTS / "_tiny.py"
@@ -72,7 +72,7 @@ def test_lr_schedule_warmup_peak_end():
 
 
 def test_weight_decay_only_on_matrices(data):
-    from studylib.model import Decoder
+    from studylib.nn.model import Decoder
 
     cfg = tiny_preset().model_config("moe")
     model = Decoder(cfg)
@@ -191,7 +191,7 @@ def test_crash_after_final_checkpoint_only_writes_summary(tmp_path, data, monkey
     s1 = T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
     (tmp_path / "summary.json").unlink()  # as if killed between the last checkpoint and the summary
     before = runs.read_metrics(tmp_path)
-    import studylib.model as M
+    import studylib.nn.model as M
 
     monkeypatch.setattr(M.Decoder, "forward", lambda *a, **k: pytest.fail("no training/eval expected"))
     s2 = T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
@@ -271,7 +271,7 @@ class _Boom(Exception):
 
 def _patch_forward(monkeypatch, after_calls: int, action: str):
     """Make the ``after_calls``-th training forward raise (crash) or return a NaN loss."""
-    import studylib.model as M
+    import studylib.nn.model as M
 
     forward = M.Decoder.forward
     calls = {"n": 0}

@@ -7,7 +7,7 @@ Plain functions (unit-tested; the widgets only call them):
 * :func:`list_checkpoints` gives the steps a run can be loaded at (its ``step_<N>.pt`` snapshots,
   written with ``train.keep_checkpoints``, plus the step of ``latest.pt``);
   :func:`load_checkpoint_model` loads one: ``(model, tokenizer, cfg)`` as
-  :func:`studylib.generate.load_run`, with ``model.checkpoint_info`` (path, step) set;
+  :func:`studylib.run.decode.load_run`, with ``model.checkpoint_info`` (path, step) set;
 * :func:`route_text` runs a text through a model and returns a :class:`RoutingView`: the tokens
   (SentencePiece pieces) and, per layer, each token's chosen expert(s) and their gate weights
   (the renormalised top-k weights of the sparse MoE; the soft MoE's gate over all K experts).
@@ -19,7 +19,7 @@ Plain functions (unit-tested; the widgets only call them):
   layer, also after the best relabelling of experts, overlap of the chosen sets, weight distance);
 * :func:`diagnostics_over_training` (the per-layer router statistics of ``metrics.jsonl`` as a
   frame, with a step selector) and :func:`diagnostics_figure`;
-* :func:`generate_and_route` continues a prompt with :func:`studylib.generate.generate` and
+* :func:`generate_and_route` continues a prompt with :func:`studylib.run.decode.generate` and
   routes the prompt and the generated tokens.
 
 :class:`Explorer` (``build_explorer(outputs_root)``) wires these to ipywidgets: a run dropdown,
@@ -48,7 +48,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import checkpoint, runs
+from studylib.run import checkpoint
+
+from studylib.run import rundir as runs
 
 PRESET_PROMPTS = (
     "Once upon a time",
@@ -164,7 +166,7 @@ def load_checkpoint_model(run_dir: str | os.PathLike, step: Optional[int] = None
     A step loads its ``step_<N>.pt`` snapshot, or ``latest.pt`` when that is the step it holds.
     The model is in eval mode; ``model.checkpoint_info['step']`` is the step it was saved at.
     """
-    from .generate import load_run
+    from studylib.run.decode import load_run
 
     run_dir = Path(run_dir)
     if step is None:
@@ -210,7 +212,7 @@ class RoutingView:
     step: Optional[int] = None
     model_name: str = ""
     router_stats: list = field(default_factory=list)  # per layer, the model's stats on this text
-    generation: object = None  # the studylib.generate.Generation (generate_and_route)
+    generation: object = None  # the studylib.run.decode.Generation (generate_and_route)
 
     @property
     def n_layers(self) -> int:
@@ -273,7 +275,7 @@ class RoutingView:
 
 
 def _layer_kind(ffn) -> str:
-    from .ffn import SoftMoE, SparseMoE
+    from studylib.nn.ffn import SoftMoE, SparseMoE
 
     return "moe" if isinstance(ffn, SparseMoE) else "soft" if isinstance(ffn, SoftMoE) else "dense"
 
@@ -363,13 +365,13 @@ def route_text(model, tokenizer, text: str, *, prepend_eos: bool = True, label: 
 def generate_and_route(model, tokenizer, prompt: str, n_new: int, *, temperature: float = 0.0,
                        top_k: Optional[int] = None, top_p: Optional[float] = None, seed: Optional[int] = 0,
                        stop_at_eos: bool = False, prepend_eos: bool = True, label: str = "") -> RoutingView:
-    """Continue ``prompt`` by ``n_new`` tokens (:func:`studylib.generate.generate`, greedy by
+    """Continue ``prompt`` by ``n_new`` tokens (:func:`studylib.run.decode.generate`, greedy by
     default; at most ``context - 1``) and route prompt + continuation in one causal forward pass,
     so each position's routing is the one the model used for that token. ``view.n_prompt`` marks
     where the generated tokens start, ``view.continuation`` is their text and ``view.generation``
-    the :class:`~studylib.generate.Generation` (whose ``routing[i]`` is the routing at the
+    the :class:`~studylib.run.decode.Generation` (whose ``routing[i]`` is the routing at the
     position that *produced* generated token ``i``, i.e. position ``n_prompt + i - 1`` here)."""
-    from .generate import ContextOverflowWarning, generate
+    from studylib.run.decode import ContextOverflowWarning, generate
 
     ids, n_prefix = _prompt_ids(tokenizer, prompt, prepend_eos)
     n_new = max(0, min(int(n_new), model.cfg.context - 1))
@@ -516,7 +518,7 @@ def diagnostics_over_training(run_dir: str | os.PathLike, step: Optional[int] = 
     ``step`` is earlier). ``attrs["steps"]`` lists all eval steps, ``attrs["selected_step"]`` the
     chosen one (None without a selector).
     """
-    from .config import model_from_dict
+    from studylib.config.schema import model_from_dict
 
     run_dir = Path(run_dir)
     doc = runs.read_config(run_dir) or {}

@@ -10,7 +10,7 @@
   paired ratios (``t_ref / t_variant`` of the same round), which cancel most of that drift.
 ``python -m studylib bench decode``  the seed-002 protocol: batch 1, greedy, random 32-token
   prompt, 64 new tokens, ``--trials`` timed after ``--warmup``, with the KV cache (and with
-  ``--no-cache-too`` without it), ours (:func:`studylib.generate.generate`) against HF
+  ``--no-cache-too`` without it), ours (:func:`studylib.run.decode.generate`) against HF
   ``generate``; trials interleaved across variants.
 ``python -m studylib bench alloc``  the train bench in fresh processes under different memory
   allocators (glibc default, glibc tunables, tcmalloc via ``LD_PRELOAD``), interleaved.
@@ -60,8 +60,8 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from .alloc import GLIBC_TUNED, TCMALLOC_PATHS
-from .config import ConfigError, ModelConfig, Preset, model_from_dict, preset_from_dict, to_dict
+from studylib.run.alloc import GLIBC_TUNED, TCMALLOC_PATHS
+from studylib.config.schema import ConfigError, ModelConfig, Preset, model_from_dict, preset_from_dict, to_dict
 
 DISPATCHES = ("naive", "grouped", "stacked")
 TCMALLOC = TCMALLOC_PATHS[0]
@@ -136,7 +136,7 @@ def norm_params(cfg: ModelConfig) -> int:
 
 def train_flops_per_token(cfg: ModelConfig, seq: int) -> float:
     """Analytic training FLOPs per token (see the module docstring)."""
-    from .budget import count_params
+    from studylib.config.budget import count_params
 
     n_mm = count_params(cfg).active - norm_params(cfg)
     return 6.0 * n_mm + 6.0 * cfg.n_layers * seq * cfg.n_heads * cfg.head_dim
@@ -150,7 +150,7 @@ def resolve_models(preset: Any, models: Optional[Sequence[str]] = None) -> list[
     ``{name: ModelConfig or model dict}`` mapping. Default models: the preset's ``study.headline``
     (else all of them)."""
     if isinstance(preset, (str, os.PathLike)):
-        from .config import load_preset
+        from studylib.config.schema import load_preset
 
         preset = load_preset(preset)
     elif isinstance(preset, Mapping) and "models" in preset and "data" in preset:
@@ -179,7 +179,7 @@ def _with_context(cfg: ModelConfig, context: int, dropout: Optional[float] = Non
 
 
 def build_ours(cfg: ModelConfig, dispatch: Optional[str] = None, seed: int = 0, device="cpu") -> nn.Module:
-    from .model import Decoder
+    from studylib.nn.model import Decoder
 
     if dispatch is not None and cfg.ffn.kind == "moe":
         cfg = dataclasses.replace(cfg, ffn=dataclasses.replace(cfg.ffn, dispatch=dispatch))
@@ -382,7 +382,7 @@ def _memory_child(spec: dict) -> dict:
         torch.set_num_threads(spec["threads"])
     if spec["impl"] == "hf":
         import transformers  # noqa: F401  (count its import in the baseline)
-    from . import model  # noqa: F401
+    from studylib.nn import model  # noqa: F401
 
     device = torch.device("cpu")
     base = _status_mb("VmRSS")
@@ -403,7 +403,7 @@ def _measure_memory_subprocess(v: _Variant, batch, context, dtype, seed, steps, 
             "batch": batch,
             "context": context, "dtype": dtype, "seed": seed, "steps": steps,
             "threads": torch.get_num_threads(), "hf_experts": hf_experts}
-    code = ("import json, sys; from studylib.bench import _memory_child; "
+    code = ("import json, sys; from studylib.tools.bench import _memory_child; "
             "print('@@' + json.dumps(_memory_child(json.loads(sys.argv[1]))))")
     r = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True,
                        env=os.environ.copy())
@@ -601,7 +601,7 @@ def bench_decode(preset: Any, models: Optional[Sequence[str]] = None, dtype: str
     """
     import pandas as pd
 
-    from .generate import generate
+    from studylib.run.decode import generate
 
     device = torch.device(device)
     weights = None  # bf16-weights: both sides' weights cast to bf16, no autocast (the usual bf16 inference)

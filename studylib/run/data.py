@@ -43,7 +43,7 @@ import sentencepiece as spm
 import torch
 from tqdm.auto import tqdm
 
-from .config import ConfigError, DataConfig
+from studylib.config.schema import ConfigError, DataConfig
 
 EOT = "<|endoftext|>"
 DATA_EXTENSIONS = (".txt", ".txt.gz", ".jsonl", ".parquet")
@@ -421,7 +421,7 @@ def add_cli(parser) -> None:
 
 
 def run_cli(args) -> int:
-    from .config import load_preset
+    from studylib.config.schema import load_preset
 
     preset = load_preset(args.params, args.set)
     data = load_data(preset.data, progress=True)

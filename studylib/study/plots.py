@@ -1,7 +1,7 @@
 """The seaborn figures the notebooks share, and saving figures / tables.
 
 Every plotting function returns its matplotlib Figure; given ``outdir`` (the preset's output
-folder ``outputs/<preset>``, see :func:`studylib.analysis.outputs_dir`) it also saves the figure
+folder ``outputs/<preset>``, see :func:`studylib.study.analysis.outputs_dir`) it also saves the figure
 as ``<outdir>/figures/<name>.png``. :func:`save_table` writes ``<outdir>/tables/<name>.csv``.
 Figures are made through pyplot, so a notebook shows them inline at the end of the cell.
 """
@@ -83,7 +83,7 @@ def val_curves(metrics: pd.DataFrame, x: str = "tokens", y: str = "val_loss",
 
 def gap_curves(gaps: pd.DataFrame, x: str = "tokens", title: str = "Loss gaps over training",
                outdir=None, name: str = "gap_curves") -> plt.Figure:
-    """Gap curves from :func:`studylib.analysis.gap_curves`: mean ± 1 std over seeds, per gap."""
+    """Gap curves from :func:`studylib.study.analysis.gap_curves`: mean ± 1 std over seeds, per gap."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (g, d) in enumerate(gaps.groupby("gap", sort=False)):
         d = d.sort_values(x)
@@ -109,7 +109,7 @@ def routing_diagnostics(rf: pd.DataFrame, metrics: Sequence[str] = ("busiest", "
                                                                      "top1", "margin", "logz"),
                         x: str = "step", title: str = "Routing diagnostics per layer",
                         outdir=None, name: str = "routing_diagnostics", hue: str = "layer") -> plt.Figure:
-    """One panel per metric of a :func:`studylib.analysis.routing_frame` (optionally with a
+    """One panel per metric of a :func:`studylib.study.analysis.routing_frame` (optionally with a
     ``seed`` column: mean ± std band over seeds), one line per layer (or per ``hue`` value;
     rows sharing an x and hue value are averaged with a ±1 std band)."""
     metrics = [m for m in metrics if m in set(rf["metric"])]
@@ -181,7 +181,7 @@ SPLIT_COLORS = {"embedding": "#4c72b0", "non_ffn": "#8172b3", "ffn_active": "#55
 
 def param_split(split: pd.DataFrame, title: str = "Parameter split", outdir=None,
                 name: str = "param_split") -> plt.Figure:
-    """Stacked horizontal bars (millions) of :func:`studylib.analysis.param_split`."""
+    """Stacked horizontal bars (millions) of :func:`studylib.study.analysis.param_split`."""
     d = split[[c for c in SPLIT_COLORS if c in split]] / 1e6
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(d) + 1.6))
     left = np.zeros(len(d))

@@ -1,7 +1,7 @@
 """Decoding: a lean sampling loop with a KV cache, routing capture, and loading a trained run.
 
 ``generate(model, prompt_ids, max_new_tokens, ...)`` prefills the prompt once into a
-:class:`~studylib.model.KVCache` and then feeds one token at a time (``use_cache=True``), or
+:class:`~studylib.nn.model.KVCache` and then feeds one token at a time (``use_cache=True``), or
 recomputes the whole prefix every step (``use_cache=False``, the seed-002 decoding protocol).
 It runs under ``torch.inference_mode()`` with the model in eval mode (restored afterwards) and
 returns the *new* token ids only (a ``list[int]``); with ``return_routing=True`` it returns a
@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .model import Decoder, KVCache
+from studylib.nn.model import Decoder, KVCache
 
 
 class ContextOverflowWarning(UserWarning):
@@ -96,7 +96,7 @@ def sample_next(logits_V: torch.Tensor, temperature: float = 1.0, top_k: Optiona
 # --------------------------------------------------------------------------------------------
 class _RoutingProbe:
     def __init__(self, model: Decoder):
-        from .ffn import SoftMoE, SparseMoE
+        from studylib.nn.ffn import SoftMoE, SparseMoE
 
         self.layers = []  # (layer, ffn, kind)
         for i, blk in enumerate(model.blocks):
@@ -268,8 +268,8 @@ def _find_tokenizer(run_dir: Path, doc: dict, vocab_size: int) -> Optional[Path]
     if len(found) == 1:
         return found[0]
     if len(found) > 1:  # several corpora share the cache: recompute the exact key from the data
-        from .config import DataConfig, dataclass_from_dict
-        from .data import load_data
+        from studylib.config.schema import DataConfig, dataclass_from_dict
+        from studylib.run.data import load_data
 
         keys = {f.name for f in DataConfig.__dataclass_fields__.values()}
         dcfg = dataclass_from_dict(DataConfig, {k: v for k, v in pdata.items() if k in keys}, "data")
@@ -288,7 +288,7 @@ def load_run(run_dir: str | os.PathLike, checkpoint_path: str | os.PathLike | No
     """
     import yaml
 
-    from .config import ConfigError, model_from_dict
+    from studylib.config.schema import ConfigError, model_from_dict
 
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.yaml"

@@ -5,7 +5,7 @@ for the dense FFN, else a :class:`RouterOutput` carrying the layer's auxiliary l
 the caller adds them to the objective; no global state; zero when ``aux=False``, which decoding
 uses) and, when ``stats=True``, its diagnostics.
 
-Router modes (``ffn.router_mode``, per layer; see :meth:`studylib.model.Decoder.set_router_mode`):
+Router modes (``ffn.router_mode``, per layer; see :meth:`studylib.nn.model.Decoder.set_router_mode`):
 ``learned`` (normal), ``uniform`` (gate forced to 1/E; sparse layers take a fixed balanced
 assignment with weights 1/K) and ``balanced`` (sparse only: token t goes to experts
 ``(t*K + j) mod E``, weighted by its renormalised router probabilities; for throughput runs).
@@ -22,9 +22,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import gemv, routing
-from .config import FFNConfig
-from .dispatch import moe_experts, swiglu_rows
+from studylib.nn import gemv
+
+from studylib.nn import router_losses as routing
+from studylib.config.schema import FFNConfig
+from studylib.nn.dispatch import moe_experts, swiglu_rows
 
 
 @dataclass
@@ -105,7 +107,7 @@ class SparseMoE(_Experts):
         return y_TD.to(x_BSD.dtype).reshape(B, S, D), out
 
     def _decode_one(self, x_1D, idx_1K, w_1K):
-        """One token at inference: its K experts against cached transposed weights (studylib.gemv)."""
+        """One token at inference: its K experts against cached transposed weights (studylib.nn.gemv)."""
         w_in_EDF = gemv.transposed(self, self.w_in_EFD, "w_in")
         w_out_EHD = gemv.transposed(self, self.w_out_EDH, "w_out")
         y_1D = None

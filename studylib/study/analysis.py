@@ -1,6 +1,6 @@
 """What the notebooks compute from runs: tables, routing frames, collapse checks, model probes.
 
-Frames over runs come from :mod:`studylib.runs` (``collect_runs`` -> one row per run,
+Frames over runs come from :mod:`studylib.run.rundir` (``collect_runs`` -> one row per run,
 ``collect_metrics`` -> one row per metrics record). Everything here is a plain function of
 those frames, of ``metrics.jsonl`` records, or (for the probes) of a run directory's model:
 
@@ -52,7 +52,7 @@ def _std(x) -> float:
 def _records(source) -> list[dict]:
     """metrics records from a run directory, a list of dicts or a metrics DataFrame."""
     if isinstance(source, (str, os.PathLike)):
-        from .runs import read_metrics
+        from studylib.run.rundir import read_metrics
 
         return read_metrics(source)
     if isinstance(source, pd.DataFrame):
@@ -67,7 +67,7 @@ def headline_table(df: pd.DataFrame, models: Optional[Sequence[str]] = None,
                    value: str = "best_val_loss") -> pd.DataFrame:
     """SPEC Table 2: per model n, mean and std (ddof=1) of ``value`` and of exp(value) (ppl),
     plus the formatted ``loss`` and ``ppl`` strings and the parameter counts."""
-    from .runs import aggregate
+    from studylib.run.rundir import aggregate
 
     if df.empty:
         raise ValueError("headline_table: no finished runs")
@@ -103,7 +103,7 @@ def seed_table(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
 def gaps(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
          value: str = "best_val_loss") -> dict:
     """Matched-active and matched-total gaps (per seed, then mean / std ddof=1)."""
-    from .runs import paired_gaps
+    from studylib.run.rundir import paired_gaps
 
     return {"active": paired_gaps(df, dense_active, moe, value),
             "total": paired_gaps(df, moe, dense_total, value)}
@@ -321,7 +321,7 @@ def fmt_count(n: int, unit: Optional[str] = None) -> str:
 def accounting_frame(cfgs: Iterable) -> pd.DataFrame:
     """SPEC Table 5 for model configs: the integer accounting plus shape columns and a
     ``display`` column "embedding | non-FFN | FFN total | total / active" in millions."""
-    from .budget import count_params, ffn_label
+    from studylib.config.budget import count_params, ffn_label
 
     rows = []
     for c in cfgs:
@@ -338,7 +338,7 @@ def accounting_frame(cfgs: Iterable) -> pd.DataFrame:
 def param_split(cfgs: Iterable) -> pd.DataFrame:
     """Per model: embedding / non-FFN / FFN active / FFN inactive / router parameter counts
     (they sum to the total; all but FFN inactive are the active path)."""
-    from .budget import count_params
+    from studylib.config.budget import count_params
 
     rows = []
     for c in cfgs:
@@ -365,15 +365,15 @@ def granularity_table(summaries: pd.DataFrame, models: Sequence[str], base: Opti
 # --------------------------------------------------------------------------------------------
 def _run_data(run_dir, data=None):
     """(TokenData, preset) of the run's own data config (``data`` if given)."""
-    from .config import preset_from_dict
-    from .runs import read_config
+    from studylib.config.schema import preset_from_dict
+    from studylib.run.rundir import read_config
 
     doc = read_config(run_dir)
     if doc is None:
         raise FileNotFoundError(f"{run_dir}: not a run directory (no config.yaml)")
     preset = preset_from_dict(doc["preset"])
     if data is None:
-        from .data import load_data
+        from studylib.run.data import load_data
 
         data = load_data(preset.data, progress=False)
     return data, preset
@@ -381,15 +381,15 @@ def _run_data(run_dir, data=None):
 
 def eval_windows(run_dir, n_windows: Optional[int] = None, data=None) -> tuple:
     """(data, window indices): a fixed subset of the run's validation windows (the trainer's
-    :func:`studylib.train.eval_subset`, so every model is probed on the same windows)."""
-    from .train import eval_subset
+    :func:`studylib.run.trainer.eval_subset`, so every model is probed on the same windows)."""
+    from studylib.run.trainer import eval_subset
 
     data, preset = _run_data(run_dir, data)
     return data, eval_subset(data.val_idx, n_windows, preset.data.split_seed)
 
 
 def _loss(model, data, idx, batch_size: int) -> float:
-    from .train import evaluate
+    from studylib.run.trainer import evaluate
 
     device = next(model.parameters()).device
     return float(evaluate(model, data, idx, batch_size, device, None)["val_loss"])
@@ -411,7 +411,7 @@ def uniform_gate_ablation(run_dir, n_windows: Optional[int] = 64, data=None, bat
     Returns one row per routed layer: layer / loss / delta (= loss - the learned-gate loss,
     ``attrs["base_loss"]``). For K=1 the gate is exactly 1 either way, so delta is 0.
     ``device``: default CUDA when available, else CPU."""
-    from .generate import load_run
+    from studylib.run.decode import load_run
 
     model, _, cfg = load_run(run_dir, device=_device(device))
     data, idx = eval_windows(run_dir, n_windows, data)
@@ -433,12 +433,12 @@ def expert_cosine(run_dir, n_windows: Optional[int] = 16, data=None, batch_size:
                   device: Optional[str] = None) -> dict:
     """Per routed layer, the K x K matrix (DataFrame) of mean cosine similarity between the
     experts' outputs on the same hidden states (the ``ffn_norm`` outputs of the validation
-    subset, captured by a forward hook; each expert run with :func:`studylib.dispatch.expert_mlp`).
+    subset, captured by a forward hook; each expert run with :func:`studylib.nn.dispatch.expert_mlp`).
     Ungated outputs: what each expert *would* contribute for every token."""
     import torch
 
-    from .dispatch import expert_mlp
-    from .generate import load_run
+    from studylib.nn.dispatch import expert_mlp
+    from studylib.run.decode import load_run
 
     device = _device(device)
     model, _, cfg = load_run(run_dir, device=device)
@@ -491,7 +491,7 @@ def generations(run_dirs: dict, prompts: Sequence[str], max_new_tokens: int = 48
                 temperature: float = 0.0, seed: int = 0) -> pd.DataFrame:
     """A few samples per model (``name: run_dir``) for the same prompts (greedy by default;
     each prompt starts after an end-of-story token, like the training windows)."""
-    from .generate import generate, load_run
+    from studylib.run.decode import generate, load_run
 
     rows = []
     for name, rd in run_dirs.items():
@@ -508,7 +508,7 @@ def generations(run_dirs: dict, prompts: Sequence[str], max_new_tokens: int = 48
 
 def outputs_dir(preset) -> Path:
     """``outputs/<preset>/`` (figures/ and tables/ go below it)."""
-    from .runs import outputs_root
+    from studylib.run.rundir import outputs_root
 
     return outputs_root(preset) / preset.name
 
@@ -540,7 +540,7 @@ PAPER_GRANULARITY = pd.DataFrame({"delta_vs_K1": [0.0, -0.0048, 0.0053, 0.0197]}
 
 def routing_frames(preset, model: str, seeds: Sequence[int]) -> pd.DataFrame:
     """:func:`routing_frame` of ``model`` for several seeds, with a ``seed`` column."""
-    from .runs import run_dir_for
+    from studylib.run.rundir import run_dir_for
 
     frames = [routing_frame(run_dir_for(preset, model, s)).assign(seed=s) for s in seeds]
     return pd.concat(frames, ignore_index=True)
@@ -548,7 +548,7 @@ def routing_frames(preset, model: str, seeds: Sequence[int]) -> pd.DataFrame:
 
 def shares_frames(preset, model: str, seeds: Sequence[int], key: str = "shares") -> pd.DataFrame:
     """:func:`shares_frame` of ``model`` for several seeds, with a ``seed`` column."""
-    from .runs import run_dir_for
+    from studylib.run.rundir import run_dir_for
 
     frames = [shares_frame(run_dir_for(preset, model, s), key).assign(seed=s) for s in seeds]
     return pd.concat(frames, ignore_index=True)
@@ -611,7 +611,7 @@ def format_generations(gens: pd.DataFrame) -> str:
 
 
 def throughput_table(df: pd.DataFrame, ref: Optional[str] = None) -> pd.DataFrame:
-    """SPEC Table 8 from :func:`studylib.bench.bench_train` (or ``bench_decode``) rows: one row per
+    """SPEC Table 8 from :func:`studylib.tools.bench.bench_train` (or ``bench_decode``) rows: one row per
     variant with a ``label`` (model, [dispatch]), the median tokens/s, its min-max range over the
     rounds (``range`` text, ``lo`` / ``hi`` numbers) and the speed ratio to ``ref``: the bench's paired per-round ratio (median over rounds) when
     ``ref`` is the bench's reference (its first model), else the ratio of the medians."""

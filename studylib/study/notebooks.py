@@ -25,7 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional, Sequence
 
-from .config import ConfigError, load_preset
+from studylib.config.schema import ConfigError, load_preset
 
 KERNEL = "python3"
 NOTEBOOK_RE = re.compile(r"^(\d\d)_.+\.py$")
@@ -78,9 +78,9 @@ def notebook_context(params: str, jobs: Optional[int] = None, chdir: bool = True
     """What every notebook needs first: ``root``, ``preset``, ``out`` (outputs/<preset>),
     ``jobs`` (``jobs`` or ``study.jobs``), ``seeds`` and ``first_seed``. Changes the working
     directory to the repository root and sets the seaborn style."""
-    from . import plots
-    from .runs import outputs_root
-    from .sweep import default_jobs
+    from studylib.study import plots
+    from studylib.run.rundir import outputs_root
+    from studylib.study.sweep import default_jobs
 
     root = repo_root()
     path = Path(params)
@@ -152,7 +152,7 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
               root: Optional[os.PathLike] = None, progress: bool = True, echo=None) -> dict:
     """Execute the selected notebooks in order (see the module docstring); returns
     ``{"notebooks": {name: seconds}, "report": path or None, "total_s": seconds}``."""
-    from .runs import outputs_root
+    from studylib.run.rundir import outputs_root
 
     echo = echo or (lambda msg: print(msg, flush=True))
     t_start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The trainer: one model of a preset, one seed -> one run directory (see :mod:`studylib.runs`).
+"""The trainer: one model of a preset, one seed -> one run directory (see :mod:`studylib.run.rundir`).
 
 ``train_run(preset, model_name, seed)`` seeds Python/NumPy/torch, builds the model under the
 seed, and trains it with AdamW (decay on >=2-D tensors only), linear warmup + cosine decay
@@ -42,8 +42,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import checkpoint, runs
-from .config import ConfigError, Preset, TrainConfig, apply_overrides, preset_from_dict, to_dict
+from studylib.run import checkpoint
+
+from studylib.run import rundir as runs
+from studylib.config.schema import ConfigError, Preset, TrainConfig, apply_overrides, preset_from_dict, to_dict
 
 
 class NonFiniteLossError(RuntimeError):
@@ -107,7 +109,7 @@ class BatchSampler:
 
     def _perm(self, epoch: int) -> np.ndarray:
         if epoch not in self._perms:
-            from .data import epoch_order
+            from studylib.run.data import epoch_order
 
             if len(self._perms) >= 2:
                 self._perms.pop(min(self._perms))
@@ -330,7 +332,7 @@ def apply_preset_overrides(preset: Preset, overrides) -> Preset:
 
 def _param_accounting(model_cfg, model) -> dict:
     try:
-        from .budget import count_params
+        from studylib.config.budget import count_params
 
         acc = count_params(model_cfg)
         d = acc.as_dict() if hasattr(acc, "as_dict") else dict(acc)
@@ -369,10 +371,10 @@ def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.Path
               overrides=None, progress: bool = True, data=None) -> dict:
     """Train ``model_name`` of ``preset`` with ``seed``; returns the run's summary dict.
 
-    ``run_dir`` defaults to :func:`studylib.runs.run_dir_for`. A finished run is not redone
+    ``run_dir`` defaults to :func:`studylib.run.rundir.run_dir_for`. A finished run is not redone
     (its summary is returned), an unfinished one resumes from its last good checkpoint, and a
-    run directory with a different config raises :class:`studylib.runs.RunDirConflict`.
-    ``data``: a :class:`studylib.data.TokenData` (or look-alike) to use instead of loading it.
+    run directory with a different config raises :class:`studylib.run.rundir.RunDirConflict`.
+    ``data``: a :class:`studylib.run.data.TokenData` (or look-alike) to use instead of loading it.
     """
     preset = apply_preset_overrides(preset, overrides)
     tcfg = preset.train
@@ -412,10 +414,10 @@ def _train(preset, tcfg, mcfg, model_name, seed, run_dir, doc, chash, dist, devi
            show, say, data) -> dict:
     from tqdm.auto import tqdm
 
-    from .model import Decoder
+    from studylib.nn.model import Decoder
 
     if data is None:
-        from .data import load_data
+        from studylib.run.data import load_data
 
         if not dist.main:
             dist.barrier()  # rank 0 builds the tokenizer / token caches first; the rest reuse them
@@ -652,7 +654,7 @@ def add_cli(parser) -> None:
 
 
 def run_cli(args) -> int:
-    from .config import load_preset
+    from studylib.config.schema import load_preset
 
     preset = load_preset(args.params, args.set)
     seed = args.seed if args.seed is not None else preset.seeds[0]

@@ -16,10 +16,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import gemv
-from .config import ModelConfig
-from .ffn import DenseFFN, RouterOutput, SoftMoE, SparseMoE, _Experts, build_ffn
-from .loss import linear_cross_entropy
+from studylib.nn import gemv
+from studylib.config.schema import ModelConfig
+from studylib.nn.ffn import DenseFFN, RouterOutput, SoftMoE, SparseMoE, _Experts, build_ffn
+from studylib.nn.lm_loss import linear_cross_entropy
 
 
 @dataclass
@@ -196,7 +196,7 @@ class Decoder(nn.Module):
             if last_only:  # decoding needs the next-token logits only (S-fold less LM-head work)
                 h = h[:, -1:]
             if last_only and gemv.one_row(h):
-                logits = h @ gemv.transposed(self, self.tok_emb.weight, "head")  # see studylib.gemv
+                logits = h @ gemv.transposed(self, self.tok_emb.weight, "head")  # see studylib.nn.gemv
             else:
                 logits = F.linear(h, self.tok_emb.weight)  # tied output embedding
             if targets_BS is not None:

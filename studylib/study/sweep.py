@@ -28,8 +28,8 @@ from typing import Iterable, Optional, Sequence
 
 import yaml
 
-from . import runs
-from .config import ConfigError, Preset, load_preset, to_dict
+from studylib.run import rundir as runs
+from studylib.config.schema import ConfigError, Preset, load_preset, to_dict
 
 LOG_FILE = "train.log"
 
@@ -81,7 +81,7 @@ def _log_tail(path: Path, n: int = 15) -> str:
 def _apply(preset: Preset, overrides) -> Preset:
     if not overrides:
         return preset
-    from .train import apply_preset_overrides
+    from studylib.run.trainer import apply_preset_overrides
 
     return apply_preset_overrides(preset, overrides)
 
@@ -140,7 +140,7 @@ def train_command(params_file: str, model: str, seed: int, run_dir: Path, thread
 
 def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[int]] = None,
                 jobs: Optional[int] = None, overrides=None, progress: bool = True):
-    """Summaries (one row per run, as :func:`studylib.runs.collect_runs`) of ``models x seeds``,
+    """Summaries (one row per run, as :func:`studylib.run.rundir.collect_runs`) of ``models x seeds``,
     training whatever is missing (see the module docstring). ``jobs=None``: ``study.jobs``."""
     preset = _apply(preset, overrides)
     models = _unique(models)
@@ -154,7 +154,7 @@ def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[
     if missing:
         from tqdm.auto import tqdm
 
-        from .data import load_data
+        from studylib.run.data import load_data
 
         data = load_data(preset.data, progress=progress)  # once, before any child starts
         bar = tqdm(total=len(finished) + len(missing), initial=len(finished), unit="run",
@@ -173,7 +173,7 @@ def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[
 
 
 def _train_in_process(preset, missing, data, bar, progress) -> None:
-    from .train import train_run
+    from studylib.run.trainer import train_run
 
     for m, s, rd in missing:
         bar.set_postfix_str(f"{m} seed{s}")

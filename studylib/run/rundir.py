@@ -16,8 +16,8 @@ from typing import Iterable, Optional
 
 import yaml
 
-from . import checkpoint
-from .config import ConfigError, ModelConfig, Preset, to_dict
+from studylib.run import checkpoint
+from studylib.config.schema import ConfigError, ModelConfig, Preset, to_dict
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"

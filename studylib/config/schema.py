@@ -2,7 +2,7 @@
 
 A preset YAML (``params/*.yaml``) has the sections ``data``, ``train``, ``model`` (defaults
 shared by every model), ``models`` (named variants, each a partial model config, or a
-``derive`` rule solved by :mod:`studylib.budget`), ``seeds`` and ``study`` (notebook knobs).
+``derive`` rule solved by :mod:`studylib.config.budget`), ``seeds`` and ``study`` (notebook knobs).
 
 Every error names the offending field (dotted path) and what was expected.
 """
@@ -208,7 +208,7 @@ class Preset:
             raise ConfigError(f"models: no model named {name!r}; allowed: {sorted(self.models)}")
         raw = self.models[name]
         if isinstance(raw, dict) and "derive" in raw:
-            from .budget import derive_model  # the solver lives in budget.py
+            from studylib.config.budget import derive_model  # the solver lives in budget.py
 
             return derive_model(self, name, raw)
         merged = deep_merge(self.model, raw or {})

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from .config import ConfigError, FFNConfig, ModelConfig, Preset, deep_merge, model_from_dict, to_dict
+from studylib.config.schema import ConfigError, FFNConfig, ModelConfig, Preset, deep_merge, model_from_dict, to_dict
 
 # --------------------------------------------------------------------------------------------
 # accounting
@@ -264,7 +264,7 @@ def headline_models(preset: Preset) -> list[str]:
 
 
 def run_cli(args) -> int:
-    from .config import load_preset
+    from studylib.config.schema import load_preset
 
     preset = load_preset(args.params, args.set)
     names = args.models or (preset.model_names() if args.all else headline_models(preset))
