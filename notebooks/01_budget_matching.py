@@ -37,7 +37,7 @@ from IPython.display import Markdown, display
 
 from studylib.study import analysis
 
-from studylib.config import budget
+from studylib import config as budget
 
 from studylib.study import plots
 from studylib.study.notebooks import notebook_context

@@ -35,7 +35,7 @@ from IPython.display import Markdown, display
 
 from studylib.study import analysis
 
-from studylib.config import budget
+from studylib import config as budget
 
 from studylib.study import plots
 

@@ -9,11 +9,11 @@ import argparse
 import importlib
 import sys
 
-from studylib.config.schema import ConfigError
+from studylib.config import ConfigError
 
 COMMANDS = {
     # name: (module, one-line help)
-    "budget": ("studylib.config.budget", "parameter accounting table and budget-matched dense widths"),
+    "budget": ("studylib.config.report", "parameter accounting table and budget-matched dense widths"),
     "prepare-data": ("studylib.run.data", "train the SentencePiece tokenizer and build the token cache"),
     "train": ("studylib.run.trainer", "train one model of a preset with one seed"),
     "study": ("studylib.study.notebooks", "execute the study notebooks with papermill (and an HTML report)"),

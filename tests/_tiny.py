@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from studylib.config.schema import Preset, preset_from_dict
+from studylib.config import Preset, preset_from_dict
 
 VOCAB, CONTEXT = 256, 33  # 32 input tokens per window
 

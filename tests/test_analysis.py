@@ -202,7 +202,7 @@ def test_gap_curves_per_seed_then_mean_std():
 
 def test_param_split_sums_to_total():
     from _tiny import tiny_preset
-    from studylib.config.budget import count_params
+    from studylib.config import count_params
 
     p = tiny_preset()
     cfgs = [p.model_config(m) for m in ("dense", "moe")]

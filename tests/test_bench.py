@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from studylib.tools import bench
-from studylib.config.schema import FFNConfig, ModelConfig
+from studylib.config import FFNConfig, ModelConfig
 
 TINY = {
     "dense": ModelConfig(name="dense", vocab_size=128, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from studylib.config.budget import count_params, fmt_m, iso_width_moe, match_dense, soft_fixed_width
-from studylib.config.schema import ConfigError, load_preset
+from studylib.config import count_params, fmt_m, iso_width_moe, match_dense, soft_fixed_width
+from studylib.config import ConfigError, load_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "params" / "paper.yaml"
@@ -79,7 +79,7 @@ def test_solver_lands_on_paper_widths(paper):
 @pytest.mark.parametrize("E,K,H,D", [(8, 2, 512, 192), (4, 1, 768, 256), (16, 4, 256, 384)])
 def test_solver_general_moe(paper, E, K, H, D):
     import dataclasses
-    from studylib.config.schema import FFNConfig
+    from studylib.config import FFNConfig
     ref = dataclasses.replace(paper.model_config("moe_top2_z"), d_model=D, n_heads=D // 64,
                               ffn=FFNConfig(kind="moe", hidden=H, num_experts=E, top_k=K))
     for target, tol in (("active", 0.01), ("total", 0.001)):

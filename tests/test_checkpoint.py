@@ -163,7 +163,7 @@ def test_run_hash_ignores_added_fields_at_their_default():
     import dataclasses
 
     from studylib.run import rundir as runs
-    from studylib.config.schema import load_preset
+    from studylib.config import load_preset
 
     p = load_preset(Path(__file__).resolve().parents[1] / "params" / "ci.yaml")
     cfg = p.model_config("moe_top1")

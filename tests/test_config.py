@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from studylib.config.schema import ConfigError, load_preset, preset_from_dict
+from studylib.config import ConfigError, load_preset, preset_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

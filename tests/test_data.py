@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from studylib.run import data as D
-from studylib.config.schema import ConfigError, DataConfig
+from studylib.config import ConfigError, DataConfig
 
 SUBSET = Path("/work/shared/data/tinystories")
 needs_subset = pytest.mark.skipif(not (SUBSET / "train.txt.gz").exists(), reason="shared subset absent")

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from studylib.config.schema import FFNConfig
+from studylib.config import FFNConfig
 from studylib.nn.dispatch import PATHS, grouped_mm_supported, moe_experts
 from studylib.nn.ffn import DenseFFN, SoftMoE, SparseMoE
 

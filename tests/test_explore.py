@@ -13,7 +13,7 @@ import yaml
 pytest.importorskip("ipywidgets")
 
 from studylib.tools import explorer as explore  # noqa: E402
-from studylib.config.schema import load_preset  # noqa: E402
+from studylib.config import load_preset  # noqa: E402
 
 DATA_DIR = os.environ.get("STUDYLIB_DATA_DIR") or str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tinystories")
 STEPS = [4, 8, 12]

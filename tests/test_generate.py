@@ -5,7 +5,7 @@ import pytest
 import torch
 import yaml
 
-from studylib.config.schema import FFNConfig, ModelConfig, to_dict
+from studylib.config import FFNConfig, ModelConfig, to_dict
 from studylib.run.decode import ContextOverflowWarning, Generation, generate, load_run, sample_next
 from studylib.nn.model import Decoder
 

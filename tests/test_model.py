@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from studylib.nn import router_losses as routing
-from studylib.config.budget import count_params
-from studylib.config.schema import FFNConfig, ModelConfig
+from studylib.config import count_params
+from studylib.config import FFNConfig, ModelConfig
 from studylib.nn.model import Attention, Decoder, KVCache, rope_tables
 
 FFNS = {

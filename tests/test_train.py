@@ -20,7 +20,7 @@ from _tiny import TINY_RAW, comparable, synthetic_data, tiny_preset, tiny_raw
 from studylib.run import checkpoint as C
 from studylib.run import rundir as runs
 from studylib.run import trainer as T
-from studylib.config.schema import TrainConfig
+from studylib.config import TrainConfig
 
 TESTS = Path(__file__).resolve().parent
 TINY_SCRIPT = TESTS / "_tiny.py"

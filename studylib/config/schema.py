@@ -1,23 +1,19 @@
-"""Typed, validated configuration: model / FFN / data / training / preset.
+"""The typed config schema: FFN / model / data / training sections, and building them from
+plain mappings with errors that name the offending field (dotted path) and what was expected.
 
-A preset YAML (``params/*.yaml``) has the sections ``data``, ``train``, ``model`` (defaults
-shared by every model), ``models`` (named variants, each a partial model config, or a
-``derive`` rule solved by :mod:`studylib.config.budget`), ``seeds`` and ``study`` (notebook knobs).
-
-Every error names the offending field (dotted path) and what was expected.
+Torch-free. A preset (a YAML file of these sections plus named models and study knobs) is
+:class:`studylib.config.presets.Preset`.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import yaml
+from studylib.config.accounting import ParamCount, count_params
 
 
 class ConfigError(ValueError):
@@ -29,7 +25,6 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------------------------
 FFNKind = Literal["dense", "moe", "soft"]
 Dispatch = Literal["naive", "grouped", "stacked"]
-RouterMode = Literal["learned", "uniform", "balanced"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +82,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def num_params(self) -> ParamCount:
+        """Exact parameter accounting of this model (equals ``sum(p.numel())`` of the built one)."""
+        return count_params(self)
 
     def ffn_for_layer(self, layer: int) -> FFNConfig:
         """The FFN config of one layer: ``ffn`` on the listed layers, a dense SwiGLU elsewhere.
@@ -186,36 +186,6 @@ class TrainConfig:
             raise ConfigError(f"train.betas: must be two numbers in [0, 1), got {self.betas}")
         if self.grad_clip < 0:
             raise ConfigError(f"train.grad_clip: must be >= 0 (0 = off), got {self.grad_clip}")
-
-
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    data: DataConfig
-    train: TrainConfig
-    model: dict  # shared model defaults (raw mapping, merged into each model)
-    models: dict  # name -> raw mapping (partial model config or a `derive` rule)
-    seeds: tuple[int, ...] = (1337, 1338, 1339)
-    study: dict = field(default_factory=dict)  # free-form knobs for the notebooks
-    path: Optional[str] = None
-
-    def model_names(self) -> list[str]:
-        return list(self.models)
-
-    def model_config(self, name: str) -> ModelConfig:
-        """The resolved, validated config of one named model (derive rules solved here)."""
-        if name not in self.models:
-            raise ConfigError(f"models: no model named {name!r}; allowed: {sorted(self.models)}")
-        raw = self.models[name]
-        if isinstance(raw, dict) and "derive" in raw:
-            from studylib.config.budget import derive_model  # the solver lives in budget.py
-
-            return derive_model(self, name, raw)
-        merged = deep_merge(self.model, raw or {})
-        merged.setdefault("vocab_size", self.data.vocab_size)
-        merged.setdefault("context", self.data.context)
-        merged["name"] = name
-        return model_from_dict(merged, where=f"models.{name}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,81 +295,6 @@ def deep_merge(base: dict, over: dict) -> dict:
         else:
             out[k] = copy.deepcopy(v)
     return out
-
-
-_PRESET_KEYS = ("name", "data", "train", "model", "models", "seeds", "study")
-
-
-def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path or 'preset'}: must be a YAML mapping with keys {list(_PRESET_KEYS)}")
-    unknown = sorted(set(raw) - set(_PRESET_KEYS))
-    if unknown:
-        raise ConfigError(f"unknown top-level key(s) {unknown}; allowed: {list(_PRESET_KEYS)}")
-    data_raw = dict(raw.get("data") or {})
-    if os.environ.get("STUDYLIB_DATA_DIR"):
-        data_raw["data_dir"] = os.environ["STUDYLIB_DATA_DIR"]
-    if os.environ.get("STUDYLIB_CACHE_DIR"):
-        data_raw["cache_dir"] = os.environ["STUDYLIB_CACHE_DIR"]
-    if path is not None:  # relative data/cache dirs are relative to the repository (parent of params/)
-        root = Path(path).resolve().parent.parent
-        for key in ("data_dir", "cache_dir"):
-            v = data_raw.get(key)
-            if isinstance(v, str) and not os.path.isabs(v) and key not in _env_overridden():
-                data_raw[key] = str((root / v).resolve())
-    data = dataclass_from_dict(DataConfig, data_raw, "data")
-    data.validate()
-    train = dataclass_from_dict(TrainConfig, raw.get("train") or {}, "train")
-    train.validate()
-    model = raw.get("model") or {}
-    if not isinstance(model, dict):
-        raise ConfigError("model: must be a mapping of shared model fields")
-    models = raw.get("models") or {}
-    if not isinstance(models, dict) or not models:
-        raise ConfigError("models: must be a non-empty mapping of model name -> settings")
-    seeds = _coerce(raw.get("seeds", [1337, 1338, 1339]), tuple[int, ...], "seeds")
-    if not seeds:
-        raise ConfigError("seeds: must list at least one integer seed")
-    study = _coerce(raw.get("study") or {}, dict, "study")
-    name = raw.get("name") or (Path(path).stem if path else "preset")
-    preset = Preset(name=name, data=data, train=train, model=model, models=models, seeds=seeds,
-                    study=study, path=path)
-    return preset
-
-
-def _env_overridden() -> set[str]:
-    return {k for k, env in (("data_dir", "STUDYLIB_DATA_DIR"), ("cache_dir", "STUDYLIB_CACHE_DIR"))
-            if os.environ.get(env)}
-
-
-def load_preset(path: str | os.PathLike, overrides: Optional[list[str]] = None) -> Preset:
-    """Load a preset YAML file, apply ``key.sub=value`` overrides, validate everything."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: preset file not found (presets live in params/*.yaml)")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    raw = apply_overrides(raw or {}, overrides or [])
-    return preset_from_dict(raw, str(path))
-
-
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply ``a.b.c=value`` strings (value parsed as YAML) to a nested mapping."""
-    raw = copy.deepcopy(raw)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. train.max_steps=100")
-        key, value = item.split("=", 1)
-        parts = key.strip().split(".")
-        node = raw
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: {p!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(value)
-    return raw
 
 
 def to_dict(obj: Any) -> Any:

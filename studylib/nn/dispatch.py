@@ -14,6 +14,8 @@ Expert weights are stacked: ``w_in_EFD`` (rows 0..H-1 = gate, H..2H-1 = up) and 
 from __future__ import annotations
 
 import torch
+
+from studylib.nn.precision import autocast_dtype
 import torch.nn.functional as F
 
 PATHS = ("naive", "grouped", "stacked")
@@ -56,13 +58,6 @@ def _sort_by_expert(idx_TK: torch.Tensor, num_experts: int):
     return order_N, tok_N, expert_N[order_N], counts_E
 
 
-def _autocast_dtype(t: torch.Tensor):
-    dev = t.device.type
-    if torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return None
-
-
 def grouped_mm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``torch._grouped_mm`` exists and takes these dtypes/strides on this device."""
     if not hasattr(torch, "_grouped_mm"):
@@ -80,7 +75,7 @@ def _segment_matmul(x_ND, w_EFD, counts_E, use_grouped_mm: bool):
     """rows of expert e (contiguous, counts_E[e] of them) times w_EFD[e]^T -> (N, F)."""
     if use_grouped_mm:
         # torch._grouped_mm is not autocast-aware: cast by hand to what autocast would use
-        dt = _autocast_dtype(x_ND)
+        dt = autocast_dtype(x_ND)
         a, b = (x_ND, w_EFD) if dt is None else (x_ND.to(dt), w_EFD.to(dt))
         offs_E = torch.cumsum(counts_E, 0).to(torch.int32)
         return torch._grouped_mm(a, b.transpose(-2, -1), offs=offs_E)

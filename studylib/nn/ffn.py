@@ -5,10 +5,8 @@ for the dense FFN, else a :class:`RouterOutput` carrying the layer's auxiliary l
 the caller adds them to the objective; no global state; zero when ``aux=False``, which decoding
 uses) and, when ``stats=True``, its diagnostics.
 
-Router modes (``ffn.router_mode``, per layer; see :meth:`studylib.nn.model.Decoder.set_router_mode`):
-``learned`` (normal), ``uniform`` (gate forced to 1/E; sparse layers take a fixed balanced
-assignment with weights 1/K) and ``balanced`` (sparse only: token t goes to experts
-``(t*K + j) mod E``, weighted by its renormalised router probabilities; for throughput runs).
+The routing decision itself (softmax, top-k, renormalisation, router modes) is
+:mod:`studylib.nn.router`.
 
 Shape legend: B batch, S sequence, T = B*S tokens, D model width, H hidden width (per expert),
 F = 2H (fused gate|up rows), E experts (K for the soft MoE's experts), K chosen per token.
@@ -22,10 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from studylib.nn import gemv
-
-from studylib.nn import router_losses as routing
-from studylib.config.schema import FFNConfig
+from studylib.config import FFNConfig
+from studylib.nn import gemv, router, router_losses
 from studylib.nn.dispatch import moe_experts, swiglu_rows
 
 
@@ -64,12 +60,7 @@ class _Experts(nn.Module):
         self.router_mode = "learned"
 
     def router_logits(self, x_TD: torch.Tensor) -> torch.Tensor:
-        """Router logits in fp32 (autocast off): small matmul, and the softmax needs the precision."""
-        with torch.autocast(x_TD.device.type, enabled=False):
-            logits_TE = F.linear(x_TD.float(), self.router.weight.float())
-        if self.cfg.router_scale != 1.0:
-            logits_TE = logits_TE * self.cfg.router_scale
-        return logits_TE
+        return router.logits(x_TD, self.router.weight, self.cfg.router_scale)
 
 
 class SparseMoE(_Experts):
@@ -77,20 +68,10 @@ class SparseMoE(_Experts):
 
     def forward(self, x_BSD, stats: bool = False, aux: bool = True):
         B, S, D = x_BSD.shape
-        E, K = self.cfg.num_experts, self.cfg.top_k
+        K = self.cfg.top_k
         x_TD = x_BSD.reshape(B * S, D)
         logits_TE = self.router_logits(x_TD)
-        probs_TE = torch.softmax(logits_TE, dim=-1)
-        if self.router_mode == "learned":
-            w_TK, idx_TK = probs_TE.topk(K, dim=-1)
-        else:  # fixed balanced assignment: token t -> experts (t*K + j) mod E (distinct as K <= E)
-            t = torch.arange(B * S, device=x_TD.device)
-            idx_TK = (t[:, None] * K + torch.arange(K, device=x_TD.device)) % E
-            if self.router_mode == "uniform":
-                probs_TE = torch.full_like(probs_TE, 1.0 / E)
-            w_TK = probs_TE.gather(1, idx_TK)
-        if self.cfg.renormalize:  # Mixtral: the K weights sum to 1 (for K = 1 the gate is exactly 1)
-            w_TK = w_TK / w_TK.sum(-1, keepdim=True)
+        probs_TE, idx_TK, w_TK = router.sparse(logits_TE, K, self.cfg.renormalize, self.router_mode)
         if gemv.one_row(x_TD):  # decoding: the K chosen experts against cached transposed weights
             y_TD = self._decode_one(x_TD, idx_TK, w_TK)
         else:
@@ -98,9 +79,9 @@ class SparseMoE(_Experts):
                                self.cfg.dispatch, self.cfg.grouped_mm)
         zero = logits_TE.new_zeros(()) if not aux else None
         out = RouterOutput(
-            balance=routing.balance_loss(probs_TE, idx_TK) if aux else zero,
-            z=routing.z_loss(logits_TE) if aux else zero,
-            stats=routing.router_stats(logits_TE, probs_TE, idx_TK) if stats else None,
+            balance=router_losses.balance_loss(probs_TE, idx_TK) if aux else zero,
+            z=router_losses.z_loss(logits_TE) if aux else zero,
+            stats=router_losses.router_stats(logits_TE, probs_TE, idx_TK) if stats else None,
             token_weights=probs_TE.new_zeros(probs_TE.shape).scatter(1, idx_TK, w_TK).detach()
             if stats else None,
         )
@@ -129,17 +110,14 @@ class SoftMoE(_Experts):
         E, H = self.cfg.num_experts, self.cfg.hidden
         x_TD = x_BSD.reshape(B * S, D)
         logits_TE = self.router_logits(x_TD)
-        if self.router_mode == "learned":
-            gate_TE = torch.softmax(logits_TE, dim=-1)
-        else:
-            gate_TE = torch.full_like(logits_TE, 1.0 / E)
+        gate_TE = router.soft(logits_TE, self.router_mode)
         h_TEF = F.linear(x_TD, self.w_in_EFD.reshape(E * 2 * H, D)).view(-1, E, 2 * H)
         act_TEH = swiglu_rows(h_TEF) * gate_TE[:, :, None].to(h_TEF.dtype)
         w_out_DX = self.w_out_EDH.permute(1, 0, 2).reshape(D, E * H)
         y_TD = F.linear(act_TEH.reshape(-1, E * H), w_out_DX)
         zero = logits_TE.new_zeros(())
         out = RouterOutput(balance=zero, z=zero,
-                           stats=routing.router_stats(logits_TE, gate_TE, None) if stats else None,
+                           stats=router_losses.router_stats(logits_TE, gate_TE, None) if stats else None,
                            token_weights=gate_TE.detach() if stats else None)
         return y_TD.to(x_BSD.dtype).reshape(B, S, D), out
 

@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _mm_dtype(t: torch.Tensor):
-    dev = t.device.type
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else t.dtype
+from studylib.nn.precision import compute_dtype
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -100,7 +97,7 @@ def linear_cross_entropy(h_ND: torch.Tensor, w_VD: torch.Tensor, targets_N: torc
     :func:`auto_rows`). Measured (paper MoE head, 8192 x 256 -> 30,008, bf16, fwd+bwd, 2 cores,
     32 MB L3): see the module docstring.
     """
-    dt = _mm_dtype(h_ND)
+    dt = compute_dtype(h_ND)
     rows = min(rows or auto_rows(w_VD.shape[0]), chunk)
     with torch.autocast(h_ND.device.type, enabled=False):
         return _LinearCrossEntropy.apply(h_ND, w_VD, targets_N, chunk, rows, ignore_index, dt)

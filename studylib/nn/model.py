@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from studylib.nn import gemv
-from studylib.config.schema import ModelConfig
+from studylib.config import ModelConfig
 from studylib.nn.ffn import DenseFFN, RouterOutput, SoftMoE, SparseMoE, _Experts, build_ffn
 from studylib.nn.lm_loss import linear_cross_entropy
 

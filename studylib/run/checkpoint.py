@@ -14,17 +14,12 @@ Files in a run's ``checkpoints/``: ``latest.pt`` (full; the resume point), ``pre
 previous ``latest.pt``, kept as a fallback should ``latest.pt`` ever be damaged) and, with
 ``train.keep_checkpoints``, ``step_<N>.pt`` model-only snapshots for the explorer.
 
-Saving writes a temporary file in the same folder, flushes and fsyncs it, moves the old
-``latest.pt`` to ``prev.pt``, renames the new file over ``latest.pt`` (``os.replace`` is atomic)
-and fsyncs the folder: a crash at any point leaves a complete ``latest.pt`` or ``prev.pt``.
-
-Test hook (only the tests set it): ``STUDYLIB_TEST_CRASH_IN_SAVE=N`` makes the N-th save of the
-process write half of its temporary file and then ``os._exit(86)``, as a kill mid-write would.
+Saving writes a temporary file in the same folder (:func:`studylib.run.files.atomic_open`),
+moves the old ``latest.pt`` to ``prev.pt``, renames the new file over ``latest.pt`` and fsyncs
+the folder: a crash at any point leaves a complete ``latest.pt`` or ``prev.pt``.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import random
 import re
@@ -35,26 +30,16 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from studylib.run.files import atomic_open, clean_temp_files  # noqa: F401  (clean_temp_files: re-exported)
+
 FORMAT = "studylib-ckpt"
 VERSION = 1
 LATEST = "latest.pt"
 PREV = "prev.pt"
-_TMP_PREFIX = ".tmp-"
-CRASH_ENV = "STUDYLIB_TEST_CRASH_IN_SAVE"
-_saves = 0  # saves in this process (for the crash hook)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, truncated, corrupt, foreign or from another run config."""
-
-
-# --------------------------------------------------------------------------------------------
-# config hash
-# --------------------------------------------------------------------------------------------
-def config_hash(doc: Any) -> str:
-    """A short stable hash of a plain (JSON-able) config document."""
-    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,48 +75,17 @@ def restore_rng(state: dict) -> None:
 # --------------------------------------------------------------------------------------------
 # save / load
 # --------------------------------------------------------------------------------------------
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
 def save(path: str | os.PathLike, state: dict, *, keep_prev: bool = False) -> Path:
     """Atomically write ``state`` (a dict; format/version are added) to ``path``.
 
     With ``keep_prev`` the file being replaced is first moved to ``prev.pt`` in the same folder.
     """
-    global _saves
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {"format": FORMAT, "version": VERSION, **state}
-    tmp = path.parent / f"{_TMP_PREFIX}{path.name}.{os.getpid()}"
-    _saves += 1
-    crash_at = os.environ.get(CRASH_ENV)
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            if crash_at and int(crash_at) == _saves:  # test hook: die mid-write
-                f.truncate(max(1, f.tell() // 2))
-                f.flush()
-                os.fsync(f.fileno())
-                os._exit(86)
-            os.fsync(f.fileno())
+    with atomic_open(path, "wb") as f:
+        torch.save(state, f)
         if keep_prev and path.exists():
             os.replace(path, path.parent / PREV)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
     return path
 
 
@@ -180,39 +134,47 @@ def list_snapshots(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def clean_temp_files(ckpt_dir: str | os.PathLike) -> list[Path]:
-    """Remove temporary files left by an interrupted save; returns what was removed."""
-    removed = []
+def peek_step(ckpt_dir: str | os.PathLike) -> Optional[int]:
+    """The step of ``latest.pt`` (else ``prev.pt``), read without loading the tensors; None if
+    neither is readable."""
+    for name in (LATEST, PREV):
+        p = Path(ckpt_dir) / name
+        if p.is_file():
+            try:
+                state = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+                return int(state["step"])
+            except Exception:
+                continue
+    return None
+
+
+def load_latest(ckpt_dir: str | os.PathLike, *, map_location: Any = "cpu", kind: Optional[str] = None,
+                warn=print) -> Optional[tuple[dict, Path]]:
+    """``(state, path)`` of the newest good checkpoint (``latest.pt``, else ``prev.pt``), or None
+    if there is none. A damaged candidate is reported through ``warn`` and skipped; if candidates
+    exist but none is readable, :class:`CheckpointError` lists them."""
     d = Path(ckpt_dir)
-    if d.is_dir():
-        for p in d.glob(f"{_TMP_PREFIX}*"):
-            p.unlink(missing_ok=True)
-            removed.append(p)
-    return removed
-
-
-def load_resume(ckpt_dir: str | os.PathLike, *, expect_hash: Optional[str] = None,
-                map_location: Any = "cpu", warn=print) -> Optional[dict]:
-    """The newest good full checkpoint (``latest.pt``, else ``prev.pt``), or None if there is none.
-
-    A damaged candidate is reported through ``warn`` and skipped; if candidates exist but none
-    is readable, :class:`CheckpointError` lists them. A config-hash mismatch is always an error.
-    """
-    d = Path(ckpt_dir)
-    candidates = [p for p in (d / LATEST, d / PREV) if p.is_file()]
     errors = []
-    for p in candidates:
+    for p in (d / LATEST, d / PREV):
+        if not p.is_file():
+            continue
         try:
-            state = load(p, map_location=map_location, kind="full")
+            return load(p, map_location=map_location, kind=kind), p
         except CheckpointError as e:
             errors.append(str(e))
             warn(f"warning: skipping damaged checkpoint: {e}")
-            continue
-        if expect_hash is not None and state["config_hash"] != expect_hash:
-            raise CheckpointError(f"{p}: written by a run with config hash {state['config_hash']}, "
-                                  f"but this run's config hash is {expect_hash}; refusing to mix runs")
-        return state
     if errors:
-        raise CheckpointError("no usable checkpoint to resume from:\n  " + "\n  ".join(errors)
+        raise CheckpointError("no usable checkpoint:\n  " + "\n  ".join(errors)
                               + f"\ndelete {d} to restart this run from scratch")
     return None
+
+
+def load_resume(ckpt_dir: str | os.PathLike, *, expect_hash: Optional[str] = None,
+                map_location: Any = "cpu", warn=print) -> Optional[tuple[dict, Path]]:
+    """``(state, path)`` of the newest good full checkpoint to resume from (see
+    :func:`load_latest`), or None. A config-hash mismatch is always an error."""
+    found = load_latest(ckpt_dir, map_location=map_location, kind="full", warn=warn)
+    if found is not None and expect_hash is not None and found[0]["config_hash"] != expect_hash:
+        raise CheckpointError(f"{found[1]}: written by a run with config hash {found[0]['config_hash']}, "
+                              f"but this run's config hash is {expect_hash}; refusing to mix runs")
+    return found

@@ -43,7 +43,8 @@ import sentencepiece as spm
 import torch
 from tqdm.auto import tqdm
 
-from studylib.config.schema import ConfigError, DataConfig
+from studylib.config import ConfigError, DataConfig
+from studylib.run.files import atomic_open
 
 EOT = "<|endoftext|>"
 DATA_EXTENSIONS = (".txt", ".txt.gz", ".jsonl", ".parquet")
@@ -210,18 +211,12 @@ def _key(*parts) -> str:
 
 
 def _atomic_write(path: Path, chunks: Iterable[bytes]) -> str:
-    """Write chunks to ``path`` via a temp file + fsync + rename; return their sha256."""
-    tmp, h = path.with_name(f".{path.name}.{os.getpid()}.tmp"), hashlib.sha256()
-    try:
-        with open(tmp, "wb") as f:
-            for c in chunks:
-                h.update(c)
-                f.write(c)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write chunks to ``path`` atomically; return their sha256."""
+    h = hashlib.sha256()
+    with atomic_open(path, "wb") as f:
+        for c in chunks:
+            h.update(c)
+            f.write(c)
     return h.hexdigest()
 
 
@@ -320,7 +315,7 @@ class TokenData:
         return dict(train_windows=len(self.train_idx), val_windows=len(self.val_idx),
                     train_targets=len(self.train_idx) * t, val_targets=len(self.val_idx) * t,
                     tokens=len(self.tokens), stories=self.n_stories, vocab_size=self.vocab_size,
-                    context=self.context)
+                    context=self.context, tokenizer=str(self.tokenizer_path))
 
     def tokenizer(self) -> spm.SentencePieceProcessor:
         return load_tokenizer(self.tokenizer_path)
@@ -421,7 +416,7 @@ def add_cli(parser) -> None:
 
 
 def run_cli(args) -> int:
-    from studylib.config.schema import load_preset
+    from studylib.config import load_preset
 
     preset = load_preset(args.params, args.set)
     data = load_data(preset.data, progress=True)

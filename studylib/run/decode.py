@@ -17,22 +17,21 @@ Context: prompt + new tokens must fit ``model.cfg.context`` (the KV cache and th
 there). A longer prompt is left-truncated to ``context - max_new_tokens`` tokens with a warning
 (``truncate=False`` raises instead); ``max_new_tokens >= context`` is always an error.
 
-``load_run(run_dir)`` rebuilds the model of a run directory written by the trainer
-(``config.yaml`` + ``checkpoints/latest.pt``) and finds its SentencePiece tokenizer.
+A trained run is loaded with :meth:`studylib.run.rundir.RunDir.load_model`.
 CLI: ``python -m studylib generate --run DIR --prompt "Once upon a time"``.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
+from studylib.nn import router
+from studylib.nn.precision import autocast
 from studylib.nn.model import Decoder, KVCache
 
 
@@ -119,15 +118,14 @@ class _RoutingProbe:
         out: list = [None] * self.n_layers
         for i, ffn, kind in self.layers:
             logits_1E = ffn.router_logits(self.last_x[i])
-            probs = torch.softmax(logits_1E, -1)[0]
+            probs = router.probs(logits_1E)[0]
             E = probs.numel()
             if kind == "soft":
-                gate = probs if ffn.router_mode == "learned" else torch.full_like(probs, 1.0 / E)
+                gate = router.soft(logits_1E, ffn.router_mode)[0]
                 rec = {"kind": "soft", "experts": list(range(E)), "weights": gate.tolist()}
             elif ffn.router_mode == "learned":
-                w, idx = probs.topk(ffn.cfg.top_k)
-                w = w / w.sum() if ffn.cfg.renormalize else w
-                rec = {"kind": "moe", "experts": idx.tolist(), "weights": w.tolist()}
+                r = router.sparse(logits_1E, ffn.cfg.top_k, ffn.cfg.renormalize)
+                rec = {"kind": "moe", "experts": r.idx_TK[0].tolist(), "weights": r.w_TK[0].tolist()}
             else:  # fixed assignments depend on the token's index in the batch: not reconstructed here
                 rec = {"kind": "moe", "experts": None, "weights": None, "mode": ffn.router_mode}
             rec["probs"] = probs.tolist()
@@ -198,8 +196,7 @@ def generate(model: Decoder, prompt_ids: Sequence[int] | torch.Tensor, max_new_t
     probe = _RoutingProbe(model) if return_routing else None
     was_training = model.training
     model.eval()
-    amp = (torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None
-           else torch.autocast(device.type, enabled=False))
+    amp = autocast(device, amp_dtype)
     out: list[int] = []
     routing: list = []
     t0 = time.perf_counter()
@@ -229,101 +226,6 @@ def generate(model: Decoder, prompt_ids: Sequence[int] | torch.Tensor, max_new_t
 
 
 # --------------------------------------------------------------------------------------------
-# loading a run directory
-# --------------------------------------------------------------------------------------------
-def _find_tokenizer(run_dir: Path, doc: dict, vocab_size: int) -> Optional[Path]:
-    """The run's tokenizer: recorded path if any, else the data cache (unique match or exact key)."""
-    import json
-
-    cands = []
-    for d in (doc.get("data") or {}, doc.get("run") or {}):
-        if isinstance(d, dict) and d.get("tokenizer"):
-            cands.append(d["tokenizer"])
-    summ = run_dir / "summary.json"
-    if summ.is_file():
-        try:
-            data = (json.loads(summ.read_text()).get("data") or {})
-            if data.get("tokenizer"):
-                cands.append(data["tokenizer"])
-        except (ValueError, AttributeError):
-            pass
-    for c in cands:
-        if Path(c).is_file():
-            return Path(c)
-    pdata = ((doc.get("preset") or {}).get("data") or {})
-    cache = os.environ.get("STUDYLIB_CACHE_DIR") or pdata.get("cache_dir")
-    if not cache or not Path(cache).is_dir():
-        return None
-    import sentencepiece as spm
-
-    want = pdata.get("vocab_size")
-    found = []
-    for p in sorted(Path(cache).glob("tokenizer-*.model")):
-        try:
-            n = spm.SentencePieceProcessor(model_file=str(p)).get_piece_size()
-        except (OSError, RuntimeError):
-            continue
-        if n <= vocab_size and (want is None or n == want):
-            found.append(p)
-    if len(found) == 1:
-        return found[0]
-    if len(found) > 1:  # several corpora share the cache: recompute the exact key from the data
-        from studylib.config.schema import DataConfig, dataclass_from_dict
-        from studylib.run.data import load_data
-
-        keys = {f.name for f in DataConfig.__dataclass_fields__.values()}
-        dcfg = dataclass_from_dict(DataConfig, {k: v for k, v in pdata.items() if k in keys}, "data")
-        return Path(load_data(dcfg, progress=False).tokenizer_path)
-    return None
-
-
-def load_run(run_dir: str | os.PathLike, checkpoint_path: str | os.PathLike | None = None,
-             device: str | torch.device = "cpu"):
-    """``(model, tokenizer, cfg)`` of a (finished or partial) run directory.
-
-    The model config comes from ``run_dir/config.yaml`` (key ``model``), the weights from
-    ``checkpoints/latest.pt`` (else ``prev.pt``; or ``checkpoint_path``), read with
-    ``torch.load(weights_only=True)``. ``tokenizer`` is a SentencePieceProcessor, or ``None``
-    (with a warning) if the data cache holding it cannot be found. The model is in eval mode.
-    """
-    import yaml
-
-    from studylib.config.schema import ConfigError, model_from_dict
-
-    run_dir = Path(run_dir)
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.is_file():
-        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
-    doc = yaml.safe_load(cfg_path.read_text()) or {}
-    if "model" not in doc:
-        raise ConfigError(f"{cfg_path}: has no resolved 'model' section")
-    cfg = model_from_dict(doc["model"], where=f"{cfg_path}:model")
-    if checkpoint_path is None:
-        ck = run_dir / "checkpoints"
-        cands = [p for p in (ck / "latest.pt", ck / "prev.pt") if p.is_file()]
-        if not cands:
-            raise ConfigError(f"{run_dir}: no checkpoint yet ({ck}/latest.pt is missing)")
-        checkpoint_path = cands[0]
-    state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-    sd = state["model"] if isinstance(state, dict) and "model" in state else state
-    model = Decoder(cfg)
-    model.load_state_dict(sd)
-    model.to(device).eval()
-    tok_path = _find_tokenizer(run_dir, doc, cfg.vocab_size)
-    tokenizer = None
-    if tok_path is None:
-        warnings.warn(f"{run_dir}: could not find the run's tokenizer (data cache moved?); "
-                      f"pass --tokenizer / load it yourself", UserWarning)
-    else:
-        import sentencepiece as spm
-
-        tokenizer = spm.SentencePieceProcessor(model_file=str(tok_path))
-    model.checkpoint_info = {"path": str(checkpoint_path),  # for display only
-                             "step": state.get("step") if isinstance(state, dict) else None}
-    return model, tokenizer, cfg
-
-
-# --------------------------------------------------------------------------------------------
 # CLI: python -m studylib generate --run DIR --prompt "..."
 # --------------------------------------------------------------------------------------------
 def add_cli(parser) -> None:
@@ -343,18 +245,17 @@ def add_cli(parser) -> None:
 
 
 def run_cli(args) -> int:
-    model, tok, cfg = load_run(args.run, args.checkpoint)
-    if args.tokenizer:
-        import sentencepiece as spm
+    from studylib.run.rundir import RunDir
 
-        tok = spm.SentencePieceProcessor(model_file=args.tokenizer)
+    loaded = RunDir(args.run).load_model(checkpoint_path=args.checkpoint, tokenizer=args.tokenizer)
+    model, tok, cfg = loaded.model, loaded.tokenizer, loaded.config
     if tok is None:
         print(f"error: no tokenizer for {args.run}; pass --tokenizer PATH", file=sys.stderr)
         return 2
     eos = tok.eos_id()
     # training windows are "story <eos> story <eos> ...": a story starts after an <eos>
     prompt = [eos] + tok.encode(args.prompt)
-    step = model.checkpoint_info["step"]
+    step = loaded.step
     print(f"# {cfg.name}: {model.num_params():,} params, step {step}, "
           f"{'no cache' if args.no_cache else 'KV cache'}, temperature {args.temperature}", file=sys.stderr)
     for i in range(args.samples):

@@ -1,46 +1,32 @@
-"""Run directories and their contents, and pandas frames across runs (for the notebooks).
+"""Run directories: the one owner of a run's files.
 
 A run lives in ``<outputs>/<preset>/runs/<model>/seed<seed>/`` where ``<outputs>`` is
 ``$STUDYLIB_OUTPUTS``, else the ``outputs/`` folder next to the preset's ``params/`` folder,
-else ``./outputs``. It holds ``config.yaml`` (resolved preset and model config, and the config
-hash), ``metrics.jsonl`` (one JSON object per line, ``kind`` "train" or "eval"),
-``summary.json`` (written when the run finished) and ``checkpoints/``.
+else ``./outputs``. It holds ``config.yaml`` (the run's identity hash, the resolved preset and
+model config: :func:`studylib.config.run_document`), ``metrics.jsonl`` (one JSON object per
+line, ``kind`` "train" or "eval"), ``summary.json`` (written when the run finished) and
+``checkpoints/`` (:mod:`studylib.run.checkpoint`). Everything that reads or writes those files
+goes through :class:`RunDir`.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Optional
 
 import yaml
 
+from studylib.config import ConfigError, ModelConfig, Preset, model_from_dict, same_run
 from studylib.run import checkpoint
-from studylib.config.schema import ConfigError, ModelConfig, Preset, to_dict
+from studylib.run.files import atomic_open, write_atomic, write_json_atomic
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_DIR = "checkpoints"
-
-# settings that say how/where a run executes, not what it computes: left out of the config hash
-_EXEC_ONLY = {"data": ("source", "data_dir", "cache_dir", "tokenizer_threads"),
-              "train": ("device", "num_threads", "compile", "keep_checkpoints", "checkpoint_every")}
-
-
-# FFN fields added after runs existed: hashed only when set away from their default, so run
-# directories written before keep their identity (and are reused, not retrained)
-_FFN_ADDED = {"renormalize": True}
-
-
-def _hashed_model(model_cfg: ModelConfig) -> dict:
-    doc = to_dict(model_cfg)
-    ffn = doc.get("ffn") or {}
-    for key, default in _FFN_ADDED.items():
-        if key in ffn and ffn[key] == default:
-            del ffn[key]
-    return doc
 
 
 class RunDirConflict(ConfigError):
@@ -62,177 +48,250 @@ def run_dir_for(preset: Preset, model: str, seed: int, root: str | os.PathLike |
     return root / preset.name / "runs" / model / f"seed{seed}"
 
 
-# --------------------------------------------------------------------------------------------
-# config document and hash
-# --------------------------------------------------------------------------------------------
-def config_document(preset: Preset, model_cfg: ModelConfig, model: str, seed: int) -> dict:
-    """What ``config.yaml`` holds: the run's identity, the resolved preset and model config."""
-    p = to_dict(preset)
-    p.pop("path", None)
-    hashed = {
-        "preset": preset.name, "model_name": model, "seed": seed,
-        "data": {k: v for k, v in p["data"].items() if k not in _EXEC_ONLY["data"]},
-        "train": {k: v for k, v in p["train"].items() if k not in _EXEC_ONLY["train"]},
-        "model": _hashed_model(model_cfg),
-    }
-    return {
-        "run": {"preset": preset.name, "model": model, "seed": seed,
-                "config_hash": checkpoint.config_hash(hashed), "preset_path": preset.path},
-        "model": to_dict(model_cfg),
-        "preset": p,
-    }
+@dataclass
+class LoadedRun:
+    """A model rebuilt from a run directory (eval mode) with its tokenizer and where it came from."""
+
+    model: Any  # studylib.nn.model.Decoder
+    tokenizer: Any  # sentencepiece.SentencePieceProcessor, or None when it cannot be found
+    config: ModelConfig
+    step: Optional[int]  # optimizer step the weights were saved at
+    checkpoint: Path
 
 
-def read_config(run_dir: str | os.PathLike) -> Optional[dict]:
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        return None
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise RunDirConflict(f"{path}: unreadable run config ({e})") from None
+class RunDir:
+    """One run directory (``os.fspath(RunDir(p)) == str(p)``)."""
 
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
 
-def check_run_dir(run_dir: str | os.PathLike, config_hash: str) -> None:
-    """Raise :class:`RunDirConflict` if ``run_dir`` holds a run with another config hash."""
-    doc = read_config(run_dir)
-    if doc is None:
-        return
-    old = (doc.get("run") or {}).get("config_hash") if isinstance(doc, dict) else None
-    if old != config_hash:
-        raise RunDirConflict(
-            f"{run_dir}: holds a run with a different configuration (config hash {old}, this run "
-            f"{config_hash}). Use another --run-dir, restore the settings, or delete that folder.")
+    @classmethod
+    def of(cls, preset: Preset, model: str, seed: int, root: str | os.PathLike | None = None) -> "RunDir":
+        return cls(run_dir_for(preset, model, seed, root))
 
+    def __fspath__(self) -> str:
+        return str(self.path)
 
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
 
+    # ---- paths ---------------------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG_FILE
 
-def write_config(run_dir: Path, doc: dict) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{CONFIG_FILE}.tmp"
-    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
-    os.replace(tmp, run_dir / CONFIG_FILE)
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS_FILE
 
+    @property
+    def summary_path(self) -> Path:
+        return self.path / SUMMARY_FILE
 
-# --------------------------------------------------------------------------------------------
-# reading runs
-# --------------------------------------------------------------------------------------------
-def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The records of ``metrics.jsonl`` (a torn last line, from a crash, is skipped)."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINT_DIR
+
+    # ---- config ----------------------------------------------------------------------------
+    def read_config(self) -> Optional[dict]:
+        """The stored ``config.yaml`` (None if there is none)."""
+        if not self.config_path.is_file():
+            return None
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+            doc = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise RunDirConflict(f"{self.config_path}: unreadable run config "
+                                 f"({' '.join(str(e).split())[:200]})") from None
+        if not isinstance(doc, dict):
+            raise RunDirConflict(f"{self.config_path}: not a run config (expected a YAML mapping)")
+        return doc
 
+    def check(self, doc: dict) -> str:
+        """Raise :class:`RunDirConflict` if this folder holds another run than ``doc`` describes.
 
-def truncate_metrics(run_dir: str | os.PathLike, step: int) -> None:
-    """Keep only the records up to optimizer step ``step`` (used when resuming)."""
-    path = Path(run_dir) / METRICS_FILE
-    keep = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-    os.replace(tmp, path)
+        Returns the run's config hash: the stored one for an existing run (its checkpoints carry
+        it), else ``doc``'s. Identity is compared by :func:`studylib.config.same_run`, so runs
+        written before a schema field was added stay valid.
+        """
+        old = self.read_config()
+        if old is None:
+            return doc["run"]["config_hash"]
+        if not same_run(old, doc):
+            raise RunDirConflict(
+                f"{self.path}: holds a run with a different configuration (config hash "
+                f"{(old.get('run') or {}).get('config_hash')}, this run {doc['run']['config_hash']}). "
+                f"Use another --run-dir, restore the settings, or delete that folder.")
+        return (old.get("run") or {}).get("config_hash") or doc["run"]["config_hash"]
 
+    def write_config(self, doc: dict) -> None:
+        write_atomic(self.config_path, yaml.safe_dump(doc, sort_keys=False))
 
-def load_metrics(run_dir: str | os.PathLike, kind: Optional[str] = None):
-    """``metrics.jsonl`` as a DataFrame (optionally only ``kind`` "train" or "eval" rows)."""
-    import pandas as pd
+    def model_config(self) -> ModelConfig:
+        doc = self.read_config()
+        if doc is None:
+            raise ConfigError(f"{self.path}: not a run directory (no {CONFIG_FILE})")
+        if "model" not in doc:
+            raise ConfigError(f"{self.config_path}: has no resolved 'model' section")
+        return model_from_dict(doc["model"], where=f"{self.config_path}:model")
 
-    recs = read_metrics(run_dir)
-    if kind is not None:
-        recs = [r for r in recs if r.get("kind") == kind]
-    return pd.DataFrame.from_records(recs)
-
-
-def load_summary(run_dir: str | os.PathLike) -> Optional[dict]:
-    path = Path(run_dir) / SUMMARY_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
-
-
-def is_finished(run_dir: str | os.PathLike) -> bool:
-    s = load_summary(run_dir)
-    return bool(s and s.get("finished"))
-
-
-def collect_runs(preset: Preset, models: Optional[Iterable[str]] = None,
-                 seeds: Optional[Iterable[int]] = None, root=None):
-    """One row per finished run (summary fields; ``params`` flattened to ``params_<key>``).
-
-    Missing or unfinished runs are left out; ``df.attrs["missing"]`` lists their (model, seed).
-    """
-    import pandas as pd
-
-    rows, missing = [], []
-    for m in (models if models is not None else preset.model_names()):
-        for s in (seeds if seeds is not None else preset.seeds):
-            summ = load_summary(run_dir_for(preset, m, s, root))
-            if not summ or not summ.get("finished"):
-                missing.append((m, s))
+    # ---- metrics ---------------------------------------------------------------------------
+    def read_metrics(self, kind: Optional[str] = None) -> list[dict]:
+        """The records of ``metrics.jsonl`` (optionally only ``kind`` "train" or "eval"); a torn
+        last line, from a crash, is skipped."""
+        if not self.metrics_path.is_file():
+            return []
+        out = []
+        for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
                 continue
-            row = {k: v for k, v in summ.items() if not isinstance(v, (dict, list))}
-            for k, v in (summ.get("params") or {}).items():
-                row[f"params_{k}"] = v
-            row["model"], row["seed"] = m, s
-            rows.append(row)
-    df = pd.DataFrame.from_records(rows)
-    df.attrs["missing"] = missing
-    return df
+            if isinstance(rec, dict) and (kind is None or rec.get("kind") == kind):
+                out.append(rec)
+        return out
+
+    def append_metrics(self, rec: dict) -> None:
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec, default=_json_default) + "\n")
+            f.flush()
+
+    def truncate_metrics(self, step: int) -> None:
+        """Keep only the records up to optimizer step ``step`` (used when resuming)."""
+        keep = [r for r in self.read_metrics() if r.get("step", 0) <= step]
+        with atomic_open(self.metrics_path, "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in keep))
+
+    # ---- summary ---------------------------------------------------------------------------
+    def summary(self) -> Optional[dict]:
+        if not self.summary_path.is_file():
+            return None
+        try:
+            s = json.loads(self.summary_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        return s if isinstance(s, dict) else None
+
+    def finished(self) -> bool:
+        s = self.summary()
+        return bool(s and s.get("finished"))
+
+    def write_summary(self, summary: dict) -> None:
+        write_json_atomic(self.summary_path, summary, default=_json_default)
+
+    # ---- checkpoints -----------------------------------------------------------------------
+    def latest_step(self) -> Optional[int]:
+        """The step of the newest readable full checkpoint (``latest.pt``, else ``prev.pt``)."""
+        return checkpoint.peek_step(self.checkpoints)
+
+    def checkpoint_steps(self) -> list[int]:
+        """Steps at which this run can be loaded, ascending: its ``step_<N>.pt`` snapshots and
+        the step of ``latest.pt`` (empty if it has no checkpoint)."""
+        steps = {s for s, _ in checkpoint.list_snapshots(self.checkpoints)}
+        last = self.latest_step()
+        if last is not None:
+            steps.add(last)
+        return sorted(steps)
+
+    def has_checkpoint(self) -> bool:
+        ck = self.checkpoints
+        return ((ck / checkpoint.LATEST).is_file() or (ck / checkpoint.PREV).is_file()
+                or bool(checkpoint.list_snapshots(ck)))
+
+    def _checkpoint_state(self, step: Optional[int], path: Optional[os.PathLike]) -> tuple[dict, Path]:
+        if path is not None:
+            return checkpoint.load(path), Path(path)
+        if step is not None:
+            snap = checkpoint.snapshot_path(self.checkpoints, int(step))
+            if snap.is_file():
+                return checkpoint.load(snap), snap
+            if self.latest_step() != int(step):
+                raise ConfigError(f"{self.path}: no checkpoint at step {step}; saved steps: "
+                                  f"{self.checkpoint_steps()} (train with train.keep_checkpoints=true "
+                                  f"to keep one per evaluation)")
+        found = checkpoint.load_latest(self.checkpoints, warn=lambda m: warnings.warn(m, UserWarning))
+        if found is None:
+            raise ConfigError(f"{self.path}: no checkpoint yet ({self.checkpoints / checkpoint.LATEST} "
+                              f"is missing)")
+        return found
+
+    def load_model(self, step: Optional[int] = None, checkpoint_path: Optional[os.PathLike] = None,
+                   device: Any = "cpu", tokenizer: Optional[os.PathLike] = None) -> LoadedRun:
+        """The run's model at ``step`` (None: the latest checkpoint; or the file ``checkpoint_path``),
+        loaded through :func:`studylib.run.checkpoint.load` (no pickled code runs), in eval mode,
+        with its SentencePiece tokenizer (``tokenizer``: a path to use instead of the run's)."""
+        from studylib.nn.model import Decoder
+
+        cfg = self.model_config()
+        state, path = self._checkpoint_state(step, checkpoint_path)
+        model = Decoder(cfg)
+        model.load_state_dict(state["model"])
+        model.to(device).eval()
+        return LoadedRun(model=model, tokenizer=self.load_tokenizer(tokenizer), config=cfg,
+                         step=state.get("step"), checkpoint=path)
+
+    # ---- tokenizer -------------------------------------------------------------------------
+    def tokenizer_path(self) -> Optional[Path]:
+        """The run's SentencePiece model: recorded in its summary, else found in the data cache."""
+        s = self.summary() or {}
+        recorded = (s.get("data") or {}).get("tokenizer")
+        if recorded and Path(recorded).is_file():
+            return Path(recorded)
+        doc = self.read_config() or {}
+        return _tokenizer_in_cache(doc, self.model_config().vocab_size)
+
+    def load_tokenizer(self, path: Optional[os.PathLike] = None):
+        import sentencepiece as spm
+
+        if path is not None:
+            if not Path(path).is_file():
+                raise ConfigError(f"--tokenizer {path}: file not found (a SentencePiece .model file)")
+            return spm.SentencePieceProcessor(model_file=str(path))
+        found = self.tokenizer_path()
+        if found is None:
+            warnings.warn(f"{self.path}: could not find the run's tokenizer (data cache moved?); "
+                          f"pass --tokenizer / load it yourself", UserWarning)
+            return None
+        return spm.SentencePieceProcessor(model_file=str(found))
 
 
-def collect_metrics(preset: Preset, models: Optional[Iterable[str]] = None,
-                    seeds: Optional[Iterable[int]] = None, kind: Optional[str] = "eval", root=None):
-    """All runs' ``metrics.jsonl`` rows in one long DataFrame with ``model`` and ``seed`` columns."""
-    import pandas as pd
+def _tokenizer_in_cache(doc: dict, vocab_size: int) -> Optional[Path]:
+    pdata = ((doc.get("preset") or {}).get("data") or {})
+    cache = os.environ.get("STUDYLIB_CACHE_DIR") or pdata.get("cache_dir")
+    if not cache or not Path(cache).is_dir():
+        return None
+    import sentencepiece as spm
 
-    frames = []
-    for m in (models if models is not None else preset.model_names()):
-        for s in (seeds if seeds is not None else preset.seeds):
-            df = load_metrics(run_dir_for(preset, m, s, root), kind=kind)
-            if len(df):
-                frames.append(df.assign(model=m, seed=s))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    want = pdata.get("vocab_size")
+    found = []
+    for p in sorted(Path(cache).glob("tokenizer-*.model")):
+        try:
+            n = spm.SentencePieceProcessor(model_file=str(p)).get_piece_size()
+        except (OSError, RuntimeError):
+            continue
+        if n <= vocab_size and (want is None or n == want):
+            found.append(p)
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:  # several corpora share the cache: recompute the exact key from the data
+        from studylib.config import DataConfig, dataclass_from_dict
+        from studylib.run.data import load_data
+
+        keys = {f for f in DataConfig.__dataclass_fields__}
+        dcfg = dataclass_from_dict(DataConfig, {k: v for k, v in pdata.items() if k in keys}, "data")
+        return Path(load_data(dcfg, progress=False).tokenizer_path)
+    return None
 
 
-def aggregate(df, value: str = "best_val_loss"):
-    """Per model: n, mean and std (ddof=1) of ``value`` and of its perplexity exp(value)."""
-    import pandas as pd
+def _json_default(o):
+    import numpy as np
 
-    d = df.assign(_ppl=df[value].map(math.exp))
-    g = d.groupby("model", sort=False)
-    out = pd.DataFrame({
-        "n": g[value].count(),
-        f"{value}_mean": g[value].mean(), f"{value}_std": g[value].std(ddof=1),
-        "ppl_mean": g["_ppl"].mean(), "ppl_std": g["_ppl"].std(ddof=1),
-    })
-    return out
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
-
-def paired_gaps(df, a: str, b: str, value: str = "best_val_loss") -> dict:
-    """Per-seed gap ``value[a] - value[b]`` over the seeds both models have; mean, std (ddof=1)."""
-    wide = df.pivot_table(index="seed", columns="model", values=value)
-    if a not in wide or b not in wide:
-        raise KeyError(f"paired_gaps: need runs of both {a!r} and {b!r}; have {list(wide.columns)}")
-    gap = (wide[a] - wide[b]).dropna()
-    return {"a": a, "b": b, "per_seed": gap, "n": int(len(gap)), "mean": float(gap.mean()),
-            "std": float(gap.std(ddof=1)) if len(gap) > 1 else float("nan")}

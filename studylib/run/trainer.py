@@ -30,22 +30,22 @@ to, not identical with, the single-process run.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
-import random
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 
+from studylib.nn.precision import autocast
 from studylib.run import checkpoint
+from studylib.run.dist import Dist, resolve_amp, resolve_device, seed_everything
+from studylib.run.optim import lr_at, make_optimizer, total_steps_for
 
-from studylib.run import rundir as runs
-from studylib.config.schema import ConfigError, Preset, TrainConfig, apply_overrides, preset_from_dict, to_dict
+from studylib.run.rundir import RunDir, run_dir_for
+from studylib.config import ConfigError, Preset, override, run_document
 
 
 class NonFiniteLossError(RuntimeError):
@@ -53,51 +53,8 @@ class NonFiniteLossError(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------------
-# schedule, optimizer, batches
+# batches
 # --------------------------------------------------------------------------------------------
-def warmup_steps(total_steps: int, cfg: TrainConfig) -> int:
-    return int(round(cfg.warmup_frac * total_steps))
-
-
-def lr_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
-    """Learning rate of optimizer step ``step`` (0-based) of ``total_steps``.
-
-    Linear warmup over the first W = round(warmup_frac * total) steps, ``lr*(s+1)/(W+1)``,
-    reaching the peak ``lr`` at step W; then cosine from ``lr`` at step W to ``min_lr`` at the
-    last step (total - 1); ``min_lr`` beyond.
-    """
-    w = warmup_steps(total_steps, cfg)
-    if step < w:
-        return cfg.lr * (step + 1) / (w + 1)
-    span = total_steps - 1 - w
-    p = 1.0 if span <= 0 else min(1.0, (step - w) / span)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * p))
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: decay on >=2-D tensors (matrices, embeddings, expert stacks), none on 1-D."""
-    decay, no_decay, names_d, names_n = [], [], [], []
-    for name, p in model.named_parameters():  # shared (tied) parameters appear once
-        if not p.requires_grad:
-            continue
-        if p.ndim >= 2:
-            decay.append(p), names_d.append(name)
-        else:
-            no_decay.append(p), names_n.append(name)
-    return [{"params": decay, "weight_decay": weight_decay, "names": names_d},
-            {"params": no_decay, "weight_decay": 0.0, "names": names_n}]
-
-
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
-    groups = [{k: v for k, v in g.items() if k != "names"} for g in param_groups(model, cfg.weight_decay)]
-    for impl in ({"fused": True}, {"foreach": True}, {}):
-        try:
-            return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **impl)
-        except (RuntimeError, TypeError, ValueError):
-            continue
-    raise RuntimeError("could not build AdamW")  # pragma: no cover
-
-
 class BatchSampler:
     """Window indices of micro-batch ``micro`` of optimizer step ``step``: pure in (seed, step, micro)."""
 
@@ -137,110 +94,6 @@ def eval_subset(val_idx: np.ndarray, n: Optional[int], seed: int) -> np.ndarray:
         return val_idx
     pick = np.random.default_rng(seed).choice(len(val_idx), size=n, replace=False)
     return val_idx[np.sort(pick)]
-
-
-def total_steps_for(cfg: TrainConfig, n_train: int) -> int:
-    if cfg.max_steps is not None:
-        return cfg.max_steps
-    steps = n_train // (cfg.batch_size * cfg.grad_accum)
-    if steps < 1:
-        raise ConfigError(f"train.batch_size*grad_accum={cfg.batch_size * cfg.grad_accum} exceeds the "
-                          f"{n_train} training windows: set train.max_steps or use more data")
-    return steps
-
-
-# --------------------------------------------------------------------------------------------
-# environment: device, precision, distributed
-# --------------------------------------------------------------------------------------------
-def resolve_device(cfg: TrainConfig, local_rank: int = 0) -> torch.device:
-    if cfg.device == "auto":
-        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(cfg.device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device(f"cuda:{local_rank}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"train.device: {cfg.device!r} requested but CUDA is not available")
-    return dev
-
-
-def resolve_amp(cfg: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
-    """bf16 for amp auto/bf16 on CPU and on CUDA with bf16 support; None (fp32) otherwise."""
-    if cfg.amp == "off":
-        return None
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        if cfg.amp == "bf16":
-            raise ConfigError("train.amp: bf16 requested but this GPU does not support it")
-        return None  # never fp16
-    return torch.bfloat16
-
-
-class Dist:
-    """World size, rank and collectives (no-ops in a single process)."""
-
-    def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.owns_group = False
-
-    @property
-    def enabled(self) -> bool:
-        return self.world > 1
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def init(self, device: torch.device) -> None:
-        if not self.enabled:
-            return
-        import torch.distributed as dist
-
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-            self.owns_group = True
-        self.world, self.rank = dist.get_world_size(), dist.get_rank()
-
-    def close(self) -> None:
-        if self.owns_group:
-            import gc
-
-            import torch.distributed as dist
-
-            gc.collect()  # free the DDP wrapper (and its reducer threads) before the group goes
-            dist.barrier()  # no rank tears gloo down while another still talks to it
-            dist.destroy_process_group()
-            self.owns_group = False
-
-    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.enabled:
-            import torch.distributed as dist
-
-            dist.all_reduce(t)
-        return t
-
-    def gather(self, obj) -> list:
-        if not self.enabled:
-            return [obj]
-        import torch.distributed as dist
-
-        out = [None] * self.world
-        dist.all_gather_object(out, obj)
-        return out
-
-    def barrier(self) -> None:
-        if self.enabled:
-            import torch.distributed as dist
-
-            dist.barrier()
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,7 +142,7 @@ def evaluate(model, data, idx: np.ndarray, batch_size: int, device: torch.device
         if len(mine) == 0:
             continue
         w = data.windows(mine).to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+        with autocast(device, amp_dtype):
             out = model(w[:, :-1], w[:, 1:], stats=True, return_logits=False)
         n = len(mine)
         loss_sum += float(out.loss) * n
@@ -310,29 +163,9 @@ def evaluate(model, data, idx: np.ndarray, batch_size: int, device: torch.device
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-def apply_preset_overrides(preset: Preset, overrides) -> Preset:
-    """``overrides``: list of "a.b=value" strings (value parsed as YAML) or a {"a.b": value} dict."""
-    if not overrides:
-        return preset
-    raw = to_dict(preset)
-    raw.pop("path", None)
-    if isinstance(overrides, dict):
-        for key, value in overrides.items():
-            node = raw
-            parts = key.split(".")
-            for p in parts[:-1]:
-                node = node.setdefault(p, {})
-                if not isinstance(node, dict):
-                    raise ConfigError(f"override {key!r}: {p!r} is not a section")
-            node[parts[-1]] = value
-    else:
-        raw = apply_overrides(raw, list(overrides))
-    return preset_from_dict(raw, preset.path)
-
-
 def _param_accounting(model_cfg, model) -> dict:
     try:
-        from studylib.config.budget import count_params
+        from studylib.config import count_params
 
         acc = count_params(model_cfg)
         d = acc.as_dict() if hasattr(acc, "as_dict") else dict(acc)
@@ -342,26 +175,8 @@ def _param_accounting(model_cfg, model) -> dict:
     return d
 
 
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, torch.Tensor):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
 def _ppl(loss: float) -> float:
     return math.exp(loss) if loss < 700 else float("inf")
-
-
-def _log_line(path: Path, rec: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(rec, default=_json_default) + "\n")
-        f.flush()
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,24 +191,25 @@ def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.Path
     run directory with a different config raises :class:`studylib.run.rundir.RunDirConflict`.
     ``data``: a :class:`studylib.run.data.TokenData` (or look-alike) to use instead of loading it.
     """
-    preset = apply_preset_overrides(preset, overrides)
+    preset = override(preset, overrides)
     tcfg = preset.train
     mcfg = preset.model_config(model_name)
     dist = Dist()
     device = resolve_device(tcfg, dist.local_rank)
     amp_dtype = resolve_amp(tcfg, device)
-    run_dir = Path(run_dir) if run_dir is not None else runs.run_dir_for(preset, model_name, seed)
-    doc = runs.config_document(preset, mcfg, model_name, seed)
-    chash = doc["run"]["config_hash"]
+    rd = RunDir(run_dir if run_dir is not None else run_dir_for(preset, model_name, seed))
+    run_dir = rd.path
+    doc = run_document(preset, mcfg, model_name, seed)
     show = progress and dist.main
 
     def say(msg: str) -> None:
         if dist.main:
             print(msg, file=sys.stderr, flush=True)
 
-    runs.check_run_dir(run_dir, chash)
-    if runs.is_finished(run_dir):
-        summary = runs.load_summary(run_dir)
+    chash = rd.check(doc)  # an existing run keeps the hash its checkpoints carry
+    doc["run"]["config_hash"] = chash
+    if rd.finished():
+        summary = rd.summary()
         say(f"{run_dir}: finished run found (best val loss {summary.get('best_val_loss'):.4f} "
             f"at step {summary.get('best_step')}); skipping")
         return summary
@@ -403,15 +219,16 @@ def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.Path
         torch.set_num_threads(tcfg.num_threads)
     dist.init(device)
     try:
-        return _train(preset, tcfg, mcfg, model_name, seed, run_dir, doc, chash, dist, device,
+        return _train(preset, tcfg, mcfg, model_name, seed, rd, doc, chash, dist, device,
                       amp_dtype, show, say, data)
     finally:
         dist.close()
         torch.set_num_threads(threads)
 
 
-def _train(preset, tcfg, mcfg, model_name, seed, run_dir, doc, chash, dist, device, amp_dtype,
+def _train(preset, tcfg, mcfg, model_name, seed, rd, doc, chash, dist, device, amp_dtype,
            show, say, data) -> dict:
+    run_dir = rd.path
     from tqdm.auto import tqdm
 
     from studylib.nn.model import Decoder
@@ -443,14 +260,14 @@ def _train(preset, tcfg, mcfg, model_name, seed, run_dir, doc, chash, dist, devi
     # ---- model and optimizer under the seed ------------------------------------------------
     seed_everything(seed)
     model = Decoder(mcfg).to(device)
-    opt = make_optimizer(model, tcfg, device)
+    opt = make_optimizer(model, tcfg)
     if dist.enabled and dist.rank > 0:  # own dropout stream per rank (init is identical)
         torch.manual_seed(seed * 1000 + dist.rank)
 
     # ---- resume or start -------------------------------------------------------------------
-    ckpt_dir = run_dir / runs.CHECKPOINT_DIR
-    metrics_path = run_dir / runs.METRICS_FILE
-    state = checkpoint.load_resume(ckpt_dir, expect_hash=chash, warn=say)
+    ckpt_dir = rd.checkpoints
+    found = checkpoint.load_resume(ckpt_dir, expect_hash=chash, warn=say)
+    state, state_path = found if found is not None else (None, None)
     start, best, clock, final = 0, {"val_loss": float("inf"), "step": 0, "full": False}, \
         {"elapsed_s": 0.0, "train_s": 0.0}, None
     if state is not None:
@@ -459,12 +276,12 @@ def _train(preset, tcfg, mcfg, model_name, seed, run_dir, doc, chash, dist, devi
         start, best, clock, final = state["step"], dict(state["best"]), dict(state["clock"]), state.get("final")
         ranks = state.get("rng_ranks") or []
         checkpoint.restore_rng(ranks[dist.rank] if len(ranks) == dist.world else state["rng"])
-        say(f"{run_dir}: resuming from step {start} of {total} (checkpoint {ckpt_dir / checkpoint.LATEST})")
+        say(f"{run_dir}: resuming from step {start} of {total} (checkpoint {state_path})")
     dist.barrier()  # every rank has read the run dir before rank 0 changes it
     if dist.main:
         checkpoint.clean_temp_files(ckpt_dir)
-        runs.write_config(run_dir, doc)
-        runs.truncate_metrics(run_dir, start)  # drop records written after the checkpoint
+        rd.write_config(doc)
+        rd.truncate_metrics(start)  # drop records written after the checkpoint
     net = torch.compile(model) if tcfg.compile else model
     if dist.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -529,8 +346,7 @@ def _train(preset, tcfg, mcfg, model_name, seed, run_dir, doc, chash, dist, devi
                 share = len(mine) / B  # this rank's share of the micro-batch
                 sync = contextlib.nullcontext() if (not dist.enabled or m == accum - 1) else net.no_sync()
                 with sync:
-                    with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16,
-                                        enabled=amp_dtype is not None):
+                    with autocast(device, amp_dtype):
                         out = net(w[:, :-1], w[:, 1:], return_logits=False)
                     loss = out.loss + out.aux_loss
                     (loss * (share * dist.world / accum)).backward()
@@ -570,7 +386,7 @@ def _train(preset, tcfg, mcfg, model_name, seed, run_dir, doc, chash, dist, devi
                     rec["aux_loss"] = since_log["aux"] / since_log["n"]
                 if gnorm is not None:
                     rec["grad_norm"] = gnorm
-                _log_line(metrics_path, rec)
+                rd.append_metrics(rec)
                 since_log = {"loss": 0.0, "aux": 0.0, "n": 0}
 
             is_last = done == total
@@ -592,7 +408,7 @@ def _train(preset, tcfg, mcfg, model_name, seed, run_dir, doc, chash, dist, devi
                 if ev_best is not ev:
                     rec["subset_val_loss"] = ev_best["val_loss"]
                 if dist.main:
-                    _log_line(metrics_path, rec)
+                    rd.append_metrics(rec)
                 since_eval = {"loss": 0.0, "n": 0, "train_s": 0.0}
                 evaluated = True
                 if is_last:
@@ -621,7 +437,7 @@ def _train(preset, tcfg, mcfg, model_name, seed, run_dir, doc, chash, dist, devi
         "finished": True,
     }
     if dist.main:
-        runs.write_json_atomic(run_dir / runs.SUMMARY_FILE, summary)
+        rd.write_summary(summary)
     dist.barrier()
     return summary
 
@@ -629,7 +445,7 @@ def _train(preset, tcfg, mcfg, model_name, seed, run_dir, doc, chash, dist, devi
 class CheckpointStateError(checkpoint.CheckpointError):
     def __init__(self, run_dir):
         super().__init__(f"{run_dir}: the final checkpoint lacks its evaluation record; delete "
-                         f"{Path(run_dir) / runs.CHECKPOINT_DIR} to rerun")
+                         f"{RunDir(run_dir).checkpoints} to rerun")
 
 
 def _data_summary(data) -> dict:
@@ -654,7 +470,7 @@ def add_cli(parser) -> None:
 
 
 def run_cli(args) -> int:
-    from studylib.config.schema import load_preset
+    from studylib.config import load_preset
 
     preset = load_preset(args.params, args.set)
     seed = args.seed if args.seed is not None else preset.seeds[0]

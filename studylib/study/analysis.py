@@ -321,7 +321,7 @@ def fmt_count(n: int, unit: Optional[str] = None) -> str:
 def accounting_frame(cfgs: Iterable) -> pd.DataFrame:
     """SPEC Table 5 for model configs: the integer accounting plus shape columns and a
     ``display`` column "embedding | non-FFN | FFN total | total / active" in millions."""
-    from studylib.config.budget import count_params, ffn_label
+    from studylib.config import count_params, ffn_label
 
     rows = []
     for c in cfgs:
@@ -338,7 +338,7 @@ def accounting_frame(cfgs: Iterable) -> pd.DataFrame:
 def param_split(cfgs: Iterable) -> pd.DataFrame:
     """Per model: embedding / non-FFN / FFN active / FFN inactive / router parameter counts
     (they sum to the total; all but FFN inactive are the active path)."""
-    from studylib.config.budget import count_params
+    from studylib.config import count_params
 
     rows = []
     for c in cfgs:
@@ -365,7 +365,7 @@ def granularity_table(summaries: pd.DataFrame, models: Sequence[str], base: Opti
 # --------------------------------------------------------------------------------------------
 def _run_data(run_dir, data=None):
     """(TokenData, preset) of the run's own data config (``data`` if given)."""
-    from studylib.config.schema import preset_from_dict
+    from studylib.config import preset_from_dict
     from studylib.run.rundir import read_config
 
     doc = read_config(run_dir)

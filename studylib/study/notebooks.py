@@ -25,7 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional, Sequence
 
-from studylib.config.schema import ConfigError, load_preset
+from studylib.config import ConfigError, load_preset
 
 KERNEL = "python3"
 NOTEBOOK_RE = re.compile(r"^(\d\d)_.+\.py$")

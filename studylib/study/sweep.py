@@ -28,8 +28,9 @@ from typing import Iterable, Optional, Sequence
 
 import yaml
 
-from studylib.run import rundir as runs
-from studylib.config.schema import ConfigError, Preset, load_preset, to_dict
+from studylib.config import ConfigError, Preset, load_preset, override, run_document, to_dict
+from studylib.run.rundir import RunDir
+from studylib.study.frames import collect_runs
 
 LOG_FILE = "train.log"
 
@@ -78,14 +79,6 @@ def _log_tail(path: Path, n: int = 15) -> str:
     return "\n".join("    " + ln for ln in lines[-n:]) or "    (empty log)"
 
 
-def _apply(preset: Preset, overrides) -> Preset:
-    if not overrides:
-        return preset
-    from studylib.run.trainer import apply_preset_overrides
-
-    return apply_preset_overrides(preset, overrides)
-
-
 @dataclass
 class _Job:
     model: str
@@ -103,10 +96,9 @@ def plan_runs(preset: Preset, models: Sequence[str], seeds: Sequence[int]) -> tu
     for m in models:
         mcfg = preset.model_config(m)  # validates the name (clear error for a typo)
         for s in seeds:
-            rd = runs.run_dir_for(preset, m, s)
-            chash = runs.config_document(preset, mcfg, m, s)["run"]["config_hash"]
-            runs.check_run_dir(rd, chash)
-            (finished if runs.is_finished(rd) else missing).append((m, s, rd))
+            rd = RunDir.of(preset, m, s)
+            rd.check(run_document(preset, mcfg, m, s))
+            (finished if rd.finished() else missing).append((m, s, rd.path))
     return finished, missing
 
 
@@ -140,9 +132,9 @@ def train_command(params_file: str, model: str, seed: int, run_dir: Path, thread
 
 def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[int]] = None,
                 jobs: Optional[int] = None, overrides=None, progress: bool = True):
-    """Summaries (one row per run, as :func:`studylib.run.rundir.collect_runs`) of ``models x seeds``,
+    """Summaries (one row per run, as :func:`studylib.study.frames.collect_runs`) of ``models x seeds``,
     training whatever is missing (see the module docstring). ``jobs=None``: ``study.jobs``."""
-    preset = _apply(preset, overrides)
+    preset = override(preset, overrides)
     models = _unique(models)
     seeds = _unique(seeds if seeds is not None else preset.seeds)
     if not models or not seeds:
@@ -166,7 +158,7 @@ def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[
                 _train_parallel(preset, missing, min(jobs, len(missing)), bar)
         finally:
             bar.close()
-    df = runs.collect_runs(preset, models, seeds)
+    df = collect_runs(preset, models, seeds)
     if df.attrs.get("missing"):
         raise SweepError(f"runs still missing after the sweep: {df.attrs['missing']}")
     return df
@@ -223,7 +215,7 @@ def _train_parallel(preset, missing, slots: int, bar) -> None:
                     running.remove(job)
                     job.log.close()
                     free.append(job.slot)
-                    if rc != 0 or not runs.is_finished(job.run_dir):
+                    if rc != 0 or not RunDir(job.run_dir).finished():
                         log = job.run_dir / LOG_FILE
                         raise SweepError(
                             f"training {job.model} seed {job.seed} failed (exit code {rc}); its log is "

@@ -61,7 +61,7 @@ import torch
 import torch.nn as nn
 
 from studylib.run.alloc import GLIBC_TUNED, TCMALLOC_PATHS
-from studylib.config.schema import ConfigError, ModelConfig, Preset, model_from_dict, preset_from_dict, to_dict
+from studylib.config import ConfigError, ModelConfig, Preset, model_from_dict, preset_from_dict, to_dict
 
 DISPATCHES = ("naive", "grouped", "stacked")
 TCMALLOC = TCMALLOC_PATHS[0]
@@ -136,7 +136,7 @@ def norm_params(cfg: ModelConfig) -> int:
 
 def train_flops_per_token(cfg: ModelConfig, seq: int) -> float:
     """Analytic training FLOPs per token (see the module docstring)."""
-    from studylib.config.budget import count_params
+    from studylib.config import count_params
 
     n_mm = count_params(cfg).active - norm_params(cfg)
     return 6.0 * n_mm + 6.0 * cfg.n_layers * seq * cfg.n_heads * cfg.head_dim
@@ -150,7 +150,7 @@ def resolve_models(preset: Any, models: Optional[Sequence[str]] = None) -> list[
     ``{name: ModelConfig or model dict}`` mapping. Default models: the preset's ``study.headline``
     (else all of them)."""
     if isinstance(preset, (str, os.PathLike)):
-        from studylib.config.schema import load_preset
+        from studylib.config import load_preset
 
         preset = load_preset(preset)
     elif isinstance(preset, Mapping) and "models" in preset and "data" in preset:

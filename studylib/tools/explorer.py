@@ -518,7 +518,7 @@ def diagnostics_over_training(run_dir: str | os.PathLike, step: Optional[int] = 
     ``step`` is earlier). ``attrs["steps"]`` lists all eval steps, ``attrs["selected_step"]`` the
     chosen one (None without a selector).
     """
-    from studylib.config.schema import model_from_dict
+    from studylib.config import model_from_dict
 
     run_dir = Path(run_dir)
     doc = runs.read_config(run_dir) or {}

@@ -1,90 +1,18 @@
-"""Exact parameter accounting from a config, and the budget solvers.
-
-Accounting (SPEC Table 5): ``embedding`` (tied, V*D), ``non_ffn`` (attention projections, the two
-RMSNorms of each layer and the final norm), ``ffn_total`` (dense FFNs + every expert),
-``router`` (D*E per routed layer, reported separately), ``total`` (everything stored) and
-``active`` (embedding + non-FFN + router + the FFN path one token uses: the dense FFN, k of E
-experts, or all K soft experts). ``count_params(cfg)`` equals ``sum(p.numel())`` of the built model.
-
-Solvers: :func:`match_dense` finds dense widths (d_model, heads, FFN hidden) whose active (or total)
-count matches a reference model; :func:`iso_width_moe` (seed 002) and :func:`soft_fixed_width`
-(seed 003) build the by-construction variants. Presets use them through ``derive`` entries.
+"""Budget solvers: dense widths matched to a reference model's active or total parameters
+(:func:`match_dense`), and the by-construction variants of seed 002 (:func:`iso_width_moe`) and
+seed 003 (:func:`soft_fixed_width`). Presets use them through ``derive`` entries
+(:func:`derive_model`). Torch-free.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
-from studylib.config.schema import ConfigError, FFNConfig, ModelConfig, Preset, deep_merge, model_from_dict, to_dict
+from studylib.config.accounting import count_params
+from studylib.config.schema import ConfigError, FFNConfig, ModelConfig, deep_merge, model_from_dict, to_dict
 
-# --------------------------------------------------------------------------------------------
-# accounting
-# --------------------------------------------------------------------------------------------
-FIELDS = ("embedding", "non_ffn", "ffn_total", "router", "total", "active")
-
-
-@dataclass(frozen=True)
-class ParamCount:
-    name: str
-    embedding: int
-    non_ffn: int
-    ffn_total: int
-    ffn_active: int
-    router: int
-
-    @property
-    def total(self) -> int:
-        return self.embedding + self.non_ffn + self.ffn_total + self.router
-
-    @property
-    def active(self) -> int:
-        return self.embedding + self.non_ffn + self.ffn_active + self.router
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, **{k: int(getattr(self, k)) for k in FIELDS}}
-
-
-def ffn_params(d_model: int, f: FFNConfig) -> tuple[int, int, int]:
-    """(stored FFN/expert params, params one token uses, router params) of one layer."""
-    one = 3 * d_model * f.hidden  # SwiGLU: gate, up (D x H each) and down (H x D)
-    if f.kind == "dense":
-        return one, one, 0
-    router = d_model * f.num_experts
-    used = f.num_experts if f.kind == "soft" else f.top_k
-    return one * f.num_experts, one * used, router
-
-
-def count_params(cfg: ModelConfig) -> ParamCount:
-    D, L = cfg.d_model, cfg.n_layers
-    attn = D * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + cfg.n_heads * cfg.head_dim * D
-    non_ffn = L * (attn + 2 * D) + D
-    ffn_total = ffn_active = router = 0
-    for layer in range(L):
-        t, a, r = ffn_params(D, cfg.ffn_for_layer(layer))
-        ffn_total, ffn_active, router = ffn_total + t, ffn_active + a, router + r
-    return ParamCount(cfg.name, cfg.vocab_size * D, non_ffn, ffn_total, ffn_active, router)
-
-
-def fmt_m(n: int) -> str:
-    """Millions at the paper's displayed precision (two decimals)."""
-    return f"{n / 1e6:.2f}M"
-
-
-def ffn_label(cfg: ModelConfig) -> str:
-    """Short description of a model's FFN: ``dense 1120``, ``4x1024 top-2``, ``soft 4x432``."""
-    f = cfg.ffn
-    if f.kind == "dense":
-        return f"dense {f.hidden}"
-    return f"{f.num_experts}x{f.hidden} top-{f.top_k}" if f.kind == "moe" else f"soft {f.num_experts}x{f.hidden}"
-
-
-# --------------------------------------------------------------------------------------------
-# solvers
-# --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Match:
     config: ModelConfig
@@ -204,8 +132,9 @@ def soft_fixed_width(dense: ModelConfig, num_experts: int, name: Optional[str] =
 DERIVE_RULES = ("matched_active", "matched_total", "iso_width", "soft_fixed_width")
 
 
-def derive_model(preset: Preset, name: str, raw: dict) -> ModelConfig:
-    """Resolve a preset entry ``{derive: <rule>, from: <model>, ...options, set: {...}}``."""
+def derive_model(preset, name: str, raw: dict, resolve: Callable[[str], ModelConfig]) -> ModelConfig:
+    """Resolve a preset entry ``{derive: <rule>, from: <model>, ...options, set: {...}}``;
+    ``resolve(name)`` gives the config of the model it derives from."""
     where = f"models.{name}"
     raw = dict(raw)
     rule, src = raw.pop("derive"), raw.pop("from", None)
@@ -217,7 +146,7 @@ def derive_model(preset: Preset, name: str, raw: dict) -> ModelConfig:
                           f"{[m for m in preset.models if m != name]}")
     if src == name:
         raise ConfigError(f"{where}.from: a model cannot derive from itself")
-    ref = preset.model_config(src)
+    ref = resolve(src)
     try:
         if rule in ("matched_active", "matched_total"):
             allowed = {"d_multiple", "hidden_multiple", "min_head_dim", "ffn_ratio", "tolerance"}
@@ -242,55 +171,3 @@ def _check_keys(raw: dict, allowed: set, where: str) -> None:
     unknown = sorted(set(raw) - allowed)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed | {'derive', 'from', 'set'})}")
-
-
-# --------------------------------------------------------------------------------------------
-# CLI: python -m studylib budget params/paper.yaml [--json]
-# --------------------------------------------------------------------------------------------
-def add_cli(p: argparse.ArgumentParser) -> None:
-    p.add_argument("params", help="preset YAML, e.g. params/paper.yaml")
-    p.add_argument("--models", nargs="+", help="model names (default: the preset's headline models)")
-    p.add_argument("--all", action="store_true", help="every model of the preset")
-    p.add_argument("--json", action="store_true", help="print the accounting as JSON")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a preset value")
-
-
-def headline_models(preset: Preset) -> list[str]:
-    names = preset.study.get("headline") or preset.model_names()
-    missing = [n for n in names if n not in preset.models]
-    if missing:
-        raise ConfigError(f"study.headline: unknown model(s) {missing}; allowed: {preset.model_names()}")
-    return list(names)
-
-
-def run_cli(args) -> int:
-    from studylib.config.schema import load_preset
-
-    preset = load_preset(args.params, args.set)
-    names = args.models or (preset.model_names() if args.all else headline_models(preset))
-    cfgs = [preset.model_config(n) for n in names]
-    counts = [count_params(c) for c in cfgs]
-    if args.json:
-        print(json.dumps([c.as_dict() for c in counts], indent=2))
-        return 0
-    print(f"Parameter accounting, preset {preset.name!r} (vocab {preset.data.vocab_size:,})\n")
-    head = f"{'model':<22}{'d_model':>8}{'heads':>7}{'FFN':>26}{'embedding':>11}{'non-FFN':>9}" \
-           f"{'FFN/expert':>12}{'router':>8}{'total / active':>20}"
-    print(head)
-    print("-" * len(head))
-    for c, n in zip(cfgs, counts):
-        ffn = ffn_label(c)
-        print(f"{c.name:<22}{c.d_model:>8}{f'{c.n_heads}/{c.n_kv_heads}':>7}{ffn:>26}{fmt_m(n.embedding):>11}"
-              f"{fmt_m(n.non_ffn):>9}{fmt_m(n.ffn_total):>12}{n.router:>8,}"
-              f"{fmt_m(n.total) + ' / ' + fmt_m(n.active):>20}")
-    ref_name = preset.study.get("reference_moe")
-    routed = [c for c in cfgs if c.ffn.kind == "moe" and (ref_name is None or c.name == ref_name)]
-    for ref in routed:
-        print(f"\nBudget solver for {ref.name} (tolerance: active {TOLERANCE['active']:.1%}, "
-              f"total {TOLERANCE['total']:.1%}):")
-        for target in ("active", "total"):
-            m = match_dense(ref, target)
-            c = m.config
-            print(f"  matched-{target:<6} d_model {c.d_model}, heads {c.n_heads}/{c.n_kv_heads}, "
-                  f"hidden {c.ffn.hidden}: {m.params:,} vs {m.target_params:,} ({m.rel_mismatch:+.3%})")
-    return 0

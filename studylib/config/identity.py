@@ -1,0 +1,92 @@
+"""Run identity: which settings make two runs the same run, and the hash that names it.
+
+A run is (preset name, model name, seed, data settings, training settings, resolved model
+config). The identity document keeps only what changes results, by two rules:
+
+* execution-only settings are left out: where the data and cache live, threads, device,
+  ``torch.compile``, checkpoint cadence, and the MoE's dispatch path (naive / grouped / stacked
+  compute the same function; their parity is tested);
+* a setting at its schema default is left out. So a field added to the schema later, at its
+  default, changes no existing run's identity, and a stored ``config.yaml`` written by any
+  earlier version is compared by the same rule (:func:`same_run`).
+
+Torch-free.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, Mapping
+
+from studylib.config.schema import DataConfig, FFNConfig, ModelConfig, TrainConfig, to_dict
+
+EXEC_ONLY = {
+    DataConfig: ("source", "data_dir", "cache_dir", "tokenizer_threads"),
+    TrainConfig: ("device", "num_threads", "compile", "keep_checkpoints", "checkpoint_every"),
+    FFNConfig: ("dispatch", "grouped_mm"),
+    ModelConfig: (),
+}
+
+
+def config_hash(doc: Any) -> str:
+    """A short stable hash of a plain (JSON-able) document."""
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _sparse(cls: type, values: Mapping[str, Any]) -> dict:
+    """``values`` (a plain mapping of ``cls``'s fields) without execution-only fields and
+    without fields at their default; nested config sections are treated the same way."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in EXEC_ONLY[cls] or f.name not in values:
+            continue
+        v = values[f.name]
+        if f.type in ("FFNConfig", FFNConfig) and isinstance(v, Mapping):
+            v = _sparse(FFNConfig, v)
+            if v:
+                out[f.name] = v
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        if default is dataclasses.MISSING or to_dict(default) != v:
+            out[f.name] = v
+    return out
+
+
+def identity(preset: str, model: str, seed: int, data: Mapping, train: Mapping, model_cfg: Mapping) -> dict:
+    """The identity document of a run, from plain mappings (as ``to_dict`` or ``config.yaml`` hold them)."""
+    return {"preset": preset, "model_name": model, "seed": int(seed),
+            "data": _sparse(DataConfig, data), "train": _sparse(TrainConfig, train),
+            "model": _sparse(ModelConfig, model_cfg)}
+
+
+def run_identity(preset, model_cfg: ModelConfig, model: str, seed: int) -> dict:
+    """The identity document of ``model`` x ``seed`` of a :class:`~studylib.config.presets.Preset`."""
+    return identity(preset.name, model, seed, to_dict(preset.data), to_dict(preset.train), to_dict(model_cfg))
+
+
+def stored_identity(doc: Mapping) -> dict:
+    """The identity document of a stored ``config.yaml`` (see :func:`run_document`)."""
+    run, p = doc.get("run") or {}, doc.get("preset") or {}
+    return identity(run.get("preset"), run.get("model"), run.get("seed", -1), p.get("data") or {},
+                    p.get("train") or {}, doc.get("model") or {})
+
+
+def run_document(preset, model_cfg: ModelConfig, model: str, seed: int) -> dict:
+    """What a run's ``config.yaml`` holds: its identity hash, the resolved preset and model config."""
+    p = to_dict(preset)
+    p.pop("path", None)
+    return {
+        "run": {"preset": preset.name, "model": model, "seed": seed,
+                "config_hash": config_hash(run_identity(preset, model_cfg, model, seed)),
+                "preset_path": preset.path},
+        "model": to_dict(model_cfg),
+        "preset": p,
+    }
+
+
+def same_run(stored: Mapping, new: Mapping) -> bool:
+    """Whether two ``config.yaml`` documents describe the same run (by the rules above)."""
+    return config_hash(stored_identity(stored)) == config_hash(stored_identity(new))

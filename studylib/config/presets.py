@@ -1,0 +1,161 @@
+"""Presets: a YAML file (``params/*.yaml``) with the sections ``data``, ``train``, ``model``
+(defaults shared by every model), ``models`` (named variants: a partial model config, or a
+``derive`` rule solved by :mod:`studylib.config.derive`), ``seeds`` and ``study`` (notebook knobs).
+
+Loading applies the environment (``STUDYLIB_DATA_DIR``, ``STUDYLIB_CACHE_DIR``) and ``--set``
+overrides (:func:`override`, the one implementation), and validates everything. Torch-free.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import yaml
+
+from studylib.config.derive import derive_model
+from studylib.config.schema import (ConfigError, DataConfig, ModelConfig, TrainConfig, _coerce,
+                                    dataclass_from_dict, deep_merge, model_from_dict, to_dict)
+
+ENV_DIRS = (("data_dir", "STUDYLIB_DATA_DIR"), ("cache_dir", "STUDYLIB_CACHE_DIR"))
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    data: DataConfig
+    train: TrainConfig
+    model: dict  # shared model defaults (raw mapping, merged into each model)
+    models: dict  # name -> raw mapping (partial model config or a `derive` rule)
+    seeds: tuple[int, ...] = (1337, 1338, 1339)
+    study: dict = field(default_factory=dict)  # free-form knobs for the notebooks
+    path: Optional[str] = None
+
+    def model_names(self) -> list[str]:
+        return list(self.models)
+
+    def model_config(self, name: str) -> ModelConfig:
+        """The resolved, validated config of one named model (derive rules solved here)."""
+        return self._resolve(name, ())
+
+    def _resolve(self, name: str, chain: tuple[str, ...]) -> ModelConfig:
+        if name not in self.models:
+            raise ConfigError(f"models: no model named {name!r}; allowed: {sorted(self.models)}")
+        if name in chain:
+            cycle = " -> ".join((*chain[chain.index(name):], name))
+            raise ConfigError(f"models.{name}.from: derive rules form a cycle ({cycle})")
+        raw = self.models[name]
+        if isinstance(raw, dict) and "derive" in raw:
+            return derive_model(self, name, raw, resolve=lambda src: self._resolve(src, (*chain, name)))
+        if raw is not None and not isinstance(raw, dict):
+            raise ConfigError(f"models.{name}: must be a mapping of model fields, got {raw!r}")
+        merged = deep_merge(self.model, raw or {})
+        merged.setdefault("vocab_size", self.data.vocab_size)
+        merged.setdefault("context", self.data.context)
+        merged["name"] = name
+        return model_from_dict(merged, where=f"models.{name}")
+
+
+_PRESET_KEYS = ("name", "data", "train", "model", "models", "seeds", "study")
+
+
+def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path or 'preset'}: must be a YAML mapping with keys {list(_PRESET_KEYS)}")
+    unknown = sorted(set(raw) - set(_PRESET_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown top-level key(s) {unknown}; allowed: {list(_PRESET_KEYS)}")
+    data_raw = raw.get("data") or {}
+    if not isinstance(data_raw, dict):
+        raise ConfigError(f"data: must be a mapping of data fields, got {data_raw!r}")
+    data_raw = dict(data_raw)
+    from_env = set()
+    for key, env in ENV_DIRS:
+        if os.environ.get(env):
+            data_raw[key] = os.environ[env]
+            from_env.add(key)
+    if path is not None:  # relative data/cache dirs are relative to the repository (parent of params/)
+        root = Path(path).resolve().parent.parent
+        for key, _ in ENV_DIRS:
+            v = data_raw.get(key)
+            if isinstance(v, str) and not os.path.isabs(v) and key not in from_env:
+                data_raw[key] = str((root / v).resolve())
+    data = dataclass_from_dict(DataConfig, data_raw, "data")
+    data.validate()
+    train = dataclass_from_dict(TrainConfig, raw.get("train") or {}, "train")
+    train.validate()
+    model = raw.get("model") or {}
+    if not isinstance(model, dict):
+        raise ConfigError("model: must be a mapping of shared model fields")
+    models = raw.get("models") or {}
+    if not isinstance(models, dict) or not models:
+        raise ConfigError("models: must be a non-empty mapping of model name -> settings")
+    seeds = _coerce(raw.get("seeds", [1337, 1338, 1339]), tuple[int, ...], "seeds")
+    if not seeds:
+        raise ConfigError("seeds: must list at least one integer seed")
+    study = _coerce(raw.get("study") or {}, dict, "study")
+    name = raw.get("name") or (Path(path).stem if path else "preset")
+    return Preset(name=name, data=data, train=train, model=model, models=models, seeds=seeds,
+                  study=study, path=path)
+
+
+def load_preset(path: str | os.PathLike, overrides: Overrides = None) -> Preset:
+    """Load a preset YAML file, apply ``key.sub=value`` overrides, validate everything."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: preset file not found (presets live in params/*.yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text (UTF-8) YAML file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {_first_line(e)}") from None
+    return preset_from_dict(apply_overrides(raw or {}, overrides), str(path))
+
+
+Overrides = Union[None, Sequence[str], Mapping[str, Any]]
+
+
+def apply_overrides(raw: dict, overrides: Overrides) -> dict:
+    """A copy of the nested mapping ``raw`` with overrides applied: ``["a.b.c=value", ...]``
+    (each value parsed as YAML, as ``--set`` gives them) or ``{"a.b.c": value}``."""
+    raw = copy.deepcopy(raw)
+    if not overrides:
+        return raw
+    if isinstance(overrides, Mapping):
+        items = [(str(k), v, f"override {k!r}") for k, v in overrides.items()]
+    else:
+        items = []
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. train.max_steps=100")
+            key, value = item.split("=", 1)
+            try:
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"--set {item!r}: the value is not valid YAML ({_first_line(e)})") from None
+            items.append((key.strip(), parsed, f"--set {item!r}"))
+    for key, value, where in items:
+        parts = key.split(".")
+        node = raw
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{where}: {p!r} is not a section")
+        node[parts[-1]] = value
+    return raw
+
+
+def override(preset: Preset, overrides: Overrides) -> Preset:
+    """``preset`` with overrides applied (see :func:`apply_overrides`), re-validated."""
+    if not overrides:
+        return preset
+    raw = to_dict(preset)
+    raw.pop("path", None)
+    return preset_from_dict(apply_overrides(raw, overrides), preset.path)
+
+
+def _first_line(e: Exception) -> str:
+    return " ".join(str(e).split())[:200]

@@ -1,0 +1,63 @@
+"""The optimizer and its schedule (the one place; the trainer and the benchmarks import it):
+AdamW with weight decay on >=2-D tensors only, linear warmup + cosine decay, steps per epoch."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from studylib.config import ConfigError, TrainConfig
+
+
+def warmup_steps(total_steps: int, cfg: TrainConfig) -> int:
+    return int(round(cfg.warmup_frac * total_steps))
+
+
+def lr_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
+    """Learning rate of optimizer step ``step`` (0-based) of ``total_steps``.
+
+    Linear warmup over the first W = round(warmup_frac * total) steps, ``lr*(s+1)/(W+1)``,
+    reaching the peak ``lr`` at step W; then cosine from ``lr`` at step W to ``min_lr`` at the
+    last step (total - 1); ``min_lr`` beyond.
+    """
+    w = warmup_steps(total_steps, cfg)
+    if step < w:
+        return cfg.lr * (step + 1) / (w + 1)
+    span = total_steps - 1 - w
+    p = 1.0 if span <= 0 else min(1.0, (step - w) / span)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * p))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay on >=2-D tensors (matrices, embeddings, expert stacks), none on 1-D."""
+    decay, no_decay, names_d, names_n = [], [], [], []
+    for name, p in model.named_parameters():  # shared (tied) parameters appear once
+        if not p.requires_grad:
+            continue
+        if p.ndim >= 2:
+            decay.append(p), names_d.append(name)
+        else:
+            no_decay.append(p), names_n.append(name)
+    return [{"params": decay, "weight_decay": weight_decay, "names": names_d},
+            {"params": no_decay, "weight_decay": 0.0, "names": names_n}]
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW over :func:`param_groups` (fused where available, else foreach, else plain)."""
+    groups = [{k: v for k, v in g.items() if k != "names"} for g in param_groups(model, cfg.weight_decay)]
+    for impl in ({"fused": True}, {"foreach": True}, {}):
+        try:
+            return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **impl)
+        except (RuntimeError, TypeError, ValueError):
+            continue
+    raise RuntimeError("could not build AdamW")  # pragma: no cover
+
+
+def total_steps_for(cfg: TrainConfig, n_train: int) -> int:
+    if cfg.max_steps is not None:
+        return cfg.max_steps
+    steps = n_train // (cfg.batch_size * cfg.grad_accum)
+    if steps < 1:
+        raise ConfigError(f"train.batch_size*grad_accum={cfg.batch_size * cfg.grad_accum} exceeds the "
+                          f"{n_train} training windows: set train.max_steps or use more data")
+    return steps
