@@ -35,11 +35,8 @@ jobs = None
 import pandas as pd
 from IPython.display import Markdown, display
 
-from studylib.study import analysis
-
 from studylib import config as budget
-
-from studylib.study import plots
+from studylib.study import paper, plots, tables
 from studylib.study.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs)
@@ -56,7 +53,7 @@ print(f"preset {preset.name!r} ({preset.path}); vocab {preset.data.vocab_size:,}
 
 # %%
 names = list(dict.fromkeys(study["headline"] + [m for m in preset.model_names() if m not in study["headline"]]))
-acct = analysis.accounting_frame([preset.model_config(m) for m in names])
+acct = tables.accounting_frame([preset.model_config(m) for m in names])
 plots.save_table(acct, "table5_accounting", out)
 acct
 
@@ -107,7 +104,7 @@ mismatch
 
 # %%
 if preset.name == "paper":
-    for name, want in analysis.PAPER_TABLE5.items():
+    for name, want in paper.PAPER_TABLE5.items():
         n = budget.count_params(preset.model_config(name))
         got = tuple(budget.fmt_m(v) for v in (n.embedding, n.non_ffn, n.ffn_total, n.total, n.active))
         assert got == want, (name, got, want)
@@ -124,12 +121,12 @@ else:
 
 # %%
 iso_dense, iso_moe = study["iso_width"]
-iso = analysis.accounting_frame([preset.model_config(m) for m in (iso_dense, iso_moe)])
+iso = tables.accounting_frame([preset.model_config(m) for m in (iso_dense, iso_moe)])
 display(iso)
 assert iso.loc[iso_moe, "d_model"] == iso.loc[iso_dense, "d_model"]
 assert iso.loc[iso_moe, "ffn_active"] == iso.loc[iso_dense, "ffn_total"], "iso-width: active FFN must equal the dense FFN"
 
-gran = analysis.accounting_frame([preset.model_config(m) for m in study["granularity"]])
+gran = tables.accounting_frame([preset.model_config(m) for m in study["granularity"]])
 gran.insert(0, "K", [preset.model_config(m).ffn.num_experts for m in study["granularity"]])
 plots.save_table(pd.concat([iso, gran]), "by_construction_accounting", out)
 display(gran)
@@ -144,7 +141,7 @@ assert (gran["ffn_active"] == gran["ffn_total"]).all(), "soft MoE: every expert 
 
 # %%
 split_models = list(dict.fromkeys(study["headline"] + study["iso_width"] + study["granularity"]))
-split = analysis.param_split([preset.model_config(m) for m in split_models])
+split = tables.param_split([preset.model_config(m) for m in split_models])
 plots.save_table(split, "param_split", out)
 assert (split.sum(axis=1) == acct.loc[split.index, "total"]).all()
 fig = plots.param_split(split, title=f"Parameter split ({preset.name})", outdir=out)

@@ -45,11 +45,8 @@ jobs = None
 import pandas as pd
 from IPython.display import Markdown, display
 
-from studylib.study import analysis
-
-from studylib.study import plots
-
-from studylib.run import rundir as runs
+from studylib.run.rundir import RunDir
+from studylib.study import frames, plots, routing, text
 from studylib.study.notebooks import notebook_context
 from studylib.study.sweep import ensure_runs
 
@@ -57,7 +54,7 @@ ctx = notebook_context(params, jobs)
 preset, study, out, seed = ctx.preset, ctx.study, ctx.out, ctx.first_seed
 variants = study["ablation"]
 summaries = ensure_runs(preset, variants, [seed], jobs=ctx.jobs)
-run_dirs = {m: runs.run_dir_for(preset, m, seed) for m in variants}
+run_dirs = {m: RunDir.of(preset, m, seed) for m in variants}
 assert summaries["tokens"].nunique() == 1, "every variant must see the same number of tokens"
 print(f"{len(variants)} variants, seed {seed}, {int(summaries['tokens'].iloc[0]):,} target tokens each")
 
@@ -69,7 +66,7 @@ print(f"{len(variants)} variants, seed {seed}, {int(summaries['tokens'].iloc[0])
 # log-z over layers, and how many layers ended collapsed.
 
 # %%
-table1 = analysis.ablation_table(summaries, run_dirs)
+table1 = routing.ablation_table(summaries, run_dirs)
 plots.save_table(table1, "table1_routing_ablation", out)
 table1
 
@@ -80,13 +77,13 @@ table1
 # and the first evaluation at which the layer was collapsed.
 
 # %%
-collapse = analysis.collapse_table(run_dirs, threshold=0.9)
+collapse = routing.collapse_table(run_dirs, threshold=0.9)
 plots.save_table(collapse, "routing_collapse", out, index=False)
 display(collapse)
-print(analysis.collapse_sentence(collapse))
+print(text.collapse_sentence(collapse))
 
 # %%
-shares = {m: analysis.shares_frame(rd) for m, rd in run_dirs.items()}
+shares = {m: frames.shares_frame(rd) for m, rd in run_dirs.items()}
 for m, sh in shares.items():  # invariant: assignment shares are a distribution at every evaluation
     assert ((sh.groupby(["step", "layer"])["share"].sum() - 1.0).abs() < 1e-4).all(), m
 fig = plots.collapse_shares(shares, threshold=0.9, x="tokens",
@@ -98,12 +95,12 @@ fig = plots.collapse_shares(shares, threshold=0.9, x="tokens",
 # The z-loss keeps router logits small: compare the log-z of `top-2 + balance` with and without it.
 
 # %%
-metrics = runs.collect_metrics(preset, variants, [seed])
+metrics = frames.collect_metrics(preset, variants, [seed])
 fig = plots.val_curves(metrics, order=variants, title="Validation loss, routing variants",
                        outdir=out, name="ablation_val_loss")
 
 # %%
-rf = pd.concat([analysis.routing_frame(rd).assign(model=m) for m, rd in run_dirs.items()], ignore_index=True)
+rf = pd.concat([frames.routing_frame(rd).assign(model=m) for m, rd in run_dirs.items()], ignore_index=True)
 plots.save_table(rf, "ablation_routing_long", out, index=False)
 fig = plots.routing_diagnostics(rf, metrics=["logz", "busiest"], x="tokens", hue="model",
                                 title="Router log-z and busiest-expert fraction (mean ± std over layers)",
@@ -116,4 +113,4 @@ display(Markdown(
     + ", ".join(f"`{m}` {v:.4f}" for m, v in best.items())
     + f". Lowest: `{best.idxmin()}`. Mean router log-z at the end: "
     + ", ".join(f"`{m}` {v:.3f}" for m, v in table1["logz_mean"].items()) + ". "
-    + analysis.collapse_sentence(collapse)))
+    + text.collapse_sentence(collapse)))

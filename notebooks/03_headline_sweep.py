@@ -40,11 +40,8 @@ import math
 import pandas as pd
 from IPython.display import Markdown, display
 
-from studylib.study import analysis
-
-from studylib.study import plots
-
-from studylib.run import rundir as runs
+from studylib.run.rundir import RunDir
+from studylib.study import frames, paper, plots, probes, tables, text
 from studylib.study.notebooks import notebook_context
 from studylib.study.sweep import ensure_runs
 
@@ -60,27 +57,27 @@ print(f"{len(summaries)} runs: {headline} x seeds {seeds}; {int(summaries['token
 # ## Table 2: best validation loss and perplexity (mean ± std over seeds)
 
 # %%
-table2 = analysis.headline_table(summaries, headline)
+table2 = tables.headline_table(summaries, headline)
 plots.save_table(table2, "table2_headline", out)
 display(table2[["n", "loss", "ppl", "params_total", "params_active"]])
 print("paper (full TinyStories, 26k steps):")
-display(analysis.PAPER_TABLE2)
+display(paper.PAPER_TABLE2)
 
 # %% [markdown]
 # ## Table 6: per-seed breakdown and the paired gaps
 
 # %%
-table6 = analysis.seed_table(summaries, dense_active, moe, dense_total)
+table6 = tables.seed_table(summaries, dense_active, moe, dense_total)
 plots.save_table(table6, "table6_per_seed", out)
 display(table6)
-g = analysis.gaps(summaries, dense_active, moe, dense_total)
+g = tables.gaps(summaries, dense_active, moe, dense_total)
 for k in ("active", "total"):  # invariant: the table's gap statistics are the paired per-seed gaps
     assert math.isclose(table6.loc["mean", f"{k}_gap"], g[k]["mean"], rel_tol=1e-9, abs_tol=1e-12)
     if len(seeds) > 1:
         assert math.isclose(table6.loc["std", f"{k}_gap"], g[k]["std"], rel_tol=1e-9, abs_tol=1e-12)
 gap_summary = pd.DataFrame(
-    {"gap": [analysis.pm(g[k]["mean"], g[k]["std"]) for k in ("active", "total")],
-     "paper": [analysis.pm(*analysis.PAPER_GAPS[k]) for k in ("active", "total")],
+    {"gap": [tables.pm(g[k]["mean"], g[k]["std"]) for k in ("active", "total")],
+     "paper": [tables.pm(*paper.PAPER_GAPS[k]) for k in ("active", "total")],
      "n_seeds": [g[k]["n"] for k in ("active", "total")]},
     index=[f"matched-active ({dense_active} - {moe})", f"matched-total ({moe} - {dense_total})"])
 plots.save_table(gap_summary, "headline_gaps", out)
@@ -93,7 +90,7 @@ gap_summary
 # is the full validation split.
 
 # %%
-metrics = runs.collect_metrics(preset, headline, seeds)
+metrics = frames.collect_metrics(preset, headline, seeds)
 fig = plots.val_curves(metrics, order=headline, title=f"Validation loss ({preset.name}, {len(seeds)} seeds)",
                        outdir=out, name="fig2_val_loss")
 
@@ -104,7 +101,7 @@ fig = plots.val_curves(metrics, order=headline, title=f"Validation loss ({preset
 # second model of the pair.
 
 # %%
-gap_curves = analysis.gap_curves(metrics, {
+gap_curves = tables.gap_curves(metrics, {
     f"matched-active: {dense_active} - {moe}": (dense_active, moe),
     f"matched-total: {moe} - {dense_total}": (moe, dense_total),
 })
@@ -116,8 +113,8 @@ fig = plots.gap_curves(gap_curves, title="Loss gaps over training (mean ± 1 std
 # ## Does the paper's ordering hold here?
 
 # %%
-order = analysis.ordering(summaries, dense_active, moe, dense_total)
-sentence = analysis.verdict(order, preset.name)
+order = tables.ordering(summaries, dense_active, moe, dense_total)
+sentence = text.verdict(order, preset.name)
 print(sentence)
 display(Markdown(f"**Verdict.** {sentence}"))
 
@@ -129,7 +126,7 @@ display(Markdown(f"**Verdict.** {sentence}"))
 
 # %%
 prompts = study.get("prompts", ["Once upon a time", "Tom and Lily went to the park", "The little dog was sad because"])
-gens = analysis.generations({m: runs.run_dir_for(preset, m, ctx.first_seed) for m in headline}, prompts,
+gens = probes.generations({m: RunDir.of(preset, m, ctx.first_seed) for m in headline}, prompts,
                             max_new_tokens=study.get("sample_tokens", 40))
 plots.save_table(gens, "generations", out, index=False)
-print(analysis.format_generations(gens))
+print(text.format_generations(gens))

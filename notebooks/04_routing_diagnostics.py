@@ -37,9 +37,7 @@ import math
 
 from IPython.display import Markdown, display
 
-from studylib.study import analysis
-
-from studylib.study import plots
+from studylib.study import frames, paper, plots, routing
 from studylib.study.notebooks import notebook_context
 from studylib.study.sweep import ensure_runs
 
@@ -49,8 +47,8 @@ moe = study.get("reference_moe", study["headline"][1])
 ensure_runs(preset, [moe], seeds, jobs=ctx.jobs)  # reuses notebook 03's runs
 cfg = preset.model_config(moe)
 E, k = cfg.ffn.num_experts, cfg.ffn.top_k
-rf = analysis.routing_frames(preset, moe, seeds)
-shares = analysis.shares_frames(preset, moe, seeds)
+rf = frames.routing_frames(preset, moe, seeds)
+shares = frames.shares_frames(preset, moe, seeds)
 plots.save_table(rf, "routing_diagnostics_long", out, index=False)
 print(f"{moe}: {E} experts, top-{k}, {cfg.n_layers} layers; {rf['step'].nunique()} evaluations x {len(seeds)} seeds")
 
@@ -70,17 +68,17 @@ print(f"bounds hold: entropy <= ln {E} = {math.log(E):.3f}, top-1 gate >= 1/{E},
 # ## Table 7: router statistics per layer at the end of training
 
 # %%
-table7 = analysis.diagnostics_table(rf)
+table7 = routing.diagnostics_table(rf)
 plots.save_table(table7, "table7_routing", out)
 display(table7)
 print("paper (150M tokens, 4 layers), for orientation:")
-display(analysis.PAPER_TABLE7)
+display(paper.PAPER_TABLE7)
 
 # %% [markdown]
 # ## Router log-z: first → last evaluation
 
 # %%
-logz = analysis.routing_trend({s: rf[rf["seed"] == s] for s in seeds}, "logz")
+logz = routing.routing_trend({s: rf[rf["seed"] == s] for s in seeds}, "logz")
 plots.save_table(logz, "table7_logz_trend", out)
 logz
 

@@ -37,27 +37,23 @@ import math
 
 from IPython.display import Markdown, display
 
-from studylib.study import analysis
-
-from studylib.tools import bench
-
-from studylib.study import plots
-
-from studylib.run import trainer as train
+from studylib.run.dist import resolve_device
+from studylib.study import paper, plots, tables
 from studylib.study.notebooks import notebook_context
+from studylib.tools import bench
 
 ctx = notebook_context(params, jobs)
 preset, study, out = ctx.preset, ctx.study, ctx.out
 headline = study["headline"]
 knobs = {"batch": 16, "context": 512, "rounds": 5, "warmup": 1, "dtype": "bf16", "memory": "none",
          **study.get("bench", {})}
-device = train.resolve_device(preset.train)
+device = resolve_device(preset.train)
 print(f"device {device}; knobs {knobs}")
 
 # %%
 raw = bench.bench_train(preset, headline, bench.DISPATCHES, device=str(device), progress=False, **knobs)
 plots.save_table(raw, "table8_throughput_raw", out, index=False)
-table8 = analysis.throughput_table(raw, ref=headline[0])
+table8 = tables.throughput_table(raw, ref=headline[0])
 plots.save_table(table8, "table8_throughput", out)
 assert len(raw) == len(headline) - 1 + len(bench.DISPATCHES), "one row per dense model and per MoE dispatch path"
 assert all(math.isfinite(v) and v > 0 for v in raw["tok_s"])
@@ -70,7 +66,7 @@ table8
 # The paper's Table 8 for comparison (RTX 3060, batch 16 x 512, bf16):
 
 # %%
-analysis.PAPER_TABLE8
+paper.PAPER_TABLE8
 
 # %% [markdown]
 # ## Figure 6: tokens per second per variant

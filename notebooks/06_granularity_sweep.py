@@ -33,13 +33,9 @@ jobs = None
 import pandas as pd
 from IPython.display import Markdown, display
 
-from studylib.study import analysis
-
 from studylib import config as budget
-
-from studylib.study import plots
-
-from studylib.run import rundir as runs
+from studylib.run.rundir import RunDir
+from studylib.study import frames, paper, plots, probes, routing, tables
 from studylib.study.notebooks import notebook_context
 from studylib.study.sweep import ensure_runs
 
@@ -48,7 +44,7 @@ preset, study, out, seed = ctx.preset, ctx.study, ctx.out, ctx.first_seed
 models = study["granularity"]
 K = {m: preset.model_config(m).ffn.num_experts for m in models}
 summaries = ensure_runs(preset, models, [seed], jobs=ctx.jobs)
-run_dirs = {m: runs.run_dir_for(preset, m, seed) for m in models}
+run_dirs = {m: RunDir.of(preset, m, seed) for m in models}
 n_probe = study.get("probe_windows", 64)
 assert len({budget.count_params(preset.model_config(m)).ffn_total for m in models}) == 1, "fixed total FFN width"
 print(f"K = {list(K.values())}, seed {seed}, {int(summaries['tokens'].iloc[0]):,} target tokens each; "
@@ -58,20 +54,20 @@ print(f"K = {list(K.values())}, seed {seed}, {int(summaries['tokens'].iloc[0]):,
 # ## Validation loss vs K (delta against K = 1)
 
 # %%
-gran = analysis.granularity_table(summaries, models)
+gran = tables.granularity_table(summaries, models)
 gran.insert(0, "K", [K[m] for m in gran.index])
 gran["final_val_loss"] = summaries.set_index("model").loc[gran.index, "final_val_loss"]
 plots.save_table(gran, "granularity_losses", out)
 display(gran)
 print("seed 003 (12 layers, d=384, FineWeb), delta vs K=1:")
-display(analysis.PAPER_GRANULARITY.T)
+display(paper.PAPER_GRANULARITY.T)
 
 # %%
 fig = plots.deltas(gran.assign(label=[f"K={K[m]}" for m in gran.index]), x="label", y=gran.columns[2],
                    title=f"Best val loss minus K=1 ({preset.name})", outdir=out, name="granularity_deltas")
 
 # %%
-metrics = runs.collect_metrics(preset, models, [seed])
+metrics = frames.collect_metrics(preset, models, [seed])
 fig = plots.val_curves(metrics, order=models, title="Validation loss by K", outdir=out, name="granularity_val_loss")
 
 # %% [markdown]
@@ -82,14 +78,14 @@ fig = plots.val_curves(metrics, order=models, title="Validation loss by K", outd
 # whose max gate exceeds 0.9, and the argmax shares (which expert leads how often).
 
 # %%
-gates = analysis.gate_table({m: rd for m, rd in run_dirs.items() if K[m] > 1})
+gates = routing.gate_table({m: rd for m, rd in run_dirs.items() if K[m] > 1})
 plots.save_table(gates, "granularity_gates", out, index=False)
 assert (gates["mean_max_gate"] >= gates["uniform_gate"] - 1e-4).all()
 assert (gates["token_entropy"] <= gates["max_entropy"] + 1e-4).all()
 gates
 
 # %%
-rf = pd.concat([analysis.routing_frame(rd).assign(model=m) for m, rd in run_dirs.items() if K[m] > 1],
+rf = pd.concat([frames.routing_frame(rd).assign(model=m) for m, rd in run_dirs.items() if K[m] > 1],
                ignore_index=True)
 fig = plots.routing_diagnostics(rf, metrics=["top1", "entropy", "usage_entropy", "max_gt_0.9"], x="tokens",
                                 hue="model", title="Soft-MoE gates over training (mean ± std over layers)",
@@ -103,8 +99,8 @@ fig = plots.routing_diagnostics(rf, metrics=["top1", "entropy", "usage_entropy",
 # Experts that learned the same function would sit near 1.
 
 # %%
-cos = {m: analysis.expert_cosine(rd, n_windows=n_probe) for m, rd in run_dirs.items() if K[m] > 1}
-cos_summary = pd.concat({m: analysis.cosine_summary(c) for m, c in cos.items()}, names=["model"])
+cos = {m: probes.expert_cosine(rd, n_windows=n_probe) for m, rd in run_dirs.items() if K[m] > 1}
+cos_summary = pd.concat({m: probes.cosine_summary(c) for m, c in cos.items()}, names=["model"])
 plots.save_table(cos_summary, "granularity_expert_cosine", out)
 display(cos_summary)
 fig = plots.cosine_heatmaps(cos, outdir=out, name="granularity_expert_cosine")
@@ -120,10 +116,10 @@ fig = plots.cosine_heatmaps(cos, outdir=out, name="granularity_expert_cosine")
 # %%
 k1 = [m for m in models if K[m] == 1]
 if k1:
-    check = analysis.uniform_gate_ablation(run_dirs[k1[0]], n_windows=n_probe)
+    check = probes.uniform_gate_ablation(run_dirs[k1[0]], n_windows=n_probe)
     assert (check["delta"].abs() < 1e-6).all(), check
     print(f"{k1[0]}: uniform gate changes nothing (max |delta| {check['delta'].abs().max():.1e})")
-abl = pd.concat([analysis.uniform_gate_ablation(rd, n_windows=n_probe) for m, rd in run_dirs.items() if K[m] > 1],
+abl = pd.concat([probes.uniform_gate_ablation(rd, n_windows=n_probe) for m, rd in run_dirs.items() if K[m] > 1],
                 ignore_index=True)
 plots.save_table(abl, "granularity_uniform_gate_ablation", out, index=False)
 display(abl)

@@ -31,23 +31,17 @@ jobs = None
 # %%
 from IPython.display import Markdown, display
 
-from studylib.study import analysis
-
-from studylib.tools import bench
-
-from studylib.study import plots
-
-from studylib.run import rundir as runs
-
-from studylib.run import trainer as train
+from studylib.run.dist import resolve_device
+from studylib.study import frames, plots, tables
 from studylib.study.notebooks import notebook_context
+from studylib.tools import bench
 from studylib.study.sweep import ensure_runs
 
 ctx = notebook_context(params, jobs)
 preset, study, out, seed = ctx.preset, ctx.study, ctx.out, ctx.first_seed
 dense, moe = study["iso_width"]
 summaries = ensure_runs(preset, [dense, moe], [seed], jobs=ctx.jobs)
-acct = analysis.accounting_frame([preset.model_config(m) for m in (dense, moe)])
+acct = tables.accounting_frame([preset.model_config(m) for m in (dense, moe)])
 assert acct.loc[moe, "d_model"] == acct.loc[dense, "d_model"]
 assert acct.loc[moe, "ffn_active"] == acct.loc[dense, "ffn_total"], "the MoE's active FFN must equal the dense FFN"
 print(f"{dense} vs {moe}, seed {seed}, {int(summaries['tokens'].iloc[0]):,} target tokens each")
@@ -61,7 +55,7 @@ losses = summaries.set_index("model").loc[[dense, moe], ["best_val_loss", "best_
 losses = losses.join(acct[["ffn", "total", "active"]])
 plots.save_table(losses, "iso_width_losses", out)
 display(losses)
-metrics = runs.collect_metrics(preset, [dense, moe], [seed])
+metrics = frames.collect_metrics(preset, [dense, moe], [seed])
 fig = plots.val_curves(metrics, order=[dense, moe], title="Iso-width: validation loss", outdir=out, name="iso_width_val_loss")
 
 # %% [markdown]
@@ -72,11 +66,11 @@ fig = plots.val_curves(metrics, order=[dense, moe], title="Iso-width: validation
 
 # %%
 knobs = {"prompt_len": 32, "new_tokens": 64, "trials": 5, "warmup": 2, **study.get("decode", {})}
-device = train.resolve_device(preset.train)
+device = resolve_device(preset.train)
 raw = bench.bench_decode(preset, [dense, moe], dtype="fp32", no_cache_too=True, device=str(device),
                          progress=False, **knobs)
 plots.save_table(raw, "iso_width_decode_raw", out, index=False)
-decode = analysis.throughput_table(raw)
+decode = tables.throughput_table(raw)
 plots.save_table(decode, "iso_width_decode", out)
 assert (raw["tok_s"] > 0).all()
 display(decode)

@@ -51,13 +51,11 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Image, Markdown, display
 
-from studylib.tools import explorer as explore
-
+from studylib.run.rundir import RunDir
 from studylib.study import plots
-
-from studylib.run import rundir as runs
 from studylib.study.notebooks import notebook_context
 from studylib.study.sweep import ensure_runs
+from studylib.tools import explorer as explore
 
 ctx = notebook_context(params, jobs)
 preset, study, out = ctx.preset, ctx.study, ctx.out
@@ -74,14 +72,14 @@ if run is None:
     ref = study.get("reference_moe") or next(m for m in preset.model_names()
                                               if preset.model_config(m).ffn.kind == "moe")
     ensure_runs(preset, [ref], [ctx.first_seed], jobs=1, overrides={"train.keep_checkpoints": True})
-    run = runs.run_dir_for(preset, ref, ctx.first_seed)
-run = Path(run).resolve()
-assert (run / "config.yaml").is_file(), f"{run} is not a run directory (no config.yaml)"
+    run = RunDir.of(preset, ref, ctx.first_seed).path
+run = (ctx.root / run).resolve()  # a relative `run` is relative to the repository root
+assert RunDir(run).config_path.is_file(), f"{run} is not a run directory (no config.yaml)"
 explore_root = run.parents[2]  # <outputs>/<preset>: every run of this preset is offered
 available = explore.list_runs(explore_root)
-steps = explore.list_checkpoints(run)
+steps = RunDir(run).checkpoint_steps()
 display(pd.DataFrame([{"model": r.model, "seed": r.seed, "kind": r.kind, "finished": r.finished,
-                       "checkpoints": len(explore.list_checkpoints(r))} for r in available]))
+                       "checkpoints": len(RunDir(r).checkpoint_steps())} for r in available]))
 print(f"exploring {run} (checkpoints at steps {steps}); {len(available)} runs under {explore_root}")
 
 # %% [markdown]
@@ -105,10 +103,10 @@ explorer
 # per layer (sparse MoE: share of the token→expert assignments; soft MoE: mean gate weight).
 
 # %%
-model, tok, cfg = explore.load_checkpoint_model(run)
-info = explore.run_info(run)
-label = f"{info.model} seed{info.seed}"
-view = explore.route_text(model, tok, prompt, label=label)
+final = RunDir(run).load_model()
+model, tok, cfg = final.model, final.tokenizer, final.config
+label = explore.run_info(run).short_label
+view = explore.route_text(model, tok, prompt, label=label, step=final.step)
 print(view.status if not view.routed else
       f"{view.kind} routing: {view.num_experts} experts, {view.top_k} per token, layers {view.routed_layers}")
 fig = explore.routing_grid_figure(view, title=f"Routing of {prompt!r}")
@@ -125,8 +123,9 @@ display(explore.expert_shares(view).round(3))
 
 # %%
 if len(steps) > 1:
-    early_model = explore.load_checkpoint_model(run, steps[0])[0]
-    early = explore.route_ids(early_model, tok, view.ids, text=view.text, n_prefix=view.n_prefix, label=label)
+    first = RunDir(run).load_model(step=steps[0])
+    early = explore.route_ids(first.model, tok, view.ids, text=view.text, n_prefix=view.n_prefix, label=label,
+                              step=first.step)
     fig = explore.routing_grid_figure(early, view, title=f"Step {steps[0]} vs step {steps[-1]}")
     plots.save_figure(fig, "explorer_early_vs_final", out)
     display(Image(explore.figure_png(fig)))
@@ -161,7 +160,8 @@ display(explore.diagnostics_over_training(run, step=last)[cols].set_index("layer
 
 # %%
 n_new = min(32, cfg.context // 2)
-gen = explore.generate_and_route(model, tok, prompt, n_new, temperature=0.8, seed=0, label=label)
+gen = explore.generate_and_route(model, tok, prompt, n_new, temperature=0.8, seed=0, label=label,
+                                 step=final.step)
 display(Markdown(f"**{label}:** {prompt}<span style='color:#b2182b'>{gen.continuation}</span>"))
 fig = explore.routing_grid_figure(gen, title="Prompt and generated tokens (red)")
 plots.save_figure(fig, "explorer_generation", out)
@@ -174,8 +174,9 @@ for r in available:
         first_of_model[r.model] = r
 samples = []
 for name, r in first_of_model.items():
-    m, t, c = explore.load_checkpoint_model(r)
-    g = explore.generate_and_route(m, t, prompt, min(32, c.context // 2), temperature=0.8, seed=0, label=name)
+    other = RunDir(r).load_model()
+    g = explore.generate_and_route(other.model, other.tokenizer, prompt, min(32, other.config.context // 2),
+                                   temperature=0.8, seed=0, label=name, step=other.step)
     samples.append({"model": name, "kind": r.kind, "seed": r.seed, "continuation": g.continuation,
                     "pieces": " ".join(g.tokens[g.n_prompt:]),
                     "routing": "nothing to route (dense)" if not g.routed else f"{g.kind}, {g.num_experts} experts"})

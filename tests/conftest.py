@@ -1,5 +1,33 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def subset_dir() -> Path:
+    """The shared TinyStories subset: ``$STUDYLIB_DATA_DIR``, else ``../shared/data/tinystories``
+    beside the repository (where CI and the developers' machines have it)."""
+    return Path(os.environ.get("STUDYLIB_DATA_DIR") or ROOT.parent / "shared" / "data" / "tinystories")
+
+
+def require_subset() -> Path:
+    """The subset's folder; a test that needs it skips on a machine without it, but FAILS under CI
+    (``CI`` set), where a missing subset is a broken set-up, not a reason to test less."""
+    d = subset_dir()
+    if not (d / "train.txt.gz").exists():
+        msg = f"the TinyStories subset is missing ({d}/train.txt.gz; set STUDYLIB_DATA_DIR)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return d
+
+
+@pytest.fixture
+def subset() -> Path:
+    return require_subset()
 
 
 @pytest.fixture

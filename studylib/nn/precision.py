@@ -7,6 +7,8 @@ from typing import Optional
 
 import torch
 
+from studylib.config import ConfigError
+
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": None, "float32": None, "none": None}
 
 
@@ -33,7 +35,5 @@ def parse_dtype(name: Optional[str], where: str = "--dtype") -> Optional[torch.d
     """``bf16`` -> torch.bfloat16, ``fp32``/None -> None (no autocast)."""
     key = "none" if name is None else str(name)
     if key not in DTYPES:
-        from studylib.config import ConfigError
-
         raise ConfigError(f"{where}: must be bf16 or fp32, got {name!r} (fp16 is never used on CPU)")
     return DTYPES[key]

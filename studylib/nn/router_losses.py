@@ -9,7 +9,6 @@ the layers and lets f sum to k; we keep the paper's per-layer form and average o
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -69,21 +68,3 @@ def router_stats(logits_TE: torch.Tensor, probs_TE: torch.Tensor, idx_TK: torch.
         out["max_gt_0.9"] = float((top2[:, 0] > 0.9).float().mean())
         out["argmax_shares"] = (torch.bincount(p.argmax(-1), minlength=E).float() / p.shape[0]).tolist()
     return out
-
-
-def mean_stats(stats: list[dict]) -> dict:
-    """Average a list of per-batch stats dicts (same layer) key by key (lists element-wise)."""
-    if not stats:
-        return {}
-    out = {}
-    for k, v in stats[0].items():
-        vals = [s[k] for s in stats]
-        if isinstance(v, list):
-            out[k] = [sum(col) / len(col) for col in zip(*vals)]
-        else:
-            out[k] = sum(vals) / len(vals)
-    return out
-
-
-def max_entropy(num_experts: int) -> float:
-    return math.log(num_experts)

@@ -30,7 +30,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from studylib.run.files import atomic_open, clean_temp_files  # noqa: F401  (clean_temp_files: re-exported)
+from studylib.run.files import atomic_open
 
 FORMAT = "studylib-ckpt"
 VERSION = 1

@@ -1,16 +1,37 @@
-"""pandas frames across runs (the one place that turns run directories into tables): summaries,
-metric curves, per-model aggregates and per-seed paired gaps."""
+"""pandas frames across runs (the one place that turns run directories into frames): summaries,
+metric curves, per-model aggregates, per-seed paired gaps, and the long per-layer router frames
+built from the eval records of ``metrics.jsonl`` (read by :meth:`RunDir.read_metrics`).
+
+Standard deviations are sample std (ddof=1) over seeds throughout (:func:`sample_std`).
+"""
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+import os
+from typing import Iterable, Optional, Sequence
 
+import numpy as np
 import pandas as pd
 
 from studylib.config import Preset
 from studylib.run.rundir import RunDir
 
+#: router statistics that are scalars per layer (``metrics.jsonl`` eval records, key ``router``)
+ROUTER_SCALARS = ("busiest", "usage_var", "entropy", "top1", "margin", "logz", "usage_entropy",
+                  "max_gt_0.9")
+#: the per-layer statistics of SPEC Table 7, in its column order
+TABLE7_METRICS = ("busiest", "usage_var", "entropy", "top1", "margin", "logz")
 
+
+def sample_std(x) -> float:
+    """Sample std (ddof=1) of the non-NaN values of ``x``; NaN for fewer than two."""
+    x = pd.Series(x, dtype=float).dropna()
+    return float(x.std(ddof=1)) if len(x) > 1 else float("nan")
+
+
+# --------------------------------------------------------------------------------------------
+# summaries and metric curves
+# --------------------------------------------------------------------------------------------
 def load_metrics(run_dir, kind: Optional[str] = None) -> pd.DataFrame:
     """``metrics.jsonl`` as a DataFrame (optionally only ``kind`` "train" or "eval" rows)."""
     return pd.DataFrame.from_records(RunDir(run_dir).read_metrics(kind))
@@ -70,4 +91,65 @@ def paired_gaps(df, a: str, b: str, value: str = "best_val_loss") -> dict:
         raise KeyError(f"paired_gaps: need runs of both {a!r} and {b!r}; have {list(wide.columns)}")
     gap = (wide[a] - wide[b]).dropna()
     return {"a": a, "b": b, "per_seed": gap, "n": int(len(gap)), "mean": float(gap.mean()),
-            "std": float(gap.std(ddof=1)) if len(gap) > 1 else float("nan")}
+            "std": sample_std(gap)}
+
+
+# --------------------------------------------------------------------------------------------
+# per-layer router statistics of the eval records
+# --------------------------------------------------------------------------------------------
+def router_records(source) -> list[dict]:
+    """The eval records that carry per-layer router statistics (a ``router`` list), of a run
+    directory (path or :class:`RunDir`) or of a list of ``metrics.jsonl`` records."""
+    recs = RunDir(source).read_metrics() if isinstance(source, (str, os.PathLike)) else source
+    return [r for r in recs if r.get("kind", "eval") == "eval" and isinstance(r.get("router"), list)]
+
+
+def _layer_scalars(st: dict, metrics: Sequence[str]) -> dict:
+    """``{metric: value}`` of one layer's router stats; ``busiest`` and ``usage_var`` recomputed
+    from the eval set's ``shares`` f_e (max_e f_e and the population variance of f_e)."""
+    st = dict(st)
+    if isinstance(st.get("shares"), list) and st["shares"]:
+        sh = np.asarray(st["shares"], dtype=float)
+        st["busiest"], st["usage_var"] = float(sh.max()), float(sh.var())
+    return {m: float(st[m]) for m in metrics if m in st and st[m] is not None}
+
+
+def routing_frame(source, metrics: Sequence[str] = ROUTER_SCALARS) -> pd.DataFrame:
+    """Long frame step / tokens / layer / metric / value of the per-layer router statistics in
+    the eval records of ``source`` (see :func:`router_records`). Dense layers (router None) are
+    left out; an empty frame if the model has no router.
+
+    ``busiest`` and ``usage_var`` are recomputed from the record's ``shares`` (the assignment
+    shares f_e over the whole evaluation subset), as SPEC section 3 defines them. (The trainer's
+    own values average per-batch maxima, which read higher on small batches.)"""
+    rows = []
+    for r in router_records(source):
+        for layer, st in enumerate(r["router"]):
+            if isinstance(st, dict):
+                rows += [{"step": r["step"], "tokens": r.get("tokens"), "layer": layer, "metric": m,
+                          "value": v} for m, v in _layer_scalars(st, metrics).items()]
+    return pd.DataFrame(rows, columns=["step", "tokens", "layer", "metric", "value"])
+
+
+def shares_frame(source, key: str = "shares") -> pd.DataFrame:
+    """Long frame step / tokens / layer / expert / share of a per-expert list (``shares``: the
+    assignment shares f_e; ``argmax_shares`` for the soft MoE) over the eval records."""
+    rows = []
+    for r in router_records(source):
+        for layer, st in enumerate(r["router"]):
+            if isinstance(st, dict) and isinstance(st.get(key), list):
+                rows += [{"step": r["step"], "tokens": r.get("tokens"), "layer": layer, "expert": e,
+                          "share": float(v)} for e, v in enumerate(st[key])]
+    return pd.DataFrame(rows, columns=["step", "tokens", "layer", "expert", "share"])
+
+
+def routing_frames(preset: Preset, model: str, seeds: Sequence[int]) -> pd.DataFrame:
+    """:func:`routing_frame` of ``model`` for several seeds, with a ``seed`` column."""
+    frames = [routing_frame(RunDir.of(preset, model, s)).assign(seed=s) for s in seeds]
+    return pd.concat(frames, ignore_index=True)
+
+
+def shares_frames(preset: Preset, model: str, seeds: Sequence[int], key: str = "shares") -> pd.DataFrame:
+    """:func:`shares_frame` of ``model`` for several seeds, with a ``seed`` column."""
+    frames = [shares_frame(RunDir.of(preset, model, s), key).assign(seed=s) for s in seeds]
+    return pd.concat(frames, ignore_index=True)

@@ -10,8 +10,9 @@ unless ``--no-report``, the executed notebooks are stitched into ``outputs/<pres
 (code hidden, figures embedded).
 
 Notebooks call :func:`notebook_context` first: it finds the repository root (so a notebook runs
-from any working directory, e.g. nbval's, which is the notebook's folder), changes into it, loads
-the preset and sets the plotting style.
+from any working directory, e.g. nbval's, which is the notebook's folder), loads the preset and
+sets the plotting style. It does not change the working directory: every path it returns is
+absolute, resolved from the repository root.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from types import SimpleNamespace
 from typing import Optional, Sequence
 
 from studylib.config import ConfigError, load_preset
+from studylib.run.rundir import outputs_root
+from studylib.study.sweep import default_jobs
 
 KERNEL = "python3"
 NOTEBOOK_RE = re.compile(r"^(\d\d)_.+\.py$")
@@ -52,7 +55,7 @@ def repo_root(start: Optional[os.PathLike] = None) -> Path:
     for d in (here, *here.parents):
         if _is_root(d):
             return d
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]  # studylib/study/notebooks.py -> the repository
 
 
 def find_notebooks(notebook_dir: os.PathLike, select: Optional[Sequence[str]] = None) -> list[Path]:
@@ -74,23 +77,18 @@ def find_notebooks(notebook_dir: os.PathLike, select: Optional[Sequence[str]] = 
 # --------------------------------------------------------------------------------------------
 # inside a notebook
 # --------------------------------------------------------------------------------------------
-def notebook_context(params: str, jobs: Optional[int] = None, chdir: bool = True) -> SimpleNamespace:
-    """What every notebook needs first: ``root``, ``preset``, ``out`` (outputs/<preset>),
-    ``jobs`` (``jobs`` or ``study.jobs``), ``seeds`` and ``first_seed``. Changes the working
-    directory to the repository root and sets the seaborn style."""
-    from studylib.study import plots
-    from studylib.run.rundir import outputs_root
-    from studylib.study.sweep import default_jobs
+def notebook_context(params: str, jobs: Optional[int] = None) -> SimpleNamespace:
+    """What every notebook needs first: ``root`` (the repository), ``preset`` (``params``, a
+    path relative to the root or absolute), ``params`` (its absolute path), ``out`` (the absolute
+    ``outputs/<preset>``), ``jobs`` (``jobs`` or ``study.jobs``), ``seeds``, ``first_seed`` and
+    ``study``. Sets the seaborn style; the working directory is left as it is."""
+    from studylib.study import plots  # matplotlib / seaborn: only once a notebook runs
 
     root = repo_root()
-    path = Path(params)
-    if not path.is_absolute():
-        path = root / path
-    if chdir:
-        os.chdir(root)
+    path = root / params  # an absolute ``params`` stays as it is
     preset = load_preset(path)
     plots.setup()
-    out = outputs_root(preset) / preset.name
+    out = root / outputs_root(preset) / preset.name  # a relative $STUDYLIB_OUTPUTS: from the root
     out.mkdir(parents=True, exist_ok=True)
     return SimpleNamespace(root=root, preset=preset, params=str(path), out=out,
                            jobs=default_jobs(preset) if jobs is None else int(jobs),
@@ -147,44 +145,52 @@ def execute_notebook(py_path: os.PathLike, out_path: os.PathLike, parameters: di
     return time.perf_counter() - t0
 
 
-def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Optional[int] = None,
-              report: bool = True, timeout: Optional[float] = None, notebook_dir: Optional[os.PathLike] = None,
-              root: Optional[os.PathLike] = None, progress: bool = True, echo=None) -> dict:
-    """Execute the selected notebooks in order (see the module docstring); returns
-    ``{"notebooks": {name: seconds}, "report": path or None, "total_s": seconds}``."""
-    from studylib.run.rundir import outputs_root
-
-    echo = echo or (lambda msg: print(msg, flush=True))
-    t_start = time.perf_counter()
-    root = Path(root).resolve() if root is not None else repo_root()
+def _study_params(params: str, root: Path) -> tuple:
+    """(preset, the ``params`` the kernels get): ``params`` from the working directory, else
+    from ``root``; passed on relative to ``root`` when it lies below it."""
     ppath = Path(params)
     abs_params = ppath if ppath.is_absolute() else (Path.cwd() / ppath)
     if not abs_params.is_file():
         abs_params = root / ppath
     preset = load_preset(abs_params)  # validates the preset before any kernel starts
     try:
-        param_arg = str(abs_params.resolve().relative_to(root))
+        return preset, str(abs_params.resolve().relative_to(root))
     except ValueError:
-        param_arg = str(abs_params.resolve())
+        return preset, str(abs_params.resolve())
+
+
+def _execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path, timeout, progress,
+                 echo, t_start: float) -> dict:
+    """Execute ``nbs`` in order into ``nb_out``; ``{stem: seconds}``."""
+    times: dict = {}
+    for i, py in enumerate(nbs, 1):
+        echo(f"[{i}/{len(nbs)}] {py.name} ...")
+        times[py.stem] = execute_notebook(py, nb_out / (py.stem + ".ipynb"), parameters, root, timeout, progress)
+        echo(f"[{i}/{len(nbs)}] {py.name} done in {times[py.stem]:.1f} s "
+             f"(total {time.perf_counter() - t_start:.1f} s)")
+    return times
+
+
+def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Optional[int] = None,
+              report: bool = True, timeout: Optional[float] = None, notebook_dir: Optional[os.PathLike] = None,
+              root: Optional[os.PathLike] = None, progress: bool = True, echo=None) -> dict:
+    """Execute the selected notebooks in order (see the module docstring); returns
+    ``{"notebooks": {name: seconds}, "report": path or None, "total_s": seconds}``."""
+    echo = echo or (lambda msg: print(msg, flush=True))
+    t_start = time.perf_counter()
+    root = Path(root).resolve() if root is not None else repo_root()
+    preset, param_arg = _study_params(params, root)
     nb_dir = Path(notebook_dir) if notebook_dir is not None else root / "notebooks"
     nbs = find_notebooks(nb_dir, notebooks)
     if not nbs:
         raise ConfigError(f"no notebooks (NN_*.py) in {nb_dir}")
-    out = outputs_root(preset) / preset.name
-    nb_out = out / "notebooks"
-    parameters = {"params": param_arg, "jobs": jobs}
-    echo(f"study {preset.name!r}: {len(nbs)} notebook(s) -> {nb_out}")
-    times: dict = {}
-    executed = []
-    for i, py in enumerate(nbs, 1):
-        target = nb_out / (py.stem + ".ipynb")
-        echo(f"[{i}/{len(nbs)}] {py.name} ...")
-        secs = execute_notebook(py, target, parameters, root, timeout, progress)
-        times[py.stem] = secs
-        executed.append(target)
-        echo(f"[{i}/{len(nbs)}] {py.name} done in {secs:.1f} s (total {time.perf_counter() - t_start:.1f} s)")
+    out = root / outputs_root(preset) / preset.name  # where notebook_context puts it too
+    echo(f"study {preset.name!r}: {len(nbs)} notebook(s) -> {out / 'notebooks'}")
+    times = _execute_all(nbs, out / "notebooks", {"params": param_arg, "jobs": jobs}, root, timeout, progress,
+                         echo, t_start)
     report_path = None
     if report:
+        executed = [out / "notebooks" / (stem + ".ipynb") for stem in times]
         report_path = write_report(executed, out / "report.html", title=f"Dense vs MoE study: preset {preset.name}")
         echo(f"report: {report_path}")
     total = time.perf_counter() - t_start

@@ -1,24 +1,24 @@
 """The seaborn figures the notebooks share, and saving figures / tables.
 
 Every plotting function returns its matplotlib Figure; given ``outdir`` (the preset's output
-folder ``outputs/<preset>``, see :func:`studylib.study.analysis.outputs_dir`) it also saves the figure
-as ``<outdir>/figures/<name>.png``. :func:`save_table` writes ``<outdir>/tables/<name>.csv``.
+folder ``outputs/<preset>``, ``notebook_context().out``) it also saves the figure as
+``<outdir>/figures/<name>.png``. :func:`save_table` writes ``<outdir>/tables/<name>.csv``.
 Figures are made through pyplot, so a notebook shows them inline at the end of the cell.
+
+Importing this module changes nothing global: :func:`setup` sets the style. The backend is
+matplotlib's own choice (inline in Jupyter / papermill, Agg when there is no display).
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
 
-if not os.environ.get("MPLBACKEND") and "ipykernel" not in __import__("sys").modules:
-    matplotlib.use("Agg")  # headless outside notebooks (scripts, tests)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+from studylib.study.frames import TABLE7_METRICS
 
 DPI = 110
 
@@ -30,11 +30,17 @@ def setup(context: str = "notebook") -> None:
                          "figure.max_open_warning": 0})
 
 
+def _output_file(outdir, folder: str, filename: str) -> Path:
+    path = Path(outdir) / folder / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def save_figure(fig, name: str, outdir=None) -> Optional[Path]:
+    """Save ``fig`` as ``<outdir>/figures/<name>.png`` (no-op without ``outdir``); returns the path."""
     if outdir is None:
         return None
-    path = Path(outdir) / "figures" / f"{name}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _output_file(outdir, "figures", f"{name}.png")
     fig.savefig(path)
     return path
 
@@ -43,8 +49,7 @@ def save_table(df: pd.DataFrame, name: str, outdir=None, index: bool = True) -> 
     """Write ``df`` as ``<outdir>/tables/<name>.csv`` (no-op without ``outdir``); returns the path."""
     if outdir is None:
         return None
-    path = Path(outdir) / "tables" / f"{name}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _output_file(outdir, "tables", f"{name}.csv")
     df.to_csv(path, index=index)
     return path
 
@@ -83,7 +88,7 @@ def val_curves(metrics: pd.DataFrame, x: str = "tokens", y: str = "val_loss",
 
 def gap_curves(gaps: pd.DataFrame, x: str = "tokens", title: str = "Loss gaps over training",
                outdir=None, name: str = "gap_curves") -> plt.Figure:
-    """Gap curves from :func:`studylib.study.analysis.gap_curves`: mean ± 1 std over seeds, per gap."""
+    """Gap curves from :func:`studylib.study.tables.gap_curves`: mean ± 1 std over seeds, per gap."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (g, d) in enumerate(gaps.groupby("gap", sort=False)):
         d = d.sort_values(x)
@@ -105,11 +110,10 @@ METRIC_LABELS = {"busiest": "busiest-expert fraction", "usage_var": "expert-usag
                  "logz": "router log-z", "usage_entropy": "usage entropy", "max_gt_0.9": "share max gate > 0.9"}
 
 
-def routing_diagnostics(rf: pd.DataFrame, metrics: Sequence[str] = ("busiest", "usage_var", "entropy",
-                                                                     "top1", "margin", "logz"),
-                        x: str = "step", title: str = "Routing diagnostics per layer",
+def routing_diagnostics(rf: pd.DataFrame, metrics: Sequence[str] = TABLE7_METRICS, x: str = "step",
+                        title: str = "Routing diagnostics per layer",
                         outdir=None, name: str = "routing_diagnostics", hue: str = "layer") -> plt.Figure:
-    """One panel per metric of a :func:`studylib.study.analysis.routing_frame` (optionally with a
+    """One panel per metric of a :func:`studylib.study.frames.routing_frame` (optionally with a
     ``seed`` column: mean ± std band over seeds), one line per layer (or per ``hue`` value;
     rows sharing an x and hue value are averaged with a ±1 std band)."""
     metrics = [m for m in metrics if m in set(rf["metric"])]
@@ -181,7 +185,7 @@ SPLIT_COLORS = {"embedding": "#4c72b0", "non_ffn": "#8172b3", "ffn_active": "#55
 
 def param_split(split: pd.DataFrame, title: str = "Parameter split", outdir=None,
                 name: str = "param_split") -> plt.Figure:
-    """Stacked horizontal bars (millions) of :func:`studylib.study.analysis.param_split`."""
+    """Stacked horizontal bars (millions) of :func:`studylib.study.tables.param_split`."""
     d = split[[c for c in SPLIT_COLORS if c in split]] / 1e6
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(d) + 1.6))
     left = np.zeros(len(d))
@@ -249,14 +253,3 @@ def cosine_heatmaps(mats_by_model: dict, title: str = "Expert-output cosine simi
     fig.suptitle(title)
     return _finish(fig, name, outdir)
 
-
-def bars(df: pd.DataFrame, x: str, y: str, hue: Optional[str] = None, title: str = "",
-         ylabel: Optional[str] = None, outdir=None, name: str = "bars", fmt: str = "{:.3f}") -> plt.Figure:
-    """A generic labelled bar chart (e.g. final losses of the ablation variants)."""
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * df[x].nunique() + 2), 3.8))
-    sns.barplot(data=df, x=x, y=y, hue=hue, ax=ax, errorbar=None)
-    for cont in ax.containers:
-        ax.bar_label(cont, fmt=fmt, fontsize=8)
-    ax.set(title=title, xlabel="", ylabel=ylabel or y)
-    ax.tick_params(axis="x", rotation=15)
-    return _finish(fig, name, outdir)

@@ -176,6 +176,44 @@ def _train_in_process(preset, missing, data, bar, progress) -> None:
         bar.update(1)
 
 
+def _start(job: _Job, params_file: str, threads: int, gpus: int) -> None:
+    """Launch ``job``'s training child (its output appended to ``<run_dir>/train.log``)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    if gpus > 1:
+        env["CUDA_VISIBLE_DEVICES"] = str(job.slot % gpus)
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    job.log = open(job.run_dir / LOG_FILE, "a")
+    cmd = train_command(params_file, job.model, job.seed, job.run_dir, threads)
+    job.log.write(f"$ {' '.join(cmd)}\n")
+    job.log.flush()
+    job.t0 = time.perf_counter()
+    job.proc = subprocess.Popen(cmd, stdout=job.log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+
+
+def _check_finished(job: _Job, rc: int) -> None:
+    """Raise :class:`SweepError` (naming the model, seed and log) unless ``job`` ended well."""
+    if rc != 0 or not RunDir(job.run_dir).finished():
+        log = job.run_dir / LOG_FILE
+        raise SweepError(f"training {job.model} seed {job.seed} failed (exit code {rc}); its log is "
+                         f"{log}. Last lines:\n{_log_tail(log)}")
+
+
+def _stop(running: list) -> None:
+    """A failure or an interrupt: stop the other children (they resume later) and close their logs."""
+    for job in running:
+        if job.proc is not None and job.proc.poll() is None:
+            job.proc.terminate()
+    for job in running:
+        if job.proc is not None:
+            try:
+                job.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                job.proc.kill()
+                job.proc.wait()
+        if job.log is not None and not job.log.closed:
+            job.log.close()
+
+
 def _train_parallel(preset, missing, slots: int, bar) -> None:
     threads = max(1, available_cores() // slots)
     gpus = _gpu_count()
@@ -190,50 +228,21 @@ def _train_parallel(preset, missing, slots: int, bar) -> None:
                 while queue and free:
                     job = queue.pop(0)
                     job.slot = free.pop(0)
-                    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                               PYTHONUNBUFFERED="1")
-                    if gpus > 1:
-                        env["CUDA_VISIBLE_DEVICES"] = str(job.slot % gpus)
-                    job.run_dir.mkdir(parents=True, exist_ok=True)
-                    job.log = open(job.run_dir / LOG_FILE, "a")
-                    cmd = train_command(params_file, job.model, job.seed, job.run_dir, threads)
-                    job.log.write(f"$ {' '.join(cmd)}\n")
-                    job.log.flush()
-                    job.t0 = time.perf_counter()
-                    job.proc = subprocess.Popen(cmd, stdout=job.log, stderr=subprocess.STDOUT, env=env,
-                                                stdin=subprocess.DEVNULL)
+                    _start(job, params_file, threads, gpus)
                     running.append(job)
                 now = ", ".join(f"{j.model} s{j.seed}" for j in running)
                 if now != shown:
                     bar.set_postfix_str(now)
                     shown = now
                 time.sleep(0.2)
-                for job in list(running):
-                    rc = job.proc.poll()
-                    if rc is None:
-                        continue
+                for job in [j for j in running if j.proc.poll() is not None]:
                     running.remove(job)
                     job.log.close()
                     free.append(job.slot)
-                    if rc != 0 or not RunDir(job.run_dir).finished():
-                        log = job.run_dir / LOG_FILE
-                        raise SweepError(
-                            f"training {job.model} seed {job.seed} failed (exit code {rc}); its log is "
-                            f"{log}. Last lines:\n{_log_tail(log)}")
+                    _check_finished(job, job.proc.returncode)
                     bar.update(1)
         finally:
-            for job in running:  # a failure or an interrupt: stop the others (they resume later)
-                if job.proc is not None and job.proc.poll() is None:
-                    job.proc.terminate()
-            for job in running:
-                if job.proc is not None:
-                    try:
-                        job.proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:  # pragma: no cover
-                        job.proc.kill()
-                        job.proc.wait()
-                if job.log is not None and not job.log.closed:
-                    job.log.close()
+            _stop(running)
 
 
 __all__ = ["ensure_runs", "plan_runs", "SweepError", "available_cores", "default_jobs", "LOG_FILE"]

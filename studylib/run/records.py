@@ -1,0 +1,72 @@
+"""What a training run records, as plain dicts: the per-step result, the running sums between two
+records, the "train" and "eval" records of ``metrics.jsonl`` (written by
+:meth:`studylib.run.rundir.RunDir.append_metrics`) and the data part of ``summary.json``."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class StepResult:
+    """One optimizer step: its learning rate, global-batch CE and aux loss, gradient norm (None
+    without clipping) and wall time."""
+
+    lr: float
+    ce: float
+    aux: float
+    gnorm: Optional[float]
+    dt: float
+
+
+@dataclass
+class RunningSums:
+    """Sums over the optimizer steps since the last metrics record."""
+
+    loss: float = 0.0
+    aux: float = 0.0
+    n: int = 0
+    train_s: float = 0.0
+
+    def add(self, step: StepResult) -> None:
+        self.loss += step.ce
+        self.aux += step.aux
+        self.n += 1
+        self.train_s += step.dt
+
+
+def ppl(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else float("inf")
+
+
+def train_record(done: int, targets_per_step: int, sums: RunningSums, last: StepResult) -> dict:
+    """The "train" record after step ``done``: mean losses since the last one, ``last``'s lr and
+    gradient norm; ``aux_loss`` only when there is an aux loss."""
+    rec = {"kind": "train", "step": done, "tokens": done * targets_per_step,
+           "train_loss": sums.loss / sums.n, "lr": last.lr}
+    if last.aux or sums.aux:
+        rec["aux_loss"] = sums.aux / sums.n
+    if last.gnorm is not None:
+        rec["grad_norm"] = last.gnorm
+    return rec
+
+
+def eval_record(done: int, targets_per_step: int, lr: float, ev: dict, sums: RunningSums,
+                elapsed_s: float) -> dict:
+    """The "eval" record after step ``done`` from an evaluation ``ev`` (see
+    :func:`studylib.run.evaluation.evaluate`, plus ``eval_s`` and ``full``) and the training
+    steps since the last evaluation."""
+    return {"kind": "eval", "step": done, "tokens": done * targets_per_step,
+            "val_loss": ev["val_loss"], "val_ppl": ppl(ev["val_loss"]),
+            "train_loss": sums.loss / max(sums.n, 1), "lr": lr,
+            "tok_per_s": sums.n * targets_per_step / max(sums.train_s, 1e-9),
+            "elapsed_s": elapsed_s, "eval_s": ev["eval_s"], "full": ev["full"],
+            "val_windows": ev["n_windows"], "router": ev["router"]}
+
+
+def data_summary(data) -> dict:
+    try:
+        return dict(data.summary())
+    except Exception:  # a look-alike without summary()
+        return {"train_windows": len(data.train_idx), "val_windows": len(data.val_idx)}

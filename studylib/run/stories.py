@@ -1,0 +1,164 @@
+"""Stories: the corpus as an iterator of cleaned story texts, from local files
+(``data.data_dir``: ``.txt``/``.txt.gz`` with ``<|endoftext|>`` separator lines, ``.jsonl`` with a
+``text`` field, ``.parquet`` with a ``text`` column) or the Hugging Face hub (``datasets``), with a
+clear message when neither is available; and the corpus fingerprint that keys the caches."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import itertools
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional
+from urllib.parse import urlparse
+
+from studylib.config import ConfigError, DataConfig
+
+EOT = "<|endoftext|>"
+DATA_EXTENSIONS = (".txt", ".txt.gz", ".jsonl", ".parquet")
+
+
+class DataError(ConfigError):
+    """The data cannot be found, fetched or tokenised; the message says what to do."""
+
+
+
+def data_files(data_dir: str | os.PathLike) -> list[Path]:
+    """The data files of ``data_dir``, sorted by name.
+
+    Files whose name contains ``valid`` (``valid.txt.gz``, ``validation-*.parquet``) are
+    skipped: the held-out set is a split of our own windows, not the corpus' validation split.
+    """
+    d = Path(data_dir)
+    return sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")
+                  and p.name.endswith(DATA_EXTENSIONS) and "valid" not in p.name.lower())
+
+
+def _read_text(path: Path) -> Iterator[str]:
+    """Stories of a .txt / .txt.gz file: separated by lines that are exactly ``<|endoftext|>``."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines: list[str] = []
+        for line in f:
+            if line.strip() == EOT:
+                yield "".join(lines)
+                lines = []
+            else:
+                lines.append(line)
+        yield "".join(lines)  # text after the last separator (usually empty)
+
+
+def _read_file(path: Path) -> Iterator[str]:
+    if path.name.endswith(".jsonl"):
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    row = json.loads(line)
+                    if "text" not in row:
+                        raise DataError(f"{path}:{n}: a .jsonl row needs a 'text' field")
+                    yield row["text"]
+    elif path.name.endswith(".parquet"):
+        import pyarrow.parquet as pq  # a dependency of `datasets`
+
+        table = pq.read_table(path, columns=["text"])
+        for batch in table.to_batches():
+            yield from batch.column(0).to_pylist()
+    else:
+        yield from _read_text(path)
+
+
+def _clean(texts: Iterable[Optional[str]]) -> Iterator[str]:
+    for t in texts:
+        t = (t or "").strip()
+        if t:
+            yield t
+
+
+def _local_stories(data_dir: str) -> Callable[[], Iterator[str]]:
+    d = Path(data_dir)
+    files = data_files(d) if d.is_dir() else []
+    if not files:
+        what = "does not exist" if not d.exists() else "holds no data files"
+        raise DataError(f"data.data_dir={str(d)!r} {what}; expected files ending in "
+                        f"{', '.join(DATA_EXTENSIONS)} (files named *valid* are ignored)")
+    return lambda: _clean(itertools.chain.from_iterable(_read_file(p) for p in files))
+
+
+def _hub_host() -> tuple[str, int]:
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    url = urlparse(proxy or os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    return url.hostname or "huggingface.co", url.port or (443 if url.scheme != "http" else 80)
+
+
+def _reachable(host: str, port: int, timeout: float = 3.0) -> Optional[str]:
+    """None if a TCP connection opens within ``timeout`` s (DNS included), else the reason."""
+    result: list = ["timed out after %.0f s" % timeout]
+
+    def probe():
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result[0] = None
+        except OSError as e:
+            result[0] = str(e) or type(e).__name__
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout)
+    return result[0]
+
+
+def _hub_stories(cfg: DataConfig) -> Callable[[], Iterator[str]]:
+    env = [k for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+           if os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")]
+    host, port = _hub_host()
+    why = f"{' and '.join(env)} is set" if env else _reachable(host, port)
+    if why:
+        local = f" (data.data_dir={cfg.data_dir!r} holds no data files)" if cfg.data_dir else ""
+        raise DataError(
+            f"the Hugging Face hub ({host}:{port}) is unreachable for dataset "
+            f"{cfg.hub_dataset!r}: {why}{local}. Work offline with local files instead: put "
+            f"train.txt.gz (stories separated by lines '{EOT}'), or .txt / .jsonl (field 'text') "
+            f"/ .parquet (column 'text') files in a directory and point data.data_dir (or the "
+            f"environment variable STUDYLIB_DATA_DIR) at it.")
+    import datasets
+
+    split = cfg.hub_split + (f"[:{cfg.max_stories}]" if cfg.max_stories else "")
+    try:
+        ds = datasets.load_dataset(cfg.hub_dataset, split=split)
+    except Exception as e:  # network, auth, missing dataset/split: one clear message
+        raise DataError(f"could not load {cfg.hub_dataset!r} split {split!r} from the hub: {e}") from e
+    col = "text" if "text" in ds.column_names else "story" if "story" in ds.column_names else None
+    if col is None:
+        raise DataError(f"{cfg.hub_dataset!r} has no 'text' column; columns: {ds.column_names}")
+    return lambda: _clean(t for b in ds.select_columns([col]).iter(batch_size=1000) for t in b[col])
+
+
+def story_source(cfg: DataConfig) -> Callable[[], Iterator[str]]:
+    """A function returning a fresh iterator over the (cleaned, first ``max_stories``) stories."""
+    source = cfg.source
+    if source == "auto":
+        d = Path(cfg.data_dir) if cfg.data_dir else None
+        source = "local" if d is not None and d.is_dir() and data_files(d) else "hub"
+    if source == "local":
+        if not cfg.data_dir:
+            raise DataError("data.data_dir: source 'local' needs a directory (or env STUDYLIB_DATA_DIR)")
+        stories = _local_stories(cfg.data_dir)
+    elif source == "hub":
+        stories = _hub_stories(cfg)
+    else:
+        raise DataError(f"data.source: must be one of ['auto', 'local', 'hub'], got {cfg.source!r}")
+    return lambda: itertools.islice(stories(), cfg.max_stories)
+
+
+def fingerprint(stories: Iterable[str]) -> tuple[str, int]:
+    """(sha256 over the story texts, number of stories)."""
+    h, n = hashlib.sha256(), 0
+    for s in stories:
+        b = s.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+        n += 1
+    return h.hexdigest(), n

@@ -1,0 +1,208 @@
+"""The study's result tables, as plain functions of the frames of :mod:`studylib.study.frames`
+(or of model configs / benchmark rows):
+
+* headline (SPEC Tables 2 and 6): :func:`headline_table`, :func:`seed_table`, :func:`gaps`,
+  :func:`ordering` (does dense_active > moe > dense_total hold, and do the gaps exceed their seed
+  std?), :func:`gap_curves` (Figure 3);
+* budgets (Table 5): :func:`accounting_frame`, :func:`param_split`;
+* :func:`granularity_table` (soft-MoE K sweep) and :func:`throughput_table` (Table 8);
+* formatting: :func:`pm` (mean ± std), :func:`fmt_count` (14.89M / 147.8k).
+
+Routing tables are in :mod:`studylib.study.routing`. Standard deviations are ddof=1 over seeds.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from studylib.config import count_params, ffn_label
+from studylib.study.frames import aggregate, paired_gaps, sample_std
+
+
+# --------------------------------------------------------------------------------------------
+# formatting
+# --------------------------------------------------------------------------------------------
+def pm(mean: float, std: float, digits: int = 4) -> str:
+    """``"1.6545 ± 0.0012"`` (std shown as n/a when it is NaN, e.g. one seed)."""
+    if std is None or (isinstance(std, float) and math.isnan(std)):
+        return f"{mean:.{digits}f} ± n/a"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def fmt_count(n: int, unit: Optional[str] = None) -> str:
+    """Millions at the paper's precision (``14.89M``), or thousands (``147.8k``); ``unit`` "M" or
+    "k" (default: M from one million up)."""
+    unit = unit or ("M" if abs(n) >= 1e6 else "k")
+    return f"{n / 1e6:.2f}M" if unit == "M" else f"{n / 1e3:.1f}k"
+
+
+# --------------------------------------------------------------------------------------------
+# headline: Table 2, Table 6, the ordering, gap curves
+# --------------------------------------------------------------------------------------------
+def headline_table(df: pd.DataFrame, models: Optional[Sequence[str]] = None,
+                   value: str = "best_val_loss") -> pd.DataFrame:
+    """SPEC Table 2: per model n, mean and std (ddof=1) of ``value`` and of exp(value) (ppl),
+    plus the formatted ``loss`` and ``ppl`` strings and the parameter counts."""
+    if df.empty:
+        raise ValueError("headline_table: no finished runs")
+    agg = aggregate(df, value)
+    order = [m for m in (models or agg.index) if m in agg.index]
+    agg = agg.loc[order]
+    out = agg.copy()
+    out["loss"] = [pm(m, s) for m, s in zip(agg[f"{value}_mean"], agg[f"{value}_std"])]
+    out["ppl"] = [pm(m, s, 2) for m, s in zip(agg["ppl_mean"], agg["ppl_std"])]
+    for col in ("params_total", "params_active"):
+        if col in df:
+            out[col] = df.groupby("model", sort=False)[col].first().reindex(order)
+    return out
+
+
+def seed_table(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
+               value: str = "best_val_loss") -> pd.DataFrame:
+    """SPEC Table 6: one row per seed with the three models' ``value``, the matched-active gap
+    (dense_active - moe) and the matched-total gap (moe - dense_total), computed per seed; then
+    ``mean`` and ``std`` (ddof=1) rows over the seeds."""
+    wide = df.pivot_table(index="seed", columns="model", values=value)
+    missing = [m for m in (dense_active, moe, dense_total) if m not in wide]
+    if missing:
+        raise KeyError(f"seed_table: no runs of {missing}; have {list(wide.columns)}")
+    t = wide[[dense_active, moe, dense_total]].dropna().copy()
+    t["active_gap"] = t[dense_active] - t[moe]
+    t["total_gap"] = t[moe] - t[dense_total]
+    t.index = t.index.astype(object)
+    stats = pd.DataFrame([t.mean(), t.std(ddof=1)], index=["mean", "std"])
+    return pd.concat([t, stats])
+
+
+def gaps(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
+         value: str = "best_val_loss") -> dict:
+    """Matched-active and matched-total gaps (per seed, then mean / std ddof=1)."""
+    return {"active": paired_gaps(df, dense_active, moe, value),
+            "total": paired_gaps(df, moe, dense_total, value)}
+
+
+def ordering(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
+             value: str = "best_val_loss") -> dict:
+    """Does the paper's ordering dense_active > moe > dense_total (in mean ``value``) hold, and
+    does each gap exceed its seed std (ddof=1 of the per-seed gaps)?"""
+    means = df.groupby("model")[value].mean()
+    g = gaps(df, dense_active, moe, dense_total, value)
+    holds = bool(means[dense_active] > means[moe] > means[dense_total])
+    out = {"holds": holds, "means": {m: float(means[m]) for m in (dense_active, moe, dense_total)}}
+    for k in ("active", "total"):
+        mean, std = g[k]["mean"], g[k]["std"]
+        out[f"{k}_gap"] = mean
+        out[f"{k}_gap_std"] = std
+        out[f"{k}_gap_n"] = g[k]["n"]
+        out[f"{k}_exceeds_std"] = bool(not math.isnan(std) and mean > std)
+    return out
+
+
+def gap_curves(metrics: pd.DataFrame, pairs: dict, value: str = "val_loss") -> pd.DataFrame:
+    """Gap curves over training: for each ``name: (a, b)`` in ``pairs``, the per-seed gap
+    ``value[a] - value[b]`` at every eval step both runs have, then per step mean, std (ddof=1)
+    and n. Long frame: gap / step / tokens / mean / std / n (and the per-seed frame in
+    ``attrs["per_seed"]``: gap / seed / step / tokens / value)."""
+    ev = metrics[metrics["kind"] == "eval"] if "kind" in metrics else metrics
+    wide = ev.pivot_table(index=["seed", "step"], columns="model", values=value)
+    tokens = ev.groupby("step")["tokens"].first()
+    per_seed, rows = [], []
+    for name, (a, b) in pairs.items():
+        if a not in wide or b not in wide:
+            raise KeyError(f"gap_curves: need eval metrics of {a!r} and {b!r}; have {list(wide.columns)}")
+        gap = (wide[a] - wide[b]).dropna().rename("value").reset_index()
+        gap["gap"] = name
+        per_seed.append(gap)
+        for step, grp in gap.groupby("step"):
+            rows.append({"gap": name, "step": step, "tokens": tokens.get(step, np.nan),
+                         "mean": float(grp["value"].mean()), "std": sample_std(grp["value"]), "n": len(grp)})
+    out = pd.DataFrame(rows)
+    ps = pd.concat(per_seed, ignore_index=True)
+    ps["tokens"] = ps["step"].map(tokens)
+    out.attrs["per_seed"] = ps
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# parameter accounting (Table 5)
+# --------------------------------------------------------------------------------------------
+def accounting_frame(cfgs: Iterable) -> pd.DataFrame:
+    """SPEC Table 5 for model configs: the integer accounting plus shape columns and a
+    ``display`` column "embedding | non-FFN | FFN total | total / active" in millions."""
+    rows = []
+    for c in cfgs:
+        n = count_params(c)
+        u = "M" if n.total >= 1e6 else "k"  # one unit per model, as in the paper
+        rows.append({"model": c.name, "d_model": c.d_model, "heads": f"{c.n_heads}/{c.n_kv_heads}",
+                     "ffn": ffn_label(c), "embedding": n.embedding, "non_ffn": n.non_ffn, "ffn_total": n.ffn_total,
+                     "ffn_active": n.ffn_active, "router": n.router, "total": n.total, "active": n.active,
+                     "display": " | ".join(fmt_count(v, u) for v in (n.embedding, n.non_ffn, n.ffn_total))
+                                + f" | {fmt_count(n.total, u)} / {fmt_count(n.active, u)}"})
+    return pd.DataFrame(rows).set_index("model")
+
+
+def param_split(cfgs: Iterable) -> pd.DataFrame:
+    """Per model: embedding / non-FFN / FFN active / FFN inactive / router parameter counts
+    (they sum to the total; all but FFN inactive are the active path)."""
+    rows = []
+    for c in cfgs:
+        n = count_params(c)
+        rows.append({"model": c.name, "embedding": n.embedding, "non_ffn": n.non_ffn,
+                     "ffn_active": n.ffn_active, "ffn_inactive": n.ffn_total - n.ffn_active,
+                     "router": n.router})
+    return pd.DataFrame(rows).set_index("model")
+
+
+# --------------------------------------------------------------------------------------------
+# granularity and throughput
+# --------------------------------------------------------------------------------------------
+def granularity_table(summaries: pd.DataFrame, models: Sequence[str], base: Optional[str] = None,
+                      value: str = "best_val_loss") -> pd.DataFrame:
+    """Soft-MoE K sweep: per model K, ``value`` and its delta vs ``base`` (default: the first)."""
+    base = base or models[0]
+    s = summaries.groupby("model")[value].mean()
+    rows = []
+    for m in models:
+        rows.append({"model": m, value: float(s[m]), "delta_vs_" + base: float(s[m] - s[base])})
+    return pd.DataFrame(rows).set_index("model")
+
+
+def _variant_labels(d: pd.DataFrame) -> pd.Series:
+    """``model`` plus the cache mode (decode rows) or ``[dispatch]`` (training rows), and the
+    implementation when not every row is studylib's."""
+    if "cache" in d:  # decode rows
+        label = d["model"] + np.where(d["cache"], " (KV cache)", " (no cache)")
+    else:
+        label = d["model"] + np.where(d["dispatch"].astype(str) != "", "[" + d["dispatch"].astype(str) + "]", "")
+    if "impl" in d and (d["impl"] != "studylib").any():
+        label = label + np.where(d["impl"] != "studylib", " (" + d["impl"] + ")", "")
+    return label
+
+
+def throughput_table(df: pd.DataFrame, ref: Optional[str] = None) -> pd.DataFrame:
+    """SPEC Table 8 from :func:`studylib.tools.bench.bench_train` (or ``bench_decode``) rows: one
+    row per variant with a ``label`` (model, [dispatch]), the median tokens/s, its min-max range
+    over the rounds (``range`` text, ``lo`` / ``hi`` numbers) and the speed ratio to ``ref``: the
+    bench's paired per-round ratio (median over rounds) when ``ref`` is the bench's reference (its
+    first model), else the ratio of the medians."""
+    d = df.copy()
+    d["label"] = _variant_labels(d)
+    d["tok_per_s"] = d["tok_s"]
+    d["range"] = [f"{a:,.0f}-{b:,.0f}" for a, b in zip(d["tok_s_min"], d["tok_s_max"])]
+    d["lo"], d["hi"] = d["tok_s_min"], d["tok_s_max"]
+    if ref is not None:
+        base = d.loc[d["model"] == ref, "tok_s"]
+        if base.empty:
+            raise KeyError(f"throughput_table: no rows of {ref!r}")
+        if "ratio_ref" in d and d["model"].iloc[0] == ref:  # the bench's paired per-round ratios
+            d["ratio_to_" + ref] = d.pop("ratio_ref")
+        else:
+            d["ratio_to_" + ref] = d["tok_s"] / float(base.iloc[0])
+    cols = ["label", "model"] + [c for c in ("dispatch", "cache") if c in d] + ["tok_per_s", "range"] + \
+        ["lo", "hi"] + \
+        [c for c in d.columns if c.startswith("ratio_") and not d[c].isna().all()] + \
+        [c for c in ("params", "mfu", "ms_per_token") if c in d]
+    return d[cols].set_index("label")

@@ -1,0 +1,118 @@
+"""Config validation: every bad case names the field and what is allowed."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from studylib.config import ConfigError, load_preset, preset_from_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def preset(**models):
+    return preset_from_dict({
+        "model": {"n_layers": 2, "context": 16},
+        "data": {"vocab_size": 64, "context": 16},
+        "models": models or {"m": {"d_model": 32, "n_heads": 2, "n_kv_heads": 1}},
+    })
+
+
+def bad(match, **model):
+    with pytest.raises(ConfigError, match=match):
+        preset(m=model).model_config("m")
+
+
+def test_good_preset_resolves():
+    cfg = preset().model_config("m")
+    assert (cfg.d_model, cfg.vocab_size, cfg.context, cfg.name) == (32, 64, 16, "m")
+
+
+def test_unknown_key_names_it_and_lists_allowed():
+    bad(r"models\.m: unknown key\(s\) \['d_modle'\]; allowed: \[.*'d_model'", d_modle=32)
+    bad(r"models\.m\.ffn: unknown key\(s\) \['experts'\]", d_model=32, n_heads=2, n_kv_heads=1,
+        ffn={"experts": 4})
+    with pytest.raises(ConfigError, match=r"train: unknown key\(s\) \['lr_max'\]"):
+        preset_from_dict({"models": {"m": {}}, "train": {"lr_max": 1.0}})
+    with pytest.raises(ConfigError, match=r"unknown top-level key\(s\) \['modles'\]"):
+        preset_from_dict({"modles": {}})
+
+
+def test_wrong_types():
+    bad(r"models\.m\.d_model: must be an integer, got str 'wide'", d_model="wide")
+    bad(r"models\.m\.dropout: must be a number", dropout=[0.1])
+    with pytest.raises(ConfigError, match=r"train\.betas: must be a list of 2 items"):
+        preset_from_dict({"models": {"m": {}}, "train": {"betas": [0.9]}})
+    with pytest.raises(ConfigError, match=r"train\.compile: must be true or false"):
+        preset_from_dict({"models": {"m": {}}, "train": {"compile": "yes"}})
+
+
+def test_literal_fields_list_allowed_values():
+    bad(r"models\.m\.ffn\.kind: must be one of \['dense', 'moe', 'soft'\], got 'sparse'",
+        d_model=32, n_heads=2, n_kv_heads=1, ffn={"kind": "sparse"})
+    bad(r"models\.m\.ffn\.dispatch: must be one of \['naive', 'grouped', 'stacked'\]",
+        d_model=32, n_heads=2, n_kv_heads=1, ffn={"kind": "moe", "dispatch": "fast"})
+
+
+def test_top_k_greater_than_experts():
+    bad(r"models\.m\.ffn\.top_k: must be between 1 and num_experts=4, got 5",
+        d_model=32, n_heads=2, n_kv_heads=1, ffn={"kind": "moe", "num_experts": 4, "top_k": 5})
+
+
+def test_heads_must_divide_d_model():
+    bad(r"models\.m\.n_heads: must divide d_model=32; allowed: \[1, 2, 4, 8, 16, 32\], got 3",
+        d_model=32, n_heads=3, n_kv_heads=1)
+
+
+def test_kv_heads_must_divide_q_heads():
+    bad(r"models\.m\.n_kv_heads: must divide n_heads=4; allowed: \[1, 2, 4\], got 3",
+        d_model=32, n_heads=4, n_kv_heads=3)
+
+
+@pytest.mark.parametrize("h", [0, -8])
+def test_hidden_must_be_positive(h):
+    bad(rf"models\.m\.ffn\.hidden: must be a positive integer, got {h}",
+        d_model=32, n_heads=2, n_kv_heads=1, ffn={"hidden": h})
+
+
+def test_layer_pattern_indices_checked():
+    bad(r"models\.m\.ffn\.layers: layer indices must be in 0\.\.1, got \[2\]",
+        d_model=32, n_heads=2, n_kv_heads=1, ffn={"kind": "moe", "num_experts": 2, "layers": [0, 2]})
+
+
+def test_unknown_model_and_derive_errors():
+    p = preset(m={"d_model": 32, "n_heads": 2, "n_kv_heads": 1},
+               d={"derive": "matched_width", "from": "m"}, e={"derive": "matched_total"})
+    with pytest.raises(ConfigError, match=r"models: no model named 'x'; allowed: \['d', 'e', 'm'\]"):
+        p.model_config("x")
+    with pytest.raises(ConfigError, match=r"models\.d\.derive: must be one of \['matched_active'"):
+        p.model_config("d")
+    with pytest.raises(ConfigError, match=r"models\.e\.from: name the model"):
+        p.model_config("e")
+
+
+def test_overrides_and_env(tmp_path, monkeypatch):
+    monkeypatch.delenv("STUDYLIB_DATA_DIR", raising=False)
+    monkeypatch.delenv("STUDYLIB_CACHE_DIR", raising=False)
+    path = tmp_path / "params" / "p.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump({"models": {"m": {"d_model": 32, "n_heads": 2, "n_kv_heads": 1}},
+                                    "data": {"data_dir": "data"}}))
+    p = load_preset(path, ["train.max_steps=7", "models.m.d_model=64", "train.lr=1e-3"])
+    assert p.train.max_steps == 7 and p.model_config("m").d_model == 64 and p.train.lr == 1e-3
+    assert p.data.data_dir == str(tmp_path / "data")  # relative to the repository root
+    monkeypatch.setenv("STUDYLIB_DATA_DIR", "/elsewhere")
+    assert load_preset(path).data.data_dir == "/elsewhere"
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        load_preset(path, ["train.max_steps"])
+    with pytest.raises(ConfigError, match="preset file not found"):
+        load_preset(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("name", ["paper", "cpu", "ci"])
+def test_shipped_presets_resolve_every_model(name):
+    path = ROOT / "params" / f"{name}.yaml"
+    if not path.exists():
+        pytest.skip(f"{path.name} not written yet")
+    p = load_preset(path)
+    for m in p.model_names():
+        p.model_config(m).validate()

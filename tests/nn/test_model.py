@@ -1,0 +1,271 @@
+"""The decoder: causality, GQA, router losses, identities at model level, parameter accounting."""
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from studylib.nn import router_losses as routing
+from studylib.config import count_params
+from studylib.config import FFNConfig, ModelConfig
+from studylib.nn.model import Attention, Decoder, KVCache, rope_tables
+
+FFNS = {
+    "dense": FFNConfig(kind="dense", hidden=96),
+    "moe": FFNConfig(kind="moe", hidden=48, num_experts=4, top_k=2, balance_coef=0.01, z_coef=0.001),
+    "moe_mixed": FFNConfig(kind="moe", hidden=48, num_experts=3, top_k=1, layers=(1,)),
+    "soft": FFNConfig(kind="soft", hidden=32, num_experts=3),
+}
+
+
+def tiny(ffn="dense", **kw):
+    base = dict(name="t", vocab_size=101, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, context=24,
+                dropout=0.0, ffn=FFNS[ffn])
+    base.update(kw)
+    torch.manual_seed(0)
+    return Decoder(ModelConfig(**base)).eval()
+
+
+@pytest.mark.parametrize("ffn", list(FFNS))
+def test_accounting_equals_numel(ffn):
+    m = tiny(ffn)
+    c = count_params(m.cfg)
+    assert c.total == sum(p.numel() for p in m.parameters()) == m.cfg.num_params.total
+    routers = sum(b.ffn.router.weight.numel() for b in m.blocks if hasattr(b.ffn, "router"))
+    assert c.router == routers
+    emb = m.tok_emb.weight.numel()
+    ffn_params = sum(p.numel() for b in m.blocks for n, p in b.ffn.named_parameters() if "router" not in n)
+    assert (c.embedding, c.ffn_total, c.non_ffn) == (emb, ffn_params, c.total - emb - ffn_params - routers)
+    assert all(p.dim() != 1 or "norm" in n for n, p in m.named_parameters())  # no biases anywhere
+
+
+@pytest.mark.parametrize("ffn", list(FFNS))
+def test_causal(ffn):
+    m = tiny(ffn)
+    idx = torch.randint(0, 101, (2, 20))
+    idx2 = idx.clone()
+    idx2[:, 12] = (idx2[:, 12] + 7) % 101
+    a, b = m(idx).logits, m(idx2).logits
+    torch.testing.assert_close(a[:, :12], b[:, :12], rtol=0, atol=1e-6)
+    assert not torch.allclose(a[:, 12:], b[:, 12:])
+
+
+def test_gqa_with_all_kv_heads_is_plain_mha():
+    cfg = ModelConfig(d_model=64, n_heads=4, n_kv_heads=4, context=16)
+    att = Attention(cfg)
+    x = torch.randn(2, 16, 64)
+    cos, sin = rope_tables(16, 16, 10000.0)
+    q, k, v = att.wqkv(x).split(64, -1)
+    from studylib.nn.model import apply_rope
+    q = apply_rope(q.view(2, 16, 4, 16).transpose(1, 2), cos, sin)
+    k = apply_rope(k.view(2, 16, 4, 16).transpose(1, 2), cos, sin)
+    v = v.view(2, 16, 4, 16).transpose(1, 2)
+    s = (q @ k.transpose(-1, -2)) / 4.0
+    s = s.masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf"))
+    ref = att.wo((s.softmax(-1) @ v).transpose(1, 2).reshape(2, 16, 64))
+    torch.testing.assert_close(att(x, cos, sin), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_gqa_shares_kv_heads():
+    """With 2 kv heads for 4 q heads, q heads 0,1 use kv head 0 and q heads 2,3 kv head 1."""
+    cfg = ModelConfig(d_model=64, n_heads=4, n_kv_heads=2, context=8)
+    gqa = Attention(cfg)
+    mha = Attention(dataclasses.replace(cfg, n_kv_heads=4))
+    with torch.no_grad():
+        wq, wk, wv = gqa.wqkv.weight.split([64, 32, 32])
+        rep = lambda w: w.view(2, 16, 64).repeat_interleave(2, 0).reshape(64, 64)
+        mha.wqkv.weight.copy_(torch.cat([wq, rep(wk), rep(wv)]))
+        mha.wo.weight.copy_(gqa.wo.weight)
+    x = torch.randn(1, 8, 64)
+    cos, sin = rope_tables(16, 8, 10000.0)
+    torch.testing.assert_close(gqa(x, cos, sin), mha(x, cos, sin), rtol=1e-5, atol=1e-5)
+
+
+def test_loss_is_next_token_ce_and_aux_zero_for_dense():
+    m = tiny("dense")
+    idx = torch.randint(0, 101, (2, 17))
+    out = m(idx[:, :-1], idx[:, 1:], return_logits=True)
+    ref = F.cross_entropy(out.logits.reshape(-1, 101), idx[:, 1:].reshape(-1))
+    torch.testing.assert_close(out.loss, ref)
+    fused = m(idx[:, :-1], idx[:, 1:])  # default: chunked LM head + CE, no logits kept
+    assert fused.logits is None
+    torch.testing.assert_close(fused.loss, ref)
+    assert out.aux_loss.item() == 0.0 and out.router_stats == [None, None]
+
+
+def test_moe_aux_loss_weighting_and_stats():
+    m = tiny("moe")
+    idx = torch.randint(0, 101, (2, 17))
+    out = m(idx[:, :-1], idx[:, 1:], stats=True)
+    expect = 0.01 * out.balance_loss + 0.001 * out.z_loss
+    torch.testing.assert_close(out.aux_loss, expect)
+    assert out.balance_loss.item() >= 1.0 - 1e-6
+    s = out.router_stats[1]
+    assert sum(s["shares"]) == pytest.approx(1.0)
+    assert 0 <= s["entropy"] <= math.log(4) + 1e-6 and 0.25 <= s["top1"] <= 1 and s["margin"] >= 0
+
+
+def test_mixed_layer_pattern():
+    m = tiny("moe_mixed")
+    assert m.routed_layers() == [1]
+    out = m(torch.randint(0, 101, (1, 8)), stats=True)
+    assert out.router_stats[0] is None and out.router_stats[1] is not None
+
+
+def test_balance_loss_one_at_uniform_and_larger_when_skewed():
+    T, E = 64, 4
+    probs = torch.full((T, E), 1 / E)
+    idx = (torch.arange(T)[:, None] * 2 + torch.arange(2)) % E
+    assert routing.balance_loss(probs, idx).item() == pytest.approx(1.0)
+    skew_p = torch.tensor([[0.7, 0.1, 0.1, 0.1]]).repeat(T, 1)
+    skew_i = torch.zeros(T, 1, dtype=torch.long)
+    assert routing.balance_loss(skew_p, skew_i).item() == pytest.approx(4 * 0.7)
+
+
+def test_z_loss_formula():
+    logits = torch.randn(10, 4)
+    expect = sum(math.log(sum(math.exp(v) for v in row)) ** 2 for row in logits.tolist()) / 10
+    assert routing.z_loss(logits).item() == pytest.approx(expect, rel=1e-5)
+
+
+def test_router_mode_switches():
+    """``uniform`` forces the soft gate to 1/K: with a trained (non-zero) router it changes the
+    output, and it equals the model whose router weights are zero (exactly uniform softmax)."""
+    m = tiny("soft").eval()
+    with torch.no_grad():
+        for blk in m.blocks:
+            blk.ffn.router.weight.normal_(0, 1.0)
+    idx = torch.randint(0, 101, (1, 12))
+    learned = m(idx).logits
+    m.set_router_mode("uniform")
+    uniform = m(idx).logits
+    assert (uniform - learned).abs().max() > 1e-3
+    m.set_router_mode("learned")
+    torch.testing.assert_close(m(idx).logits, learned)
+    with torch.no_grad():
+        for blk in m.blocks:
+            blk.ffn.router.weight.zero_()
+    torch.testing.assert_close(m(idx).logits, uniform, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="sparse MoE only"):
+        m.set_router_mode("balanced")
+    with pytest.raises(ValueError, match="router mode"):
+        m.set_router_mode("random")
+
+
+@pytest.mark.parametrize("ffn", ["moe", "soft"])
+def test_model_e1_k1_equals_dense_model(ffn):
+    """Whole-model identity: a one-expert top-1 MoE (or K=1 soft) model == the dense model."""
+    dense = tiny("dense")
+    kind = {"moe": FFNConfig(kind="moe", hidden=96, num_experts=1, top_k=1),
+            "soft": FFNConfig(kind="soft", hidden=96, num_experts=1)}[ffn]
+    other = Decoder(dataclasses.replace(dense.cfg, ffn=kind)).eval()
+    sd = dense.state_dict()
+    with torch.no_grad():
+        for name, p in other.named_parameters():
+            if name in sd:
+                p.copy_(sd[name])
+            elif "w_in_EFD" in name:
+                p.copy_(sd[name.replace("w_in_EFD", "w_in.weight")][None])
+            elif "w_out_EDH" in name:
+                p.copy_(sd[name.replace("w_out_EDH", "w_out.weight")][None])
+    idx = torch.randint(0, 101, (2, 16))
+    torch.testing.assert_close(other(idx).logits, dense(idx).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("ffn", list(FFNS))
+def test_kv_cache_matches_full_recompute(ffn):
+    m = tiny(ffn)
+    idx = torch.randint(0, 101, (2, 14))
+    full = m(idx).logits
+    cache = KVCache(m.cfg, 2, "cpu")
+    steps = [m(idx[:, :6], cache=cache).logits]
+    for t in range(6, 14):
+        steps.append(m(idx[:, t:t + 1], cache=cache).logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("ffn", ["moe", "soft"])
+def test_token_routing_returned_with_stats(ffn):
+    m = tiny(ffn)
+    out = m(torch.randint(0, 101, (2, 7)), stats=True)
+    tw = out.token_routing[1]
+    E = m.cfg.ffn.num_experts
+    assert tw.shape == (2, 7, E)
+    torch.testing.assert_close(tw.sum(-1), torch.ones(2, 7))  # weights of each token sum to 1
+    if ffn == "moe":
+        assert ((tw > 0).sum(-1) == 2).all()  # exactly top-2 experts carry weight
+    assert m(torch.randint(0, 101, (2, 7))).token_routing == [None, None]
+
+
+def test_last_only_logits_equal_last_row():
+    m = tiny("moe")
+    idx = torch.randint(0, 101, (2, 9))
+    torch.testing.assert_close(m(idx, last_only=True).logits, m(idx).logits[:, -1:], rtol=1e-5, atol=1e-6)
+
+
+def test_decode_head_cache_follows_weight_updates():
+    m = tiny("dense")
+    idx = torch.randint(0, 101, (1, 5))
+    with torch.no_grad():
+        a = m(idx, last_only=True).logits
+        torch.testing.assert_close(a, m(idx).logits[:, -1:], rtol=1e-5, atol=1e-6)
+        m.tok_emb.weight.mul_(2.0)  # an in-place update (as the optimizer does) invalidates the copy
+        b = m(idx, last_only=True).logits
+        torch.testing.assert_close(b, m(idx).logits[:, -1:], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(a, b)
+
+
+def test_aux_losses_off_leaves_logits_and_zeroes_the_losses():
+    m = tiny("moe")
+    idx = torch.randint(0, 101, (2, 9))
+    on, off = m(idx), m(idx, aux_losses=False)
+    torch.testing.assert_close(off.logits, on.logits, rtol=0, atol=0)
+    assert on.aux_loss.item() > 0 and on.balance_loss.item() >= 1.0 - 1e-6
+    assert off.aux_loss.item() == 0 and off.balance_loss.item() == 0 and off.z_loss.item() == 0
+
+
+def test_single_row_inference_uses_fresh_transposed_weights():
+    from studylib.nn import gemv
+
+    lin = gemv.Linear(16, 8)
+    x = torch.randn(1, 1, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-6)
+        assert "weight" in lin._transposed_cache  # the single-row path was taken
+        lin.weight.mul_(3.0)  # an in-place update must not be served from the stale copy
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-6)
+    assert "_transposed_cache" not in str(lin.state_dict().keys())
+    y = lin(x)  # grad enabled: plain F.linear, differentiable
+    y.sum().backward()
+    assert lin.weight.grad is not None
+
+
+@pytest.mark.parametrize("ffn", ["dense", "moe"])
+def test_one_token_decode_step_equals_batched_forward(ffn):
+    m = tiny(ffn)
+    idx = torch.randint(0, 101, (1, 7))
+    with torch.no_grad():
+        full = m(idx).logits[:, -1]
+        cache = KVCache(m.cfg, 1, "cpu")
+        m(idx[:, :-1], cache=cache)
+        step = m(idx[:, -1:], cache=cache, last_only=True, aux_losses=False).logits[:, -1]
+    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+
+
+def test_top1_renormalised_gate_gives_the_router_no_gradient_switch_gate_does():
+    """Mixtral-style renormalisation makes a top-1 gate exactly 1: without aux losses the router
+    learns nothing from the LM loss. ``renormalize=False`` (Switch style: gate = probability) does."""
+    grads = {}
+    for renorm in (True, False):
+        ffn = FFNConfig(kind="moe", hidden=48, num_experts=4, top_k=1, renormalize=renorm)
+        torch.manual_seed(0)
+        m = Decoder(ModelConfig(name="t", vocab_size=101, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                context=24, dropout=0.0, ffn=ffn))
+        idx = torch.randint(0, 101, (4, 24), generator=torch.Generator().manual_seed(1))
+        out = m(idx[:, :-1], idx[:, 1:])
+        (out.loss + out.aux_loss).backward()
+        grads[renorm] = float(m.blocks[0].ffn.router.weight.grad.abs().max())
+        experts = float(m.blocks[0].ffn.w_in_EFD.grad.abs().max())
+        assert experts > 1e-5
+    assert grads[True] < 1e-8 < 1e-5 < grads[False]

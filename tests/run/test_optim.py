@@ -1,0 +1,48 @@
+"""The optimizer and its schedule (studylib.run.optim)."""
+from __future__ import annotations
+
+import pytest
+
+from _tiny import tiny_preset
+from studylib.config import TrainConfig
+from studylib.nn.model import Decoder
+from studylib.run import optim as O
+
+
+def test_lr_schedule_warmup_peak_end():
+    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_frac=0.1)
+    total = 100
+    assert O.warmup_steps(total, cfg) == 10
+    assert O.lr_at(0, total, cfg) == pytest.approx(1e-3 / 11)  # first step: small, not zero
+    assert O.lr_at(10, total, cfg) == pytest.approx(1e-3)  # end of warmup: peak
+    assert O.lr_at(9, total, cfg) < O.lr_at(10, total, cfg)
+    assert O.lr_at(total - 1, total, cfg) == pytest.approx(1e-4)  # last step: min_lr
+    assert O.lr_at(5 * total, total, cfg) == pytest.approx(1e-4)
+    mid = 10 + (total - 1 - 10) / 2
+    assert O.lr_at(mid, total, cfg) == pytest.approx((1e-3 + 1e-4) / 2)  # cosine midpoint
+    lrs = [O.lr_at(s, total, cfg) for s in range(total)]
+    assert all(a < b for a, b in zip(lrs[:10], lrs[1:11]))  # warmup rises
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then decays monotonically
+    # the paper's schedule: 26,073 steps, 3% warmup
+    paper = TrainConfig()
+    assert O.warmup_steps(26073, paper) == 782
+    assert O.lr_at(782, 26073, paper) == pytest.approx(3e-4)
+    assert O.lr_at(26072, 26073, paper) == pytest.approx(3e-5)
+    # no warmup: the first step is at the peak
+    assert O.lr_at(0, 50, TrainConfig(warmup_frac=0.0)) == pytest.approx(3e-4)
+
+
+def test_weight_decay_only_on_matrices():
+    cfg = tiny_preset().model_config("moe")
+    model = Decoder(cfg)
+    groups = O.param_groups(model, 0.1)
+    decay, no_decay = groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    assert "tok_emb.weight" in decay["names"]  # the (tied) embedding, once
+    assert any("w_in_EFD" in n for n in decay["names"]) and any("router" in n for n in decay["names"])
+    assert all("norm" in n for n in no_decay["names"]) and "norm.weight" in no_decay["names"]
+    assert sum(p.numel() for g in groups for p in g["params"]) == model.num_params()
+    opt = O.make_optimizer(model, tiny_preset().train)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+    assert opt.param_groups[0]["betas"] == (0.9, 0.95)

@@ -1,0 +1,123 @@
+"""RunDir: the one owner of a run directory (identity check, metrics, summary, loading a model)."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from studylib.config import FFNConfig, ModelConfig, load_preset, run_document, to_dict
+from studylib.nn.model import Decoder
+from studylib.run import checkpoint as C
+from studylib.run.decode import generate
+from studylib.run.rundir import RunDir, RunDirConflict
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = [5, 17, 3, 42, 8, 1, 77]
+
+
+def _tiny(kind="moe", vocab_size=97, seed=0) -> Decoder:
+    ffn = (FFNConfig(kind="moe", hidden=48, num_experts=4, top_k=2) if kind == "moe"
+           else FFNConfig(kind="dense", hidden=96))
+    torch.manual_seed(seed)
+    return Decoder(ModelConfig(name="t", vocab_size=vocab_size, d_model=64, n_layers=2, n_heads=4,
+                               n_kv_heads=2, context=48, dropout=0.0, ffn=ffn))
+
+
+def _write_run(path: Path, m: Decoder, cache_dir: Path, vocab: int | None = None, steps=(3,)) -> RunDir:
+    rd = RunDir(path)
+    rd.write_config({"run": {"preset": "x", "model": "t", "seed": 1, "config_hash": "x"},
+                     "model": to_dict(m.cfg),
+                     "preset": {"data": {"cache_dir": str(cache_dir), "vocab_size": vocab}}})
+    for step in steps:
+        C.save(rd.checkpoints / C.LATEST, {"kind": "full", "step": step, "config_hash": "x",
+                                           "model": m.state_dict()}, keep_prev=True)
+    return rd
+
+
+def test_check_keeps_the_stored_hash_and_refuses_another_run(tmp_path):
+    p = load_preset(ROOT / "params" / "ci.yaml")
+    doc = run_document(p, p.model_config("moe_top1"), "moe_top1", 1)
+    rd = RunDir(tmp_path / "r")
+    assert rd.check(doc) == doc["run"]["config_hash"]  # a new folder: this run's hash
+    stored = json.loads(json.dumps(doc))
+    stored["run"]["config_hash"] = "written-by-v1"  # a run written under an older hash scheme
+    rd.write_config(stored)
+    assert rd.check(doc) == "written-by-v1"  # same run: its checkpoints' hash is kept
+    other = load_preset(ROOT / "params" / "ci.yaml", ["train.lr=0.01"])
+    with pytest.raises(RunDirConflict, match="different configuration"):
+        rd.check(run_document(other, other.model_config("moe_top1"), "moe_top1", 1))
+
+
+def test_metrics_skip_a_torn_line_and_truncate(tmp_path):
+    rd = RunDir(tmp_path)
+    for step in (1, 2, 3):
+        rd.append_metrics({"kind": "train", "step": step, "train_loss": 5.0 - step})
+    rd.append_metrics({"kind": "eval", "step": 3, "val_loss": 2.5})
+    with open(rd.metrics_path, "a") as f:
+        f.write('{"kind": "train", "st')  # a crash mid-line
+    assert [r["step"] for r in rd.read_metrics()] == [1, 2, 3, 3]
+    assert [r["val_loss"] for r in rd.read_metrics("eval")] == [2.5]
+    rd.truncate_metrics(2)
+    assert [r["step"] for r in rd.read_metrics()] == [1, 2]
+
+
+def test_summary_and_finished(tmp_path):
+    rd = RunDir(tmp_path)
+    assert rd.summary() is None and not rd.finished()
+    rd.summary_path.write_text("{not json")
+    assert rd.summary() is None
+    rd.write_summary({"finished": True, "best_val_loss": 1.25})
+    assert rd.finished() and rd.summary()["best_val_loss"] == 1.25
+
+
+def test_load_model_roundtrip_and_steps(tmp_path):
+    m = _tiny("moe")
+    rd = _write_run(tmp_path / "run", m, tmp_path / "nocache", steps=(2, 3))
+    C.save(C.snapshot_path(rd.checkpoints, 1), {"kind": "snapshot", "step": 1, "config_hash": "x",
+                                                "model": _tiny("moe", seed=1).state_dict()})
+    assert rd.checkpoint_steps() == [1, 3] and rd.latest_step() == 3 and rd.has_checkpoint()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        loaded = rd.load_model()
+        early = rd.load_model(step=1)
+    assert loaded.tokenizer is None and loaded.config == m.cfg and not loaded.model.training
+    assert loaded.step == 3 and loaded.checkpoint == rd.checkpoints / C.LATEST
+    assert generate(loaded.model, PROMPT, 10, temperature=0) == generate(m, PROMPT, 10, temperature=0)
+    assert early.step == 1 and not torch.equal(early.model.tok_emb.weight, m.tok_emb.weight)
+    with pytest.raises(Exception, match="no checkpoint at step 2"):
+        rd.load_model(step=2)  # prev.pt holds step 2, but a step is loaded from its snapshot or latest
+
+
+def test_load_model_falls_back_to_prev_when_latest_is_damaged(tmp_path):
+    m = _tiny("dense")
+    rd = _write_run(tmp_path / "run", m, tmp_path / "nocache", steps=(2, 3))
+    (rd.checkpoints / C.LATEST).write_bytes(b"garbage")
+    with pytest.warns(UserWarning, match="latest.pt"):
+        loaded = rd.load_model()
+    assert loaded.step == 2 and loaded.checkpoint == rd.checkpoints / C.PREV
+
+
+def test_tokenizer_from_the_cache_and_cli(tmp_path, capsys):
+    import sentencepiece as spm
+
+    from studylib.cli import main
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    text = ["Once upon a time there was a little cat. The cat liked to play in the sun."] * 50
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text), model_prefix=str(cache / "tokenizer-abc"),
+                                   vocab_size=60, model_type="bpe", byte_fallback=False, minloglevel=2,
+                                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=False)
+    n = spm.SentencePieceProcessor(model_file=str(cache / "tokenizer-abc.model")).get_piece_size()
+    rd = _write_run(tmp_path / "run", _tiny("dense", vocab_size=n), cache, vocab=n)
+    assert rd.tokenizer_path() == cache / "tokenizer-abc.model"
+    assert rd.load_model().tokenizer.get_piece_size() == n
+    rc = main(["generate", "--run", str(rd.path), "--prompt", "Once upon", "--max-new-tokens", "5",
+               "--temperature", "0", "--no-stop", "--routing"])
+    assert rc == 0
+    assert capsys.readouterr().out.startswith("Once upon")
+    assert yaml.safe_load(rd.config_path.read_text())["model"]["vocab_size"] == n

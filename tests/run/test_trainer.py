@@ -1,0 +1,244 @@
+"""Tests of studylib.run.trainer in this process (and of the optimizer it builds): schedule, optimizer
+groups, the run directory a run writes, skip / resume / conflicts, non-finite stop, grad
+accumulation. Real processes (kill -9, crash mid-checkpoint, DDP, CLI): test_trainer_processes.py."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from _tiny import TINY_RAW, comparable, synthetic_data, tiny_preset
+from studylib.run import checkpoint as C
+from studylib.run import optim as O
+from studylib.run import trainer as T
+from studylib.run.rundir import RunDir, RunDirConflict, run_dir_for
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny shapes: threads only contend
+
+
+@pytest.fixture(scope="module")
+def data():
+    return synthetic_data()
+
+
+# --------------------------------------------------------------------------------------------
+# a run and its directory
+# --------------------------------------------------------------------------------------------
+def test_run_directory_contents_moe_bf16(tmp_path, data):
+    preset = tiny_preset(train={"amp": "auto"})
+    s = T.train_run(preset, "moe", 1, run_dir=tmp_path / "r", progress=False, data=data)
+    r = tmp_path / "r"
+    assert s["finished"] and s["amp"] == "bfloat16" and s["steps"] == 12
+    assert s["tokens"] == 12 * 8 * 2 * 32
+    assert s["params"]["total"] == s["num_params"] and s["params"]["active"] < s["params"]["total"]
+    assert json.loads((r / "summary.json").read_text()) == json.loads(json.dumps(s))
+    for key in ("best_val_loss", "best_step", "final_val_loss", "final_val_ppl", "wall_time_s",
+                "train_tok_per_s", "model", "seed"):
+        assert key in s
+    cfg = yaml.safe_load((r / "config.yaml").read_text())
+    assert cfg["run"]["model"] == "moe" and cfg["model"]["ffn"]["num_experts"] == 4
+    assert cfg["preset"]["train"]["amp"] == "auto"
+    recs = RunDir(r).read_metrics()
+    evals = [x for x in recs if x["kind"] == "eval"]
+    trains = [x for x in recs if x["kind"] == "train"]
+    assert [e["step"] for e in evals] == [4, 8, 12] and len(trains) == 12
+    assert [e["full"] for e in evals] == [False, False, True]
+    assert [e["val_windows"] for e in evals] == [16, 16, 24]
+    # best is the lowest loss on the 16-window subset (the last step evaluates it as well)
+    subset = [e["val_loss"] for e in evals[:-1]] + [evals[-1]["subset_val_loss"]]
+    assert s["best_val_loss"] == min(subset) and not s["best_is_full_eval"]
+    assert s["final_val_loss"] == evals[-1]["val_loss"] != evals[-1]["subset_val_loss"]
+    for e in evals:
+        for k in ("step", "tokens", "val_loss", "val_ppl", "train_loss", "lr", "tok_per_s", "elapsed_s",
+                  "eval_s", "full", "router"):
+            assert k in e
+        assert e["val_ppl"] == pytest.approx(math.exp(e["val_loss"]))
+        assert len(e["router"]) == 2
+        for layer in e["router"]:
+            assert sum(layer["shares"]) == pytest.approx(1.0) and 0 < layer["entropy"] <= math.log(4) + 1e-6
+    assert trains[0]["lr"] == pytest.approx(O.lr_at(0, 12, preset.train))
+    ck = C.load(r / "checkpoints" / "latest.pt")
+    assert ck["step"] == 12 and ck["final"]["val_loss"] == s["final_val_loss"]
+    assert ck["data_position"]["windows"] == 12 * 16
+    assert [e["step"] for e in RunDir(r).read_metrics(kind="eval")] == [4, 8, 12]
+
+
+def test_dense_router_entries_are_none(tmp_path, data):
+    T.train_run(tiny_preset(train={"max_steps": 4}), "dense", 1, run_dir=tmp_path, progress=False,
+                data=data)
+    ev = RunDir(tmp_path).read_metrics(kind="eval")
+    assert ev[-1]["router"] == [None, None]
+
+
+def test_finished_run_is_skipped(tmp_path, data, capsys):
+    preset = tiny_preset(train={"max_steps": 4})
+    s1 = T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    mtime = (tmp_path / "summary.json").stat().st_mtime_ns
+    capsys.readouterr()
+    s2 = T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=None)  # no data needed
+    assert s2 == json.loads(json.dumps(s1))
+    assert "skipping" in capsys.readouterr().err
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before
+    assert (tmp_path / "summary.json").stat().st_mtime_ns == mtime
+
+
+def test_crash_after_final_checkpoint_only_writes_summary(tmp_path, data, monkeypatch):
+    preset = tiny_preset(train={"max_steps": 4, "eval_every": 2})
+    s1 = T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
+    (tmp_path / "summary.json").unlink()  # as if killed between the last checkpoint and the summary
+    before = RunDir(tmp_path).read_metrics()
+    import studylib.nn.model as M
+
+    monkeypatch.setattr(M.Decoder, "forward", lambda *a, **k: pytest.fail("no training/eval expected"))
+    s2 = T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
+    assert RunDir(tmp_path).read_metrics() == before
+    for k in ("best_val_loss", "best_step", "final_val_loss", "steps", "tokens"):
+        assert s2[k] == s1[k]
+
+
+def test_different_config_in_run_dir_is_an_error(tmp_path, data):
+    T.train_run(tiny_preset(train={"max_steps": 4}), "dense", 1, run_dir=tmp_path, progress=False, data=data)
+    with pytest.raises(RunDirConflict, match="different configuration"):
+        T.train_run(tiny_preset(train={"max_steps": 4, "lr": 1e-2}), "dense", 1, run_dir=tmp_path,
+                    progress=False, data=data)
+    with pytest.raises(RunDirConflict):  # another seed in the same folder
+        T.train_run(tiny_preset(train={"max_steps": 4}), "dense", 2, run_dir=tmp_path, progress=False, data=data)
+    # execution-only settings (threads, device spelling) do not count as a different run
+    s = T.train_run(tiny_preset(train={"max_steps": 4, "keep_checkpoints": True}), "dense", 1,
+                    run_dir=tmp_path, progress=False, data=data)
+    assert s["finished"]
+
+
+def test_overrides_argument(tmp_path, data):
+    s = T.train_run(tiny_preset(), "dense", 1, run_dir=tmp_path / "a", progress=False, data=data,
+                    overrides=["train.max_steps=3", "train.eval_every=3"])
+    assert s["steps"] == 3
+    s = T.train_run(tiny_preset(), "moe", 1, run_dir=tmp_path / "b", progress=False, data=data,
+                    overrides={"train.max_steps": 2, "models.moe.ffn.top_k": 1})
+    cfg = yaml.safe_load((tmp_path / "b" / "config.yaml").read_text())
+    assert s["steps"] == 2 and cfg["model"]["ffn"]["top_k"] == 1
+
+
+def test_default_run_dir_under_outputs_env(tmp_path, data, monkeypatch):
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
+    preset = tiny_preset(train={"max_steps": 2, "eval_every": 2})
+    T.train_run(preset, "dense", 2, progress=False, data=data)
+    rd = tmp_path / "out" / "tiny" / "runs" / "dense" / "seed2"
+    assert run_dir_for(preset, "dense", 2) == rd and RunDir(rd).finished()
+
+
+def test_keep_checkpoints_writes_snapshots(tmp_path, data):
+    T.train_run(tiny_preset(train={"keep_checkpoints": True}), "dense", 1, run_dir=tmp_path,
+                progress=False, data=data)
+    snaps = C.list_snapshots(tmp_path / "checkpoints")
+    assert [s for s, _ in snaps] == [4, 8, 12]
+    assert "optimizer" not in C.load(snaps[0][1], kind="snapshot")
+
+
+def test_checkpoint_every(tmp_path, data):
+    T.train_run(tiny_preset(train={"checkpoint_every": 5, "keep_checkpoints": True}), "dense", 1,
+                run_dir=tmp_path, progress=False, data=data)
+    assert [s for s, _ in C.list_snapshots(tmp_path / "checkpoints")] == [5, 10, 12]
+
+
+# --------------------------------------------------------------------------------------------
+# numerics: grad accumulation, resume, non-finite loss
+# --------------------------------------------------------------------------------------------
+def test_grad_accumulation_2x8_equals_1x16(tmp_path, data):
+    model = {"dropout": 0.0}
+    a = T.train_run(tiny_preset(model={**TINY_RAW["model"], **model}, train={"batch_size": 8, "grad_accum": 2}),
+                    "dense", 1, run_dir=tmp_path / "a", progress=False, data=data)
+    b = T.train_run(tiny_preset(model={**TINY_RAW["model"], **model}, train={"batch_size": 16, "grad_accum": 1}),
+                    "dense", 1, run_dir=tmp_path / "b", progress=False, data=data)
+    ra, rb = RunDir(tmp_path / "a").read_metrics(), RunDir(tmp_path / "b").read_metrics()
+    la = [r["train_loss"] for r in ra if r["kind"] == "train"]
+    lb = [r["train_loss"] for r in rb if r["kind"] == "train"]
+    assert len(la) == 12 and np.allclose(la, lb, rtol=0, atol=1e-5)
+    assert a["final_val_loss"] == pytest.approx(b["final_val_loss"], abs=1e-5)
+    wa = C.load(tmp_path / "a" / "checkpoints" / "latest.pt")["model"]
+    wb = C.load(tmp_path / "b" / "checkpoints" / "latest.pt")["model"]
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
+
+
+class _Boom(Exception):
+    pass
+
+
+def _patch_forward(monkeypatch, after_calls: int, action: str):
+    """Make the ``after_calls``-th training forward raise (crash) or return a NaN loss."""
+    import studylib.nn.model as M
+
+    forward = M.Decoder.forward
+    calls = {"n": 0}
+
+    def patched(self, *a, **kw):
+        out = forward(self, *a, **kw)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] >= after_calls:
+                if action == "crash":
+                    raise _Boom("simulated crash")
+                out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(M.Decoder, "forward", patched)
+
+
+@pytest.mark.parametrize("damage_latest", [False, True])
+def test_resume_in_process_equals_uninterrupted(tmp_path, data, monkeypatch, capsys, damage_latest):
+    """Crash in step 8 (checkpoints at 3 and 6), resume: the same records, weights, optimizer state
+    and summary as the uninterrupted run; from prev.pt (step 3) if latest.pt got damaged."""
+    preset = tiny_preset(train={"max_steps": 10, "eval_every": 3})
+    ref = RunDir(tmp_path / "ref")
+    T.train_run(preset, "moe", 1, run_dir=ref.path, progress=False, data=data)
+    res = RunDir(tmp_path / "res")
+    with monkeypatch.context() as mp:
+        _patch_forward(mp, after_calls=2 * 7 + 1, action="crash")  # dies in step 8 (ckpt at 6)
+        with pytest.raises(_Boom):
+            T.train_run(preset, "moe", 1, run_dir=res.path, progress=False, data=data)
+    latest, prev = res.checkpoints / C.LATEST, res.checkpoints / C.PREV
+    assert C.load(latest)["step"] == 6 and C.load(prev)["step"] == 3
+    assert max(r["step"] for r in res.read_metrics()) == 7
+    if damage_latest:
+        latest.write_bytes(latest.read_bytes()[:4096])
+    capsys.readouterr()
+    T.train_run(preset, "moe", 1, run_dir=res.path, progress=False, data=data)
+    err = capsys.readouterr().err
+    step, loaded = (3, prev) if damage_latest else (6, latest)
+    assert f"resuming from step {step} of 10 (checkpoint {loaded})" in err  # names the file it read
+    assert ("skipping damaged checkpoint" in err) == damage_latest
+    assert comparable(res.read_metrics()) == comparable(ref.read_metrics())
+    timing = ("wall_time_s", "train_time_s", "train_tok_per_s")
+    assert {k: v for k, v in res.summary().items() if k not in timing} == \
+        {k: v for k, v in ref.summary().items() if k not in timing}
+    ca, cb = C.load(ref.checkpoints / C.LATEST), C.load(latest)
+    assert all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
+    sa, sb = ca["optimizer"]["state"], cb["optimizer"]["state"]
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, data, monkeypatch):
+    preset = tiny_preset(train={"eval_every": 2})
+    with monkeypatch.context() as mp:
+        _patch_forward(mp, after_calls=2 * 5 + 1, action="nan")  # step 6 (1-based) goes NaN
+        with pytest.raises(T.NonFiniteLossError, match=r"step 6\b.*step 4"):
+            T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
+    ck = tmp_path / "checkpoints"
+    assert C.load(ck / "latest.pt")["step"] == 4 and C.load(ck / "prev.pt")["step"] == 2
+    assert not (tmp_path / "summary.json").exists()
+    # the run can then be resumed (e.g. after fixing the cause) and finishes
+    s = T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
+    assert s["finished"] and s["steps"] == 12
+
+
+def test_huge_lr_reports_non_finite(tmp_path, data):
+    preset = tiny_preset(train={"lr": 1e30, "min_lr": 1e29, "grad_clip": 0.0, "warmup_frac": 0.0,
+                                "max_steps": 30, "eval_every": 30})
+    with pytest.raises(T.NonFiniteLossError, match="non-finite"):
+        T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)

@@ -1,0 +1,48 @@
+"""The paired statistics every comparison uses, on known numbers."""
+import math
+
+import pytest
+
+from studylib.study.stats import paired
+
+# seed 000, Table 6: per-seed full-data validation losses (dense active, MoE top-2 + z, dense total)
+TABLE6 = {1337: (1.6554, 1.5774, 1.5615), 1338: (1.6532, 1.5779, 1.5580), 1339: (1.6551, 1.5811, 1.5629)}
+
+
+def test_reproduces_the_papers_table6_gaps():
+    dense_active, moe, dense_total = zip(*TABLE6.values())
+    active = paired(dense_active, moe)  # positive: the MoE is better than its active-match
+    total = paired(moe, dense_total)  # positive: the total-match dense model is better
+    assert round(active.mean, 4) == 0.0758 and round(total.mean, 4) == 0.0180
+    # the paper prints 0.0021 / 0.0020, computed from its unrounded losses
+    assert round(active.std, 4) == 0.0020 and round(total.std, 4) == 0.0020
+    assert active.n == total.n == 3
+
+
+def test_confidence_interval_checked_by_hand():
+    d = [0.0780, 0.0753, 0.0740]
+    mean = sum(d) / 3
+    std = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
+    t_975_2 = 4.302652729911275  # Student t, 97.5th percentile, 2 degrees of freedom (tables)
+    s = paired(d)
+    assert s.ci_low == pytest.approx(mean - t_975_2 * std / math.sqrt(3), rel=1e-9)
+    assert s.ci_high == pytest.approx(mean + t_975_2 * std / math.sqrt(3), rel=1e-9)
+    assert s.resolved and s.p < 0.001
+
+
+def test_one_sigma_is_not_resolved():
+    """The old rule ('gap above one seed std') called this resolved; its 95% CI spans zero."""
+    s = paired([0.07, 0.01, 0.03])  # mean 0.037, std 0.031
+    assert s.mean > s.std > 0 and s.ci_low < 0 < s.ci_high and not s.resolved
+    assert 0.05 < s.p < 1
+
+
+def test_pairs_by_position_and_rejects_bad_input():
+    assert paired([3.0, 1.0], [1.0, 0.0]).mean == pytest.approx(1.5)
+    one = paired([0.5])
+    assert one.n == 1 and math.isnan(one.ci_low) and not one.resolved and "no interval" in one.fmt()
+    with pytest.raises(ValueError, match="differ in length"):
+        paired([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="non-empty"):
+        paired([])
+    assert paired([1.0, 1.0, 1.0]).resolved  # identical non-zero gaps: zero width, excludes 0

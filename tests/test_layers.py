@@ -1,0 +1,86 @@
+"""The one-way import rule of studylib: a module imports its own package and the packages below it
+(config < nn < run < study < tools < the CLI), never one above. Every import counts, the
+function-local ones too, so an upward edge cannot hide inside a function."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "studylib"
+LAYERS = {"config": 0, "nn": 1, "run": 2, "study": 3, "tools": 4, "cli": 5, "__main__": 5}
+
+
+def _layer(module: str) -> int:
+    """The layer of a dotted studylib module name (``studylib.run.rundir`` -> 2)."""
+    parts = module.split(".")
+    assert parts[0] == "studylib", module
+    if len(parts) == 1:
+        return 5
+    return LAYERS[parts[1]]
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, me: str) -> list[tuple[int, str]]:
+    """(line, absolute module) of every studylib import in the file of module ``me``, relative
+    ones resolved."""
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "studylib"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.split(".")[0] != "studylib":
+                continue
+            if mod == "studylib":  # from studylib import run -> the sub-package itself
+                out += [(node.lineno, f"studylib.{a.name}") for a in node.names]
+            else:
+                out.append((node.lineno, mod))
+    return out
+
+
+SOURCES = sorted(p for p in PKG.rglob("*.py"))
+
+
+def test_every_module_belongs_to_a_layer():
+    for path in SOURCES:
+        name = _module_name(path)
+        if name == "studylib":
+            continue
+        assert name.split(".")[1] in LAYERS, f"{path}: not in a layer package {sorted(LAYERS)}"
+
+
+def _upward(path: Path, me: str) -> list[str]:
+    return [f"line {ln}: {mod} (layer {_layer(mod)})" for ln, mod in _imports(path, me)
+            if _layer(mod) > _layer(me)]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PKG)))
+def test_imports_point_down(path):
+    me = _module_name(path)
+    if me == "studylib":
+        return
+    upward = _upward(path, me)
+    assert not upward, f"{me} (layer {_layer(me)}) imports upward: " + "; ".join(upward)
+
+
+def test_the_checker_finds_hidden_and_relative_upward_edges(tmp_path):
+    src = tmp_path / "probe.py"
+    src.write_text("from studylib.nn import router\n"
+                   "def f():\n    from studylib.run.rundir import RunDir\n    return RunDir\n"
+                   "def g():\n    from ..study import frames\n    return frames\n")
+    assert [u.split(":")[0] for u in _upward(src, "studylib.nn.probe")] == ["line 3", "line 6"]
+    assert _upward(src, "studylib.tools.probe") == []
