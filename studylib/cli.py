@@ -2,24 +2,46 @@
 
 Each command lives in the module that does the work, which exposes ``add_cli(parser)`` and
 ``run_cli(args) -> int``; modules are imported only when their command runs.
+
+Errors: a known error (bad arguments, config, data, checkpoint, run directory) prints ONE line
+``error: ...`` naming the field or file and exits with 2, before anything is created on disk
+(arguments shared by commands, ``--seed`` and ``--run-dir``, are checked here before the command
+runs). Any other exception keeps its traceback.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from studylib.config import ConfigError
+from studylib.config.args import seed_error
 
 COMMANDS = {
     # name: (module, one-line help)
     "budget": ("studylib.config.report", "parameter accounting table and budget-matched dense widths"),
     "prepare-data": ("studylib.run.data", "train the SentencePiece tokenizer and build the token cache"),
-    "train": ("studylib.run.trainer", "train one model of a preset with one seed"),
+    "train": ("studylib.run.train_cli", "train one model of a preset with one seed"),
     "study": ("studylib.study.notebooks", "execute the study notebooks with papermill (and an HTML report)"),
     "bench": ("studylib.tools.bench", "training / decoding throughput benchmarks"),
     "generate": ("studylib.run.decode", "sample text from a trained run"),
+    "export": ("studylib.run.export", "write a run as a Hugging Face model folder (Llama / Mixtral)"),
+    "evaluate": ("studylib.run.lm_eval_tasks", "lm-evaluation-harness on a run (local TinyStories suite offline)"),
 }
+
+# Known errors besides ConfigError (and its DataError / RunDirConflict / ...): (module, class).
+# Looked up in sys.modules only, so this module never imports torch for them.
+KNOWN_ERRORS = (("studylib.run.checkpoint", "CheckpointError"),)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``error: <command>: argument --x: expected ...`` (exit 2)."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        prog = self.prog.replace("python -m studylib", "").strip()
+        print(f"error: {prog + ': ' if prog else ''}{message} (see --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def _available() -> dict:
@@ -34,9 +56,30 @@ def _available() -> dict:
     return out
 
 
+def check_common(args) -> None:
+    """Arguments several commands share, checked before any command creates anything."""
+    seed = getattr(args, "seed", None)
+    if seed is not None and seed_error(seed, "argument --seed"):
+        raise ConfigError(seed_error(seed, "argument --seed"))
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is not None and os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise ConfigError(f"argument --run-dir: {run_dir} exists and is not a directory; "
+                          "expected a run directory (or a path that does not exist yet)")
+
+
+def known_error(e: BaseException) -> bool:
+    if isinstance(e, ConfigError):
+        return True
+    for mod, name in KNOWN_ERRORS:
+        cls = getattr(sys.modules.get(mod), name, None)
+        if cls is not None and isinstance(e, cls):
+            return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studylib",
-                                     description="Dense vs MoE pretraining at tiny scale: one command per job.")
+    parser = Parser(prog="python -m studylib",
+                    description="Dense vs MoE pretraining at tiny scale: one command per job.")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     cmds = _available()
     for name, (mod, help_) in cmds.items():
@@ -48,10 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        check_common(args)
         return int(importlib.import_module(args._module).run_cli(args) or 0)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if not known_error(e):
+            raise
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2

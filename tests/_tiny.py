@@ -131,3 +131,17 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def tiny_tokenizer(cache: Path, name: str = "tokenizer-abc") -> tuple[Path, int]:
+    """A tiny SentencePiece BPE model trained on one repeated sentence, as the data cache names it:
+    ``(path, vocab size)``."""
+    import sentencepiece as spm
+
+    cache.mkdir(parents=True, exist_ok=True)
+    text = ["Once upon a time there was a little cat. The cat liked to play in the sun."] * 50
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text), model_prefix=str(cache / name),
+                                   vocab_size=60, model_type="bpe", byte_fallback=False, minloglevel=2,
+                                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=False)
+    path = cache / f"{name}.model"
+    return path, spm.SentencePieceProcessor(model_file=str(path)).get_piece_size()

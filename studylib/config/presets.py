@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import yaml
 
+from studylib.config.args import seed_error
 from studylib.config.derive import derive_model
 from studylib.config.schema import (ConfigError, DataConfig, ModelConfig, TrainConfig, _coerce,
                                     dataclass_from_dict, deep_merge, model_from_dict, to_dict)
@@ -95,6 +96,9 @@ def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
     seeds = _coerce(raw.get("seeds", [1337, 1338, 1339]), tuple[int, ...], "seeds")
     if not seeds:
         raise ConfigError("seeds: must list at least one integer seed")
+    for i, s in enumerate(seeds):
+        if seed_error(s, f"seeds[{i}]"):
+            raise ConfigError(seed_error(s, f"seeds[{i}]"))
     study = _coerce(raw.get("study") or {}, dict, "study")
     name = raw.get("name") or (Path(path).stem if path else "preset")
     return Preset(name=name, data=data, train=train, model=model, models=models, seeds=seeds,

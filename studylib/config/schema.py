@@ -221,6 +221,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{where}: unexpected value {value!r}")
     if origin is Literal:
+        if isinstance(value, bool) and ("on" if value else "off") in args:
+            value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
         if value not in args:
             raise ConfigError(f"{where}: must be one of {list(args)}, got {value!r}")
         return value

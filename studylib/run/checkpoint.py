@@ -1,12 +1,20 @@
-"""Checkpoints: atomic save, safe load (``weights_only``), RNG capture/restore, resume lookup.
+"""Checkpoints: atomic save, SHA-256-verified safe load (``weights_only``), RNG capture/restore,
+resume lookup.
 
 A checkpoint is a ``torch.save``-d dict::
 
-    {"format": "studylib-ckpt", "version": 1, "kind": "full" | "snapshot",
+    {"format": "studylib-ckpt", "version": 2, "kind": "full" | "snapshot",
      "step": int, "total_steps": int, "config_hash": str,
      "model": state_dict, "optimizer": state_dict (full only),
      "rng": {...} (full only; this process), "rng_ranks": [rng of each DDP rank] (full only),
      "data_position": {...}, "best": {...}, "clock": {...}, "final": eval record or None}
+
+followed by a trailer line ``studylib-sha256:<64 hex>`` (newline before and after): the SHA-256
+of every byte before it (torch ignores bytes after its zip archive, and does not check the
+archive's CRCs itself). :func:`load` checks the digest before unpickling, so a flipped byte
+anywhere in the file, a torn file, or a version-2 file whose trailer is missing or damaged is a
+:class:`CheckpointError`.
+Version-1 checkpoints (written before the digest; no trailer) still load, unverified.
 
 Only tensors and plain Python types are stored, so :func:`load` uses ``weights_only=True``.
 
@@ -15,11 +23,15 @@ previous ``latest.pt``, kept as a fallback should ``latest.pt`` ever be damaged)
 ``train.keep_checkpoints``, ``step_<N>.pt`` model-only snapshots for the explorer.
 
 Saving writes a temporary file in the same folder (:func:`studylib.run.files.atomic_open`),
-moves the old ``latest.pt`` to ``prev.pt``, renames the new file over ``latest.pt`` and fsyncs
-the folder: a crash at any point leaves a complete ``latest.pt`` or ``prev.pt``.
+moves the old ``latest.pt`` to ``prev.pt`` (unless it is unreadable or its digest is bad: a
+damaged file never replaces a good ``prev.pt``), renames the new file over ``latest.pt`` and
+fsyncs the folder: a crash at any point leaves a complete ``latest.pt`` or ``prev.pt``. A full
+disk is one :class:`CheckpointError` naming the file and the space needed; the old files stay
+intact.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import re
@@ -30,12 +42,16 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from studylib.run.files import atomic_open
+from studylib.run.files import DiskFullError, atomic_open
 
 FORMAT = "studylib-ckpt"
-VERSION = 1
+VERSION = 2  # written; version 1 (no digest trailer) is still read
+READS = (1, 2)
 LATEST = "latest.pt"
 PREV = "prev.pt"
+DIGEST_TAG = b"\nstudylib-sha256:"
+TRAILER_LEN = len(DIGEST_TAG) + 64 + 1
+_CHUNK = 1 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -75,30 +91,111 @@ def restore_rng(state: dict) -> None:
 # --------------------------------------------------------------------------------------------
 # save / load
 # --------------------------------------------------------------------------------------------
-def save(path: str | os.PathLike, state: dict, *, keep_prev: bool = False) -> Path:
-    """Atomically write ``state`` (a dict; format/version are added) to ``path``.
+class _HashingWriter:
+    """A write-only file wrapper that hashes what passes through it: no ``seek``/``tell``, so
+    torch writes it as a stream, and the digest is that of the bytes in the file."""
 
-    With ``keep_prev`` the file being replaced is first moved to ``prev.pt`` in the same folder.
+    def __init__(self, f):
+        self.f, self.sha = f, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def fileno(self) -> int:
+        return self.f.fileno()
+
+
+def _tensor_bytes(obj) -> int:
+    """Bytes of the tensors in ``obj`` (nested dicts/lists): about the size of its checkpoint."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def save(path: str | os.PathLike, state: dict, *, keep_prev: bool = False) -> Path:
+    """Atomically write ``state`` (a dict; format/version are added) and its SHA-256 trailer to
+    ``path``.
+
+    With ``keep_prev`` the file being replaced is first moved to ``prev.pt`` in the same folder
+    (only if it is readable and passes its digest check: a damaged file never replaces a good
+    ``prev.pt``).
     """
     path = Path(path)
     state = {"format": FORMAT, "version": VERSION, **state}
-    with atomic_open(path, "wb") as f:
-        torch.save(state, f)
-        if keep_prev and path.exists():
-            os.replace(path, path.parent / PREV)
+    try:
+        with atomic_open(path, "wb", needed=_tensor_bytes(state) + (1 << 16)) as f:
+            w = _HashingWriter(f)
+            torch.save(state, w)
+            f.write(DIGEST_TAG + w.sha.hexdigest().encode("ascii") + b"\n")
+            if keep_prev and path.exists() and _readable(path):
+                os.replace(path, path.parent / PREV)
+    except DiskFullError as e:
+        raise CheckpointError(str(e)) from None
     return path
 
 
-def load(path: str | os.PathLike, *, map_location: Any = "cpu", expect_hash: Optional[str] = None,
-         kind: Optional[str] = None) -> dict:
-    """Load and validate a studylib checkpoint; any problem raises :class:`CheckpointError`."""
-    path = Path(path)
+def _stored_digest(path: Path) -> Optional[str]:
+    """The hex digest of ``path``'s trailer, or None if it has none."""
+    size = path.stat().st_size
+    if size < TRAILER_LEN:
+        return None
+    with open(path, "rb") as f:
+        f.seek(size - TRAILER_LEN)
+        tail = f.read(TRAILER_LEN)
+    m = re.fullmatch(re.escape(DIGEST_TAG) + rb"([0-9a-f]{64})\n", tail)
+    return m.group(1).decode("ascii") if m else None
+
+
+def _file_digest(path: Path, length: int) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while length > 0:
+            chunk = f.read(min(_CHUNK, length))
+            if not chunk:
+                break
+            sha.update(chunk)
+            length -= len(chunk)
+    return sha.hexdigest()
+
+
+def _check_digest(path: Path) -> bool:
+    """False if ``path`` has no digest trailer; True if it matches; :class:`CheckpointError` if not."""
+    stored = _stored_digest(path)
+    if stored is None:
+        return False
+    actual = _file_digest(path, path.stat().st_size - TRAILER_LEN)
+    if actual != stored:
+        raise CheckpointError(f"{path}: SHA-256 mismatch, the file is damaged (it hashes to "
+                              f"{actual[:16]}..., its digest says {stored[:16]}...)")
+    return True
+
+
+def _readable(path: Path) -> bool:
+    """``path`` passes :func:`_read` (digest, zip, format; tensors memory-mapped, not loaded)."""
+    try:
+        _read(path, "cpu", mmap=True)
+        return True
+    except CheckpointError:
+        return False
+
+
+def _read(path: Path, map_location: Any, mmap: bool = False) -> dict:
+    """The verified, validated state of ``path`` (any problem: :class:`CheckpointError`)."""
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint file not found")
+    verified = _check_digest(path)
     try:
         with warnings.catch_warnings():  # foreign pickles make torch warn before it refuses them
             warnings.filterwarnings("ignore", message=".*pickle protocol", category=UserWarning)
-            state = torch.load(path, map_location=map_location, weights_only=True)
+            state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # truncated zip, foreign pickle, not a torch file, ...
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: not a readable studylib checkpoint (truncated, corrupt or "
@@ -106,9 +203,21 @@ def load(path: str | os.PathLike, *, map_location: Any = "cpu", expect_hash: Opt
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         got = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{path}: not a studylib checkpoint (format {got!r}, expected {FORMAT!r})")
-    if state.get("version") != VERSION:
+    if state.get("version") not in READS:
         raise CheckpointError(f"{path}: checkpoint format version {state.get('version')!r} is not "
-                              f"supported (this studylib reads version {VERSION})")
+                              f"supported (this studylib reads versions {READS})")
+    if state["version"] >= 2 and not verified:
+        raise CheckpointError(f"{path}: its SHA-256 digest trailer is missing or unreadable, the "
+                              f"file is damaged (a version-2 checkpoint ends with one)")
+    return state
+
+
+def load(path: str | os.PathLike, *, map_location: Any = "cpu", expect_hash: Optional[str] = None,
+         kind: Optional[str] = None) -> dict:
+    """Load, verify (SHA-256) and validate a studylib checkpoint; any problem raises
+    :class:`CheckpointError`."""
+    path = Path(path)
+    state = _read(path, map_location)
     for key in ("step", "model", "config_hash"):
         if key not in state:
             raise CheckpointError(f"{path}: incomplete checkpoint (no {key!r})")
@@ -135,15 +244,14 @@ def list_snapshots(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def peek_step(ckpt_dir: str | os.PathLike) -> Optional[int]:
-    """The step of ``latest.pt`` (else ``prev.pt``), read without loading the tensors; None if
-    neither is readable."""
+    """The step of ``latest.pt`` (else ``prev.pt``), digest-checked but read without loading the
+    tensors; None if neither is good."""
     for name in (LATEST, PREV):
         p = Path(ckpt_dir) / name
         if p.is_file():
             try:
-                state = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
-                return int(state["step"])
-            except Exception:
+                return int(_read(p, "cpu", mmap=True)["step"])
+            except (CheckpointError, KeyError, TypeError, ValueError):
                 continue
     return None
 
@@ -151,18 +259,22 @@ def peek_step(ckpt_dir: str | os.PathLike) -> Optional[int]:
 def load_latest(ckpt_dir: str | os.PathLike, *, map_location: Any = "cpu", kind: Optional[str] = None,
                 warn=print) -> Optional[tuple[dict, Path]]:
     """``(state, path)`` of the newest good checkpoint (``latest.pt``, else ``prev.pt``), or None
-    if there is none. A damaged candidate is reported through ``warn`` and skipped; if candidates
-    exist but none is readable, :class:`CheckpointError` lists them."""
+    if there is none. Falling back past a damaged ``latest.pt`` is one line through ``warn``
+    naming both files; if candidates exist but none is good, :class:`CheckpointError` lists them."""
     d = Path(ckpt_dir)
     errors = []
     for p in (d / LATEST, d / PREV):
         if not p.is_file():
             continue
         try:
-            return load(p, map_location=map_location, kind=kind), p
+            state = load(p, map_location=map_location, kind=kind)
         except CheckpointError as e:
             errors.append(str(e))
-            warn(f"warning: skipping damaged checkpoint: {e}")
+            continue
+        if errors:
+            warn(f"warning: skipping damaged checkpoint {errors[0]}; using {p} (step {state['step']}) "
+                 f"instead")
+        return state, p
     if errors:
         raise CheckpointError("no usable checkpoint:\n  " + "\n  ".join(errors)
                               + f"\ndelete {d} to restart this run from scratch")

@@ -192,13 +192,15 @@ def load_data(cfg: DataConfig, progress: bool = True) -> TokenData:
     stories = story_source(cfg)
     threads = cfg.tokenizer_threads or os.cpu_count() or 1
     cache = Path(cfg.cache_dir)
-    cache.mkdir(parents=True, exist_ok=True)
+    if cache.exists() and not cache.is_dir():
+        raise DataError(f"data.cache_dir={str(cache)!r} exists and is not a directory")
     build: dict = {}
 
     t0 = time.perf_counter()
-    corpus, n_stories = fingerprint(stories())
+    corpus, n_stories = fingerprint(stories())  # reads every file first: a bad one fails here
     if n_stories == 0:
         raise DataError("the data source holds no non-empty stories")
+    cache.mkdir(parents=True, exist_ok=True)  # only once the data has been read
     build["read_seconds"] = time.perf_counter() - t0
 
     tok_key = _key("tokenizer", corpus, cfg.vocab_size, SPM_OPTIONS)

@@ -15,7 +15,8 @@ from it). So ``top_k=1`` and a tiny ``top_p`` are greedy.
 
 Context: prompt + new tokens must fit ``model.cfg.context`` (the KV cache and the RoPE tables end
 there). A longer prompt is left-truncated to ``context - max_new_tokens`` tokens with a warning
-(``truncate=False`` raises instead); ``max_new_tokens >= context`` is always an error.
+(``truncate=False`` raises instead); ``max_new_tokens >= context`` is always an error. The CLI
+caps the new tokens first (:func:`new_token_budget`), so its defaults work on every run.
 
 A trained run is loaded with :meth:`studylib.run.rundir.RunDir.load_model`.
 CLI: ``python -m studylib generate --run DIR --prompt "Once upon a time"``.
@@ -30,9 +31,11 @@ from typing import Optional, Sequence
 
 import torch
 
+from studylib.config import ConfigError
 from studylib.nn import router
 from studylib.nn.precision import autocast
 from studylib.nn.model import Decoder, KVCache
+from studylib.run.rundir import RunDir
 
 
 class ContextOverflowWarning(UserWarning):
@@ -228,41 +231,75 @@ def generate(model: Decoder, prompt_ids: Sequence[int] | torch.Tensor, max_new_t
 # --------------------------------------------------------------------------------------------
 # CLI: python -m studylib generate --run DIR --prompt "..."
 # --------------------------------------------------------------------------------------------
+DEFAULT_NEW_TOKENS = 64
+
+
 def add_cli(parser) -> None:
+    from studylib.config import args as T
+
     parser.add_argument("--run", required=True, help="run directory (holds config.yaml and checkpoints/)")
     parser.add_argument("--prompt", default="", help="prompt text (a story start); empty = from scratch")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=T.positive_int, default=None,
+                        help=f"new tokens per sample (default {DEFAULT_NEW_TOKENS}); capped to what the "
+                             "model context leaves after the prompt (a prompt longer than that is "
+                             "left-truncated so that at least a quarter of the context is new tokens)")
+    parser.add_argument("--temperature", type=T.non_negative_float, default=1.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=T.positive_int, default=None, help="keep the k most likely tokens")
+    parser.add_argument("--top-p", type=T.probability, default=None, help="nucleus sampling, in (0, 1]")
+    parser.add_argument("--seed", type=T.seed, default=None)
     parser.add_argument("--no-cache", action="store_true", help="recompute the prefix every step")
-    parser.add_argument("--samples", type=int, default=1, help="number of samples (seeds seed, seed+1, ...)")
+    parser.add_argument("--samples", type=T.positive_int, default=1,
+                        help="number of samples (seeds seed, seed+1, ...)")
     parser.add_argument("--checkpoint", default=None, help="checkpoint file (default: checkpoints/latest.pt)")
     parser.add_argument("--tokenizer", default=None, help="SentencePiece model (default: the run's)")
     parser.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-story token")
     parser.add_argument("--routing", action="store_true", help="print each token's experts per layer")
 
 
-def run_cli(args) -> int:
-    from studylib.run.rundir import RunDir
+def new_token_budget(requested: Optional[int], prompt_len: int, context: int) -> int:
+    """How many new tokens ``generate`` decodes: ``requested`` (default ``DEFAULT_NEW_TOKENS``)
+    capped to the room the context leaves after the prompt, but at least ``context // 4`` (the
+    prompt is then left-truncated by :func:`generate`) and at most ``context - 1``."""
+    n = DEFAULT_NEW_TOKENS if requested is None else requested
+    return max(1, min(n, max(context - prompt_len, context // 4), context - 1))
 
-    loaded = RunDir(args.run).load_model(checkpoint_path=args.checkpoint, tokenizer=args.tokenizer)
+
+def _load(args):
+    """The run's model and tokenizer; a missing tokenizer is a ConfigError naming the run."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = RunDir(args.run).load_model(checkpoint_path=args.checkpoint, tokenizer=args.tokenizer)
+    for w in caught:
+        if loaded.tokenizer is not None:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if loaded.tokenizer is None:
+        why = "; ".join(str(w.message) for w in caught) or "the run names no tokenizer"
+        raise ConfigError(f"{args.run}: no tokenizer ({why}); pass --tokenizer PATH")
+    return loaded
+
+
+def run_cli(args) -> int:
+    loaded = _load(args)
     model, tok, cfg = loaded.model, loaded.tokenizer, loaded.config
-    if tok is None:
-        print(f"error: no tokenizer for {args.run}; pass --tokenizer PATH", file=sys.stderr)
-        return 2
     eos = tok.eos_id()
     # training windows are "story <eos> story <eos> ...": a story starts after an <eos>
     prompt = [eos] + tok.encode(args.prompt)
     step = loaded.step
+    n_new = new_token_budget(args.max_new_tokens, len(prompt), cfg.context)
+    if args.max_new_tokens is not None and n_new < args.max_new_tokens:
+        print(f"# --max-new-tokens {args.max_new_tokens} capped to {n_new} (model context "
+              f"{cfg.context}, prompt {len(prompt)} tokens)", file=sys.stderr)
     print(f"# {cfg.name}: {model.num_params():,} params, step {step}, "
           f"{'no cache' if args.no_cache else 'KV cache'}, temperature {args.temperature}", file=sys.stderr)
     for i in range(args.samples):
         seed = None if args.seed is None else args.seed + i
-        g = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                     top_p=args.top_p, seed=seed, use_cache=not args.no_cache,
-                     eos_id=None if args.no_stop else eos, return_routing=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ContextOverflowWarning)
+            g = generate(model, prompt, n_new, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, seed=seed, use_cache=not args.no_cache,
+                         eos_id=None if args.no_stop else eos, return_routing=True)
+        for w in caught:
+            print(f"# {w.message}", file=sys.stderr)
         text = tok.decode(g.tokens)
         print(args.prompt + (" " if args.prompt and not text.startswith(" ") else "") + text)
         rate = len(g.tokens) / max(g.seconds, 1e-9)

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from studylib.config import count_params
+
 
 @dataclass
 class StepResult:
@@ -70,3 +72,36 @@ def data_summary(data) -> dict:
         return dict(data.summary())
     except Exception:  # a look-alike without summary()
         return {"train_windows": len(data.train_idx), "val_windows": len(data.val_idx)}
+
+
+# what a finished run's summary must hold for the trainer to skip the run (and the CLI to print it)
+SUMMARY_REQUIRED = ("best_val_loss", "best_val_ppl", "best_step", "final_val_loss", "steps",
+                    "train_tok_per_s")
+
+
+def expected_steps(done: int, total: int, log_every: int, eval_every: int) -> dict[str, list[int]]:
+    """The steps of the "train" and "eval" records a run has written after optimizer step ``done``."""
+    evals = list(range(eval_every, done + 1, eval_every))
+    if done == total and (not evals or evals[-1] != total):
+        evals.append(total)
+    return {"train": list(range(log_every, done + 1, log_every)), "eval": evals}
+
+
+def summary_record(t) -> dict:
+    """``summary.json`` of the finished run held by trainer ``t`` (a :class:`studylib.run.trainer.Trainer`)."""
+    best, final, clock = t.best, t.final, t.clock
+    tokens = t.total * t.targets_per_step
+    amp = str(t.amp_dtype).replace("torch.", "") if t.amp_dtype else "fp32"
+    return {
+        "model": t.model_name, "seed": t.seed, "preset": t.preset.name,
+        "best_val_loss": best["val_loss"], "best_val_ppl": ppl(best["val_loss"]),
+        "best_step": best["step"], "best_is_full_eval": best["full"],
+        "final_val_loss": final["val_loss"], "final_val_ppl": final["val_ppl"],
+        "steps": t.total, "tokens": tokens,
+        "wall_time_s": clock["elapsed_s"], "train_time_s": clock["train_s"],
+        "train_tok_per_s": tokens / max(clock["train_s"], 1e-9),
+        "params": count_params(t.mcfg).as_dict(), "num_params": t.model.num_params(),
+        "device": str(t.device), "amp": amp,
+        "world_size": t.dist.world, "config_hash": t.chash, "data": data_summary(t.data),
+        "finished": True,
+    }

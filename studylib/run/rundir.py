@@ -5,8 +5,8 @@ A run lives in ``<outputs>/<preset>/runs/<model>/seed<seed>/`` where ``<outputs>
 else ``./outputs``. It holds ``config.yaml`` (the run's identity hash, the resolved preset and
 model config: :func:`studylib.config.run_document`), ``metrics.jsonl`` (one JSON object per
 line, ``kind`` "train" or "eval"), ``summary.json`` (written when the run finished) and
-``checkpoints/`` (:mod:`studylib.run.checkpoint`). Everything that reads or writes those files
-goes through :class:`RunDir`.
+``checkpoints/`` (:mod:`studylib.run.checkpoint`), and ``.lock`` (:meth:`RunDir.lock`: one writer at
+a time). Everything that reads or writes those files goes through :class:`RunDir`.
 """
 from __future__ import annotations
 
@@ -21,16 +21,22 @@ import yaml
 
 from studylib.config import ConfigError, ModelConfig, Preset, model_from_dict, same_run
 from studylib.run import checkpoint
+from studylib.run.dirlock import RunDirLocked, dir_lock  # noqa: F401  (RunDirLocked: raised by RunDir.lock)
 from studylib.run.files import atomic_open, write_atomic, write_json_atomic
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_DIR = "checkpoints"
+LOCK_FILE = ".lock"
 
 
 class RunDirConflict(ConfigError):
     """The run directory holds a run with a different configuration."""
+
+
+class MetricsGap(ConfigError):
+    """``metrics.jsonl`` lacks records written before the checkpoint and nothing can rebuild them."""
 
 
 def outputs_root(preset: Optional[Preset] = None) -> Path:
@@ -92,6 +98,17 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINT_DIR
 
+    @property
+    def lock_path(self) -> Path:
+        return self.path / LOCK_FILE
+
+    # ---- one writer ------------------------------------------------------------------------
+    def lock(self):
+        """Context manager: hold this run directory's lock for the block (one writer per run
+        directory); :class:`RunDirLocked`, naming the holder's PID, if another process holds it.
+        See :func:`studylib.run.dirlock.dir_lock`."""
+        return dir_lock(self.path, LOCK_FILE)
+
     # ---- config ----------------------------------------------------------------------------
     def read_config(self) -> Optional[dict]:
         """The stored ``config.yaml`` (None if there is none)."""
@@ -150,10 +167,61 @@ class RunDir:
                 out.append(rec)
         return out
 
-    def append_metrics(self, rec: dict) -> None:
+    def append_metrics(self, rec: dict) -> str:
+        """Append ``rec`` as one line; returns the line written (its newline included)."""
+        line = json.dumps(rec, default=_json_default) + "\n"
         with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec, default=_json_default) + "\n")
+            f.write(line)
             f.flush()
+        return line
+
+    def resume_metrics(self, step: int, written: Optional[str], expected: dict[str, list[int]]) -> Optional[str]:
+        """Make ``metrics.jsonl`` hold exactly the records up to optimizer step ``step`` (resuming).
+
+        ``written``: the lines the run had written up to ``step``, as its checkpoint carries them;
+        the file is rewritten from them if it lacks or changed any (the message returned says so).
+        Without that copy (an older checkpoint) the records left are checked against ``expected``
+        ({"train": steps, "eval": steps}); a gap is :class:`MetricsGap`, never a silent loss.
+        """
+        kept = [line for line in self.metric_lines() if _step_of(line) <= step]
+        if written is not None:
+            want = written.splitlines()
+            self._rewrite_metrics(want)
+            if kept != want:
+                return (f"{self.metrics_path}: restored its {len(want)} records up to step {step} from "
+                        f"the checkpoint (the file held {len(kept)} of them)")
+            return None
+        have: dict[str, set] = {}
+        for line in kept:
+            rec = json.loads(line)
+            have.setdefault(rec.get("kind"), set()).add(rec.get("step"))
+        gaps = {k: [s for s in steps if s not in have.get(k, set())] for k, steps in expected.items()}
+        gaps = {k: v for k, v in gaps.items() if v}
+        if gaps:
+            what = "; ".join(f"{k} records of steps {_short(v)}" for k, v in gaps.items())
+            raise MetricsGap(f"{self.metrics_path}: lacks the {what}, written before the checkpoint at "
+                             f"step {step}, and that checkpoint holds no copy of them; restore the file "
+                             f"or delete {self.path} to rerun the run")
+        self._rewrite_metrics(kept)
+        return None
+
+    def metric_lines(self) -> list[str]:
+        """The well-formed lines of ``metrics.jsonl`` (no newlines; a torn line is left out)."""
+        if not self.metrics_path.is_file():
+            return []
+        out = []
+        for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                ok = isinstance(json.loads(line), dict)
+            except json.JSONDecodeError:
+                ok = False
+            if ok:
+                out.append(line)
+        return out
+
+    def _rewrite_metrics(self, lines: list[str]) -> None:
+        with atomic_open(self.metrics_path, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
 
     def truncate_metrics(self, step: int) -> None:
         """Keep only the records up to optimizer step ``step`` (used when resuming)."""
@@ -172,8 +240,17 @@ class RunDir:
         return s if isinstance(s, dict) else None
 
     def finished(self) -> bool:
+        """A finished run: ``summary.json`` says ``finished`` and has its numeric ``best_val_loss``
+        (a summary without it, e.g. ``{"finished": true}``, is not a finished run)."""
+        return not self.summary_missing(("best_val_loss",))
+
+    def summary_missing(self, keys) -> list[str]:
+        """What keeps ``summary.json`` from being a finished run's summary with the numeric
+        ``keys``: ["summary.json"] if there is none or it is not finished, else the keys it lacks."""
         s = self.summary()
-        return bool(s and s.get("finished"))
+        if not s or s.get("finished") is not True:
+            return [SUMMARY_FILE]
+        return [k for k in keys if not (isinstance(s.get(k), (int, float)) and not isinstance(s.get(k), bool))]
 
     def write_summary(self, summary: dict) -> None:
         write_json_atomic(self.summary_path, summary, default=_json_default)
@@ -242,16 +319,18 @@ class RunDir:
     def load_tokenizer(self, path: Optional[os.PathLike] = None):
         import sentencepiece as spm
 
-        if path is not None:
-            if not Path(path).is_file():
-                raise ConfigError(f"--tokenizer {path}: file not found (a SentencePiece .model file)")
-            return spm.SentencePieceProcessor(model_file=str(path))
-        found = self.tokenizer_path()
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"--tokenizer {path}: file not found (a SentencePiece .model file)")
+        found = Path(path) if path is not None else self.tokenizer_path()
         if found is None:
             warnings.warn(f"{self.path}: could not find the run's tokenizer (data cache moved?); "
                           f"pass --tokenizer / load it yourself", UserWarning)
             return None
-        return spm.SentencePieceProcessor(model_file=str(found))
+        try:
+            return spm.SentencePieceProcessor(model_file=str(found))
+        except (OSError, RuntimeError) as e:
+            where = f"--tokenizer {found}" if path is not None else str(found)
+            raise ConfigError(f"{where}: not a SentencePiece .model file ({' '.join(str(e).split())[:160]})") from None
 
 
 def _tokenizer_in_cache(doc: dict, vocab_size: int) -> Optional[Path]:
@@ -280,6 +359,15 @@ def _tokenizer_in_cache(doc: dict, vocab_size: int) -> Optional[Path]:
         dcfg = dataclass_from_dict(DataConfig, {k: v for k, v in pdata.items() if k in keys}, "data")
         return Path(load_data(dcfg, progress=False).tokenizer_path)
     return None
+
+
+def _step_of(line: str) -> float:
+    step = json.loads(line).get("step", 0)
+    return step if isinstance(step, (int, float)) else float("inf")
+
+
+def _short(steps: list[int]) -> str:
+    return str(steps) if len(steps) <= 8 else f"[{', '.join(map(str, steps[:8]))}, ... ({len(steps)} in all)]"
 
 
 def _json_default(o):

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import threading
+import zlib
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 from urllib.parse import urlparse
@@ -37,12 +38,12 @@ def data_files(data_dir: str | os.PathLike) -> list[Path]:
                   and p.name.endswith(DATA_EXTENSIONS) and "valid" not in p.name.lower())
 
 
-def _read_text(path: Path) -> Iterator[str]:
+def _read_text(path: Path, where: list) -> Iterator[str]:
     """Stories of a .txt / .txt.gz file: separated by lines that are exactly ``<|endoftext|>``."""
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         lines: list[str] = []
-        for line in f:
+        for where[0], line in enumerate(f, 1):
             if line.strip() == EOT:
                 yield "".join(lines)
                 lines = []
@@ -51,23 +52,72 @@ def _read_text(path: Path) -> Iterator[str]:
         yield "".join(lines)  # text after the last separator (usually empty)
 
 
-def _read_file(path: Path) -> Iterator[str]:
-    if path.name.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    row = json.loads(line)
-                    if "text" not in row:
-                        raise DataError(f"{path}:{n}: a .jsonl row needs a 'text' field")
-                    yield row["text"]
-    elif path.name.endswith(".parquet"):
-        import pyarrow.parquet as pq  # a dependency of `datasets`
+def _read_jsonl(path: Path, where: list) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        for where[0], line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{where[0]}: not a JSON object ({e.msg}); expected one "
+                                "{\"text\": \"...\"} per line") from None
+            if not isinstance(row, dict) or not isinstance(row.get("text", 0), (str, type(None))):
+                raise DataError(f"{path}:{where[0]}: a .jsonl row needs a 'text' field holding a string")
+            yield row["text"]
 
-        table = pq.read_table(path, columns=["text"])
-        for batch in table.to_batches():
-            yield from batch.column(0).to_pylist()
-    else:
-        yield from _read_text(path)
+
+def _read_file(path: Path) -> Iterator[str]:
+    """The texts of one data file; a file that cannot be read is a :class:`DataError` naming it
+    (and the line, for text files)."""
+    where = [0]  # the last line read (1-based), for the error message
+    try:
+        if path.name.endswith(".jsonl"):
+            yield from _read_jsonl(path, where)
+        elif path.name.endswith(".parquet"):
+            import pyarrow.parquet as pq  # a dependency of `datasets`
+
+            table = pq.read_table(path, columns=["text"])
+            for batch in table.to_batches():
+                yield from batch.column(0).to_pylist()
+        else:
+            yield from _read_text(path, where)
+    except UnicodeDecodeError as e:
+        line, byte = _first_bad_line(path, e)
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte {byte!r}); expected UTF-8 "
+                        "stories separated by '<|endoftext|>' lines") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise DataError(f"{path}: not a complete gzip file ({_one_line(e)}); expected gzip-compressed "
+                        "UTF-8 text") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({_one_line(e)})") from None
+    except DataError:
+        raise
+    except Exception as e:  # pyarrow's errors (a damaged .parquet) are not one family
+        if path.name.endswith(".parquet") and type(e).__module__.startswith("pyarrow"):
+            raise DataError(f"{path}: not a readable parquet file with a 'text' column "
+                            f"({_one_line(e)})") from None
+        raise
+
+
+def _first_bad_line(path: Path, e: UnicodeDecodeError) -> tuple[int, bytes]:
+    """(1-based line number, offending byte) of the first line of ``path`` that is not UTF-8
+    (text mode decodes in blocks, so the error itself does not know the line)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as bad:
+                    return n, raw[bad.start:bad.start + 1]
+    except (OSError, EOFError, zlib.error):
+        pass
+    return 1, e.object[e.start:e.start + 1]
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())[:200] or type(e).__name__
 
 
 def _clean(texts: Iterable[Optional[str]]) -> Iterator[str]:

@@ -12,18 +12,17 @@ Evaluation every ``eval_every`` optimizer steps and at the end, on a fixed subse
 the run's ``final_val_loss``. ``best_val_loss`` is the lowest loss *on the subset* (the last step
 evaluates the subset too), so it never compares two different samples of windows. Checkpoints
 at each evaluation (or every ``checkpoint_every`` steps) and at the end; a finished run directory
-is skipped, an unfinished one resumes from its last good checkpoint, bit for bit on CPU. The
-records a run writes are built by :mod:`studylib.run.records`.
+is skipped, an unfinished one resumes from its last good checkpoint, bit for bit on CPU. One
+process writes a run directory (rank 0 holds :meth:`RunDir.lock` for the whole run); checkpoints
+carry the metrics lines written so far, so a resume restores lost ones
+(:meth:`RunDir.resume_metrics`). Batch, data and memory are checked up front
+(:mod:`studylib.run.resources`); the records are built by :mod:`studylib.run.records`.
 
-DDP: under ``torchrun`` (``WORLD_SIZE`` > 1) the same code initialises a process group (gloo on
-CPU, NCCL on CUDA) and wraps the model in DistributedDataParallel. The *global* batch stays
+DDP (``torchrun``, ``WORLD_SIZE`` > 1): gloo on CPU, NCCL on CUDA. The global batch stays
 ``batch_size * grad_accum`` windows: rank r takes windows ``r::world_size`` of every micro-batch,
-weights its loss by its share (so unequal shares are exact), skips the gradient all-reduce on
-non-final micro-steps (``no_sync``), and only rank 0 writes files. With dropout 0 the loss curve
-equals the single-process run up to float rounding. Caveats: dropout masks differ from a
-single-process run (each rank has its own RNG stream), and the MoE balance loss is computed per
-rank on that rank's tokens (as in most MoE codebases), so MoE runs with a balance loss are close
-to, not identical with, the single-process run.
+weights its loss by its share, skips the all-reduce on non-final micro-steps (``no_sync``); only
+rank 0 writes files. With dropout 0 the loss curve equals the single-process run up to rounding;
+dropout masks differ (one RNG stream per rank) and the MoE balance loss is per rank.
 """
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from studylib.config import ConfigError, Preset, count_params, load_preset, override, run_document
+from studylib.config import Preset, override, run_document
 from studylib.nn.model import Decoder
 from studylib.nn.precision import autocast
 from studylib.run import checkpoint
@@ -47,7 +46,9 @@ from studylib.run.dist import Dist, resolve_amp, resolve_device, seed_everything
 from studylib.run.evaluation import evaluate
 from studylib.run.files import clean_temp_files
 from studylib.run.optim import lr_at, make_optimizer, total_steps_for
-from studylib.run.records import RunningSums, StepResult, data_summary, eval_record, ppl, train_record
+from studylib.run.records import (SUMMARY_REQUIRED, RunningSums, StepResult, eval_record, expected_steps,
+                                  summary_record, train_record)
+from studylib.run.resources import check_run
 from studylib.run.rundir import RunDir, run_dir_for
 
 class NonFiniteLossError(RuntimeError):
@@ -86,7 +87,11 @@ class Trainer:
         run); the summary of a finished run, else None."""
         self.chash = self.rd.check(self.doc)  # an existing run keeps the hash its checkpoints carry
         self.doc["run"]["config_hash"] = self.chash
-        if not self.rd.finished():
+        missing = self.rd.summary_missing(SUMMARY_REQUIRED)
+        if missing:
+            if missing != ["summary.json"]:
+                self.say(f"{self.rd.summary_path}: marked finished but lacks {', '.join(missing)}; "
+                         f"resuming the run to rewrite it")
             return None
         summary = self.rd.summary()
         self.say(f"{self.rd.path}: finished run found (best val loss {summary.get('best_val_loss'):.4f} "
@@ -125,24 +130,14 @@ class Trainer:
     def _plan_batches(self) -> None:
         data = self.data
         context = getattr(data, "context", None) or data.windows(np.asarray(data.train_idx[:1])).shape[1]
-        self._check_fits(context)
+        check_run(self.mcfg, self.model_name, self.tcfg, data, context, self.amp_dtype, self.device,
+                  self.dist.world)
         self.total = total_steps_for(self.tcfg, len(data.train_idx))
         self.sampler = BatchSampler(data.train_idx, self.seed, self.B, self.accum)
         self.sub_idx = eval_subset(data.val_idx, self.tcfg.eval_windows, self.preset.data.split_seed)
         self.full_idx = np.asarray(data.val_idx, dtype=np.int64)
         self.subset_is_full = len(self.sub_idx) == len(self.full_idx)
         self.targets_per_step = self.B * self.accum * (context - 1)
-
-    def _check_fits(self, context: int) -> None:
-        mcfg, name = self.mcfg, self.model_name
-        if self.data.vocab_size > mcfg.vocab_size:
-            raise ConfigError(f"models.{name}.vocab_size={mcfg.vocab_size} is smaller than the "
-                              f"tokenizer's vocabulary ({self.data.vocab_size})")
-        if context - 1 > mcfg.context:
-            raise ConfigError(f"models.{name}.context={mcfg.context} is shorter than the "
-                              f"{context - 1} input tokens of a data window")
-        if self.B < self.dist.world:
-            raise ConfigError(f"train.batch_size={self.B} is smaller than the {self.dist.world} DDP ranks")
 
     # ---- resume or start ---------------------------------------------------------------------
     def resume(self) -> None:
@@ -151,6 +146,8 @@ class Trainer:
         self.best = {"val_loss": float("inf"), "step": 0, "full": False}
         self.clock = {"elapsed_s": 0.0, "train_s": 0.0}
         self.last_ckpt: Optional[int] = None
+        self.records: list[str] = []  # rank 0: the metrics lines written so far (checkpoints carry them)
+        self.records_copy: Optional[str] = None
         found = checkpoint.load_resume(self.rd.checkpoints, expect_hash=self.chash, warn=self.say)
         if found is None:
             return
@@ -160,6 +157,7 @@ class Trainer:
         self.start, self.final = state["step"], state.get("final")
         self.best, self.clock = dict(state["best"]), dict(state["clock"])
         self.last_ckpt = self.start
+        self.records_copy = state.get("metrics")
         ranks = state.get("rng_ranks") or []
         checkpoint.restore_rng(ranks[self.dist.rank] if len(ranks) == self.dist.world else state["rng"])
         self.say(f"{self.rd.path}: resuming from step {self.start} of {self.total} (checkpoint {path})")
@@ -170,7 +168,12 @@ class Trainer:
         if self.dist.main:
             clean_temp_files(self.rd.checkpoints)
             self.rd.write_config(self.doc)
-            self.rd.truncate_metrics(self.start)  # drop records written after the checkpoint
+            # keep exactly the records up to the checkpoint: drop later ones, restore lost ones
+            expected = expected_steps(self.start, self.total, self.log_every, self.tcfg.eval_every)
+            note = self.rd.resume_metrics(self.start, self.records_copy, expected)
+            if note:
+                self.say(note)
+            self.records = [line + "\n" for line in self.rd.metric_lines()]  # now exactly those up to start
 
     def wrap_model(self) -> None:
         """``self.net``: the model as trained (compiled and/or DDP-wrapped); ``self.model`` stays bare."""
@@ -276,7 +279,8 @@ class Trainer:
         """Append a "train" record (means since the last one) every ``log_every`` steps."""
         if not (self.dist.main and done % self.log_every == 0):
             return
-        self.rd.append_metrics(train_record(done, self.targets_per_step, self.since_log, result))
+        self.records.append(self.rd.append_metrics(train_record(done, self.targets_per_step, self.since_log,
+                                                                result)))
         self.since_log = RunningSums()
 
     # ---- evaluate: the "eval" records ---------------------------------------------------------
@@ -294,7 +298,7 @@ class Trainer:
         if ev_best is not ev:
             rec["subset_val_loss"] = ev_best["val_loss"]
         if self.dist.main:
-            self.rd.append_metrics(rec)
+            self.records.append(self.rd.append_metrics(rec))
         self.since_eval = RunningSums()
         return rec
 
@@ -308,20 +312,20 @@ class Trainer:
 
     # ---- save: checkpoints --------------------------------------------------------------------
     def save(self, step: int, final_rec: Optional[dict] = None) -> None:
-        """Write ``latest.pt`` (the old one becomes ``prev.pt``) and, with ``keep_checkpoints``,
-        a model-only snapshot; every rank contributes its RNG state, rank 0 writes."""
+        """With ``keep_checkpoints`` a model-only snapshot, THEN ``latest.pt`` (the old one becomes
+        ``prev.pt``): a kill between the two resumes before this step and rewrites the snapshot,
+        so none is ever lost. Every rank contributes its RNG state, rank 0 writes."""
         rng = checkpoint.capture_rng()
         all_rng = self.dist.gather(rng)
+        if self.dist.main:
+            ckpt_dir = self.rd.checkpoints
+            if self.tcfg.keep_checkpoints:
+                checkpoint.save(checkpoint.snapshot_path(ckpt_dir, step),
+                                {"kind": "snapshot", "step": step, "total_steps": self.total,
+                                 "config_hash": self.chash, "model": self.model.state_dict()})
+            checkpoint.save(ckpt_dir / checkpoint.LATEST, self._full_state(step, final_rec, rng, all_rng),
+                            keep_prev=True)
         self.last_ckpt = step
-        if not self.dist.main:
-            return
-        ckpt_dir = self.rd.checkpoints
-        checkpoint.save(ckpt_dir / checkpoint.LATEST, self._full_state(step, final_rec, rng, all_rng),
-                        keep_prev=True)
-        if self.tcfg.keep_checkpoints:
-            checkpoint.save(checkpoint.snapshot_path(ckpt_dir, step),
-                            {"kind": "snapshot", "step": step, "total_steps": self.total,
-                             "config_hash": self.chash, "model": self.model.state_dict()})
 
     def _full_state(self, step: int, final_rec: Optional[dict], rng: dict, all_rng: list) -> dict:
         total = self.total
@@ -333,6 +337,7 @@ class Trainer:
             "rng": rng, "rng_ranks": all_rng,
             "data_position": self.sampler.data_position(step),
             "best": self.best, "clock": self.clock, "final": final_rec, "world_size": self.dist.world,
+            "metrics": "".join(self.records),
         }
 
     # ---- finish: the summary ------------------------------------------------------------------
@@ -341,29 +346,11 @@ class Trainer:
         if self.final is None:  # resumed from the final checkpoint: nothing left to do but the summary
             raise CheckpointStateError(self.rd.path)
         self.clock["elapsed_s"] = max(self.clock["elapsed_s"], time.perf_counter() - self.t_wall0)
-        summary = self._summary()
+        summary = summary_record(self)
         if self.dist.main:
             self.rd.write_summary(summary)
         self.dist.barrier()
         return summary
-
-    def _summary(self) -> dict:
-        best, final, clock = self.best, self.final, self.clock
-        tokens = self.total * self.targets_per_step
-        amp = str(self.amp_dtype).replace("torch.", "") if self.amp_dtype else "fp32"
-        return {
-            "model": self.model_name, "seed": self.seed, "preset": self.preset.name,
-            "best_val_loss": best["val_loss"], "best_val_ppl": ppl(best["val_loss"]),
-            "best_step": best["step"], "best_is_full_eval": best["full"],
-            "final_val_loss": final["val_loss"], "final_val_ppl": final["val_ppl"],
-            "steps": self.total, "tokens": tokens,
-            "wall_time_s": clock["elapsed_s"], "train_time_s": clock["train_s"],
-            "train_tok_per_s": tokens / max(clock["train_s"], 1e-9),
-            "params": count_params(self.mcfg).as_dict(), "num_params": self.model.num_params(),
-            "device": str(self.device), "amp": amp,
-            "world_size": self.dist.world, "config_hash": self.chash, "data": data_summary(self.data),
-            "finished": True,
-        }
 
 
 def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.PathLike | None = None,
@@ -376,42 +363,17 @@ def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.Path
     ``data``: a :class:`studylib.run.data.TokenData` (or look-alike) to use instead of loading it.
     """
     trainer = Trainer(override(preset, overrides), model_name, seed, run_dir, progress)
-    summary = trainer.finished_summary()
-    if summary is not None:
-        return summary
-    threads = torch.get_num_threads()
-    if trainer.tcfg.num_threads > 0:
-        torch.set_num_threads(trainer.tcfg.num_threads)
-    trainer.dist.init(trainer.device)
-    try:
-        return trainer.run(data)
-    finally:
-        trainer.dist.close()
-        torch.set_num_threads(threads)
-
-
-# ---- CLI: python -m studylib train --params params/X.yaml --model NAME --seed N [--set k=v ...]
-def add_cli(parser) -> None:
-    parser.add_argument("--params", required=True, help="preset YAML, e.g. params/tiny.yaml")
-    parser.add_argument("--model", required=True, help="model name from the preset's models")
-    parser.add_argument("--seed", type=int, default=None, help="seed (default: the preset's first)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a preset value, e.g. --set train.max_steps=100 (repeatable)")
-    parser.add_argument("--run-dir", default=None, help="run directory (default: outputs/<preset>/runs/"
-                                                        "<model>/seed<seed>/)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def run_cli(args) -> int:
-    preset = load_preset(args.params, args.set)
-    seed = args.seed if args.seed is not None else preset.seeds[0]
-    try:
-        s = train_run(preset, args.model, seed, run_dir=args.run_dir, progress=not args.no_progress)
-    except (NonFiniteLossError, checkpoint.CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"{args.model} seed {seed}: best val loss {s['best_val_loss']:.4f} "
-              f"(ppl {s['best_val_ppl']:.2f}) at step {s['best_step']}; final {s['final_val_loss']:.4f}; "
-              f"{s['steps']} steps, {s['train_tok_per_s']:,.0f} tok/s")
-    return 0
+    # one writer per run directory: rank 0 holds its lock for the whole run (RunDirLocked if taken)
+    with trainer.rd.lock() if trainer.dist.main else contextlib.nullcontext():
+        summary = trainer.finished_summary()
+        if summary is not None:
+            return summary
+        threads = torch.get_num_threads()
+        if trainer.tcfg.num_threads > 0:
+            torch.set_num_threads(trainer.tcfg.num_threads)
+        trainer.dist.init(trainer.device)
+        try:
+            return trainer.run(data)
+        finally:
+            trainer.dist.close()
+            torch.set_num_threads(threads)

@@ -7,7 +7,8 @@ executed with papermill (kernel ``python3``, working directory = the repository 
 ``outputs/<preset>/notebooks/NN_*.ipynb``. A failing notebook stops the study with a message naming
 the notebook, the failing cell and the error (the partly executed notebook is kept). Then,
 unless ``--no-report``, the executed notebooks are stitched into ``outputs/<preset>/report.html``
-(code hidden, figures embedded).
+(code hidden, figures embedded). While a notebook runs, the terminal shows which runs train,
+their step and ETA (:mod:`studylib.study.watch`); kernels talk over local IPC sockets.
 
 Notebooks call :func:`notebook_context` first: it finds the repository root (so a notebook runs
 from any working directory, e.g. nbval's, which is the notebook's folder), loads the preset and
@@ -119,6 +120,19 @@ def _failure_message(name: str, err, out_path: Path) -> str:
             f"  the partly executed notebook (with the traceback) is {out_path}")
 
 
+def ipc_kernel_manager():
+    """A jupyter kernel manager that talks to its kernel over local IPC sockets, not TCP on
+    localhost: nothing listens on the network, and the kernel does not warn "Kernel is running
+    over TCP without encryption" on every notebook. (jupyter_client is imported here, lazily.)"""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import CaselessStrEnum
+
+    class IPCKernelManager(AsyncKernelManager):
+        transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+    return IPCKernelManager
+
+
 def execute_notebook(py_path: os.PathLike, out_path: os.PathLike, parameters: dict, cwd: os.PathLike,
                      timeout: Optional[float] = None, progress: bool = True) -> float:
     """Convert and execute one notebook; returns seconds. Raises :class:`StudyError` on failure."""
@@ -136,7 +150,7 @@ def execute_notebook(py_path: os.PathLike, out_path: os.PathLike, parameters: di
         try:
             pm.execute_notebook(str(src), str(out_path), parameters=parameters, kernel_name=KERNEL,
                                 cwd=str(cwd), progress_bar=progress, execution_timeout=timeout,
-                                log_output=False)
+                                log_output=False, kernel_manager_class=ipc_kernel_manager())
         except PapermillExecutionError as e:
             raise StudyError(_failure_message(py_path.name, e, out_path)) from None
         except Exception as e:  # kernel died, timeout, bad notebook ...
@@ -162,10 +176,15 @@ def _study_params(params: str, root: Path) -> tuple:
 def _execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path, timeout, progress,
                  echo, t_start: float) -> dict:
     """Execute ``nbs`` in order into ``nb_out``; ``{stem: seconds}``."""
+    from studylib.study.watch import RunWatcher
+
     times: dict = {}
+    tty = progress and sys.stderr.isatty()
     for i, py in enumerate(nbs, 1):
         echo(f"[{i}/{len(nbs)}] {py.name} ...")
-        times[py.stem] = execute_notebook(py, nb_out / (py.stem + ".ipynb"), parameters, root, timeout, progress)
+        with RunWatcher(nb_out.parent / "runs", echo, tty=tty):  # runs in flight, step, ETA
+            times[py.stem] = execute_notebook(py, nb_out / (py.stem + ".ipynb"), parameters, root, timeout,
+                                              progress)
         echo(f"[{i}/{len(nbs)}] {py.name} done in {times[py.stem]:.1f} s "
              f"(total {time.perf_counter() - t_start:.1f} s)")
     return times
@@ -264,13 +283,15 @@ def write_report(paths: Sequence[os.PathLike], out_path: os.PathLike, title: str
 # CLI
 # --------------------------------------------------------------------------------------------
 def add_cli(parser) -> None:
+    from studylib.config import args as T
+
     parser.add_argument("--params", required=True, help="preset YAML, e.g. params/cpu.yaml")
     parser.add_argument("--notebooks", nargs="+", default=None, metavar="NN",
                         help="only these notebooks (numbers like 01 03, or names); default: all")
-    parser.add_argument("--jobs", type=int, default=None,
+    parser.add_argument("--jobs", type=T.positive_int, default=None,
                         help="parallel training processes (default: the preset's study.jobs)")
     parser.add_argument("--no-report", action="store_true", help="skip outputs/<preset>/report.html")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+    parser.add_argument("--timeout", type=T.positive_float, default=None, metavar="S",
                         help="per-cell execution timeout in seconds (default: none)")
     parser.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
 

@@ -10,7 +10,9 @@
   ``python -m studylib train ... --no-progress`` subprocesses, ``jobs`` at a time (at most one
   per missing run), each with ``cores // jobs`` torch/OpenMP threads and, when several GPUs are
   visible, its own GPU (``CUDA_VISIBLE_DEVICES`` round-robin over the job slots). Each child's
-  stdout/stderr goes to ``<run_dir>/train.log``;
+  stdout/stderr goes to ``<run_dir>/train.log``. Each child leads its own process group (a
+  terminal's Ctrl-C reaches this process, which stops them) and gets SIGTERM from the kernel if
+  this process dies, even by SIGKILL (``PR_SET_PDEATHSIG``), so none outlives the sweep;
 * one overall progress bar (``tqdm.auto``) counts runs;
 * a failed run stops the sweep (the other children are stopped; they resume later from their
   last checkpoint) with an error naming the model, the seed, the log file and its last lines.
@@ -187,7 +189,25 @@ def _start(job: _Job, params_file: str, threads: int, gpus: int) -> None:
     job.log.write(f"$ {' '.join(cmd)}\n")
     job.log.flush()
     job.t0 = time.perf_counter()
-    job.proc = subprocess.Popen(cmd, stdout=job.log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+    job.proc = subprocess.Popen(cmd, stdout=job.log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=die_with_parent)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    """``preexec_fn`` of a training child: the kernel sends it SIGTERM when this process dies,
+    however it dies (SIGKILL included), so no child trains on unseen after a killed sweep; it
+    resumes from its last checkpoint on the next sweep. Linux only (elsewhere a no-op)."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _check_finished(job: _Job, rc: int) -> None:
@@ -199,10 +219,16 @@ def _check_finished(job: _Job, rc: int) -> None:
 
 
 def _stop(running: list) -> None:
-    """A failure or an interrupt: stop the other children (they resume later) and close their logs."""
+    """A failure or an interrupt: stop the other children and their own children (each leads
+    its own process group), wait for them (they resume later), and close their logs."""
+    import signal
+
     for job in running:
         if job.proc is not None and job.proc.poll() is None:
-            job.proc.terminate()
+            try:
+                os.killpg(job.proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                job.proc.terminate()
     for job in running:
         if job.proc is not None:
             try:

@@ -116,3 +116,11 @@ def test_shipped_presets_resolve_every_model(name):
     p = load_preset(path)
     for m in p.model_names():
         p.model_config(m).validate()
+
+
+def test_bare_on_off_reach_on_off_fields():
+    """YAML 1.1 reads `--set train.amp=off` as False; a field whose choices include on/off takes it."""
+    p = load_preset(ROOT / "params" / "ci.yaml", ["train.amp=off", "models.moe_top1.ffn.grouped_mm=on"])
+    assert p.train.amp == "off" and p.model_config("moe_top1").ffn.grouped_mm == "on"
+    with pytest.raises(ConfigError, match="train.compile"):
+        load_preset(ROOT / "params" / "ci.yaml", ["train.compile=maybe"])

@@ -103,14 +103,22 @@ def test_keep_prev_and_resume_fallback(tmp_path):
     assert C.load(d / C.PREV)["step"] == 2 and C.load(d / C.LATEST)["step"] == 4
     state, path = C.load_resume(d, expect_hash="abc")
     assert state["step"] == 4 and path == d / C.LATEST
-    # damage latest.pt: resume falls back to the previous good checkpoint, with a warning
-    data = (d / C.LATEST).read_bytes()
-    (d / C.LATEST).write_bytes(data[:100])
-    warnings = []
-    state, path = C.load_resume(d, expect_hash="abc", warn=warnings.append)
-    assert state["step"] == 2 and path == d / C.PREV
-    assert "latest.pt" in warnings[0]
+    # damage latest.pt: resume falls back to the previous good checkpoint, with ONE warning line
+    # naming both files; peek_step agrees; the next save does not rotate the bad file over prev.pt
+    for damage in ("truncate", "flip"):
+        data = bytearray((d / C.LATEST).read_bytes())
+        if damage == "flip":
+            data[len(data) // 2] ^= 1
+        (d / C.LATEST).write_bytes(bytes(data if damage == "flip" else data[:100]))
+        lines = []
+        state, path = C.load_resume(d, expect_hash="abc", warn=lines.append)
+        assert state["step"] == 2 and path == d / C.PREV and C.peek_step(d) == 2
+        assert len(lines) == 1 and "\n" not in lines[0]
+        assert str(d / C.LATEST) in lines[0] and f"using {d / C.PREV} (step 2)" in lines[0]
+        C.save(d / C.LATEST, _state(step=4), keep_prev=True)
+        assert C.load(d / C.PREV)["step"] == 2 and C.load(d / C.LATEST)["step"] == 4
     # nothing usable: a clear error naming both files
+    (d / C.LATEST).write_bytes(b"junk")
     (d / C.PREV).write_bytes(b"junk")
     with pytest.raises(C.CheckpointError, match="no usable checkpoint"):
         C.load_resume(d, warn=lambda m: None)

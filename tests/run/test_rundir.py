@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 
 import pytest
+
+from _tiny import tiny_tokenizer
 import torch
 import yaml
 
@@ -13,7 +16,7 @@ from studylib.config import FFNConfig, ModelConfig, load_preset, run_document, t
 from studylib.nn.model import Decoder
 from studylib.run import checkpoint as C
 from studylib.run.decode import generate
-from studylib.run.rundir import RunDir, RunDirConflict
+from studylib.run.rundir import MetricsGap, RunDir, RunDirConflict, RunDirLocked
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [5, 17, 3, 42, 8, 1, 77]
@@ -72,6 +75,50 @@ def test_summary_and_finished(tmp_path):
     assert rd.summary() is None
     rd.write_summary({"finished": True, "best_val_loss": 1.25})
     assert rd.finished() and rd.summary()["best_val_loss"] == 1.25
+    assert rd.summary_missing(("best_val_loss", "best_step")) == ["best_step"]
+    for bad in ({"finished": True}, {"finished": True, "best_val_loss": "1.2"}, {"best_val_loss": 1.0}):
+        rd.write_summary(bad)  # a summary without its numbers is not a finished run
+        assert not rd.finished()
+
+
+def test_lock_is_exclusive_and_names_the_holder(tmp_path):
+    rd = RunDir(tmp_path / "r")
+    with rd.lock():
+        assert rd.lock_path.read_text().split()[0] == str(os.getpid())
+        with pytest.raises(RunDirLocked, match=rf"in use by another training process \(pid {os.getpid()} "):
+            with RunDir(tmp_path / "r").lock():  # another open file: flock refuses it as it would a process
+                pass
+    with rd.lock():  # released at the end of the block
+        pass
+    assert rd.lock_path.read_text() == ""
+
+
+def _lines(rd):
+    return rd.metrics_path.read_text().splitlines()
+
+
+def test_resume_metrics_restores_lost_records_from_the_copy(tmp_path):
+    rd = RunDir(tmp_path)
+    written = "".join(rd.append_metrics({"kind": "train", "step": s, "train_loss": 1.0 / s}) for s in range(1, 7))
+    rd.append_metrics({"kind": "train", "step": 7, "train_loss": 0.1})  # after the checkpoint at 6
+    expected = {"train": [1, 2, 3, 4, 5, 6], "eval": []}
+    assert rd.resume_metrics(6, written, expected) is None and _lines(rd) == written.splitlines()
+    rd.metrics_path.write_text("\n".join(written.splitlines()[:2]) + "\n")  # steps 3-6 lost
+    note = rd.resume_metrics(6, written, expected)
+    assert "restored its 6 records up to step 6" in note and "held 2" in note
+    assert _lines(rd) == written.splitlines()
+
+
+def test_resume_metrics_without_a_copy_checks_every_expected_step(tmp_path):
+    rd = RunDir(tmp_path)
+    for s in (1, 2, 3, 4):
+        rd.append_metrics({"kind": "train", "step": s})
+    rd.append_metrics({"kind": "eval", "step": 4})
+    rd.append_metrics({"kind": "train", "step": 5})
+    assert rd.resume_metrics(4, None, {"train": [1, 2, 3, 4], "eval": [4]}) is None
+    assert [r["step"] for r in rd.read_metrics()] == [1, 2, 3, 4, 4]
+    with pytest.raises(MetricsGap, match=r"lacks the train records of steps \[6, 8\]; eval records of steps \[8\]"):
+        rd.resume_metrics(8, None, {"train": [2, 4, 6, 8], "eval": [4, 8]})
 
 
 def test_load_model_roundtrip_and_steps(tmp_path):
@@ -102,17 +149,11 @@ def test_load_model_falls_back_to_prev_when_latest_is_damaged(tmp_path):
 
 
 def test_tokenizer_from_the_cache_and_cli(tmp_path, capsys):
-    import sentencepiece as spm
 
     from studylib.cli import main
 
     cache = tmp_path / "cache"
-    cache.mkdir()
-    text = ["Once upon a time there was a little cat. The cat liked to play in the sun."] * 50
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(text), model_prefix=str(cache / "tokenizer-abc"),
-                                   vocab_size=60, model_type="bpe", byte_fallback=False, minloglevel=2,
-                                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=False)
-    n = spm.SentencePieceProcessor(model_file=str(cache / "tokenizer-abc.model")).get_piece_size()
+    _, n = tiny_tokenizer(cache)
     rd = _write_run(tmp_path / "run", _tiny("dense", vocab_size=n), cache, vocab=n)
     assert rd.tokenizer_path() == cache / "tokenizer-abc.model"
     assert rd.load_model().tokenizer.get_piece_size() == n

@@ -15,7 +15,7 @@ from _tiny import TINY_RAW, comparable, synthetic_data, tiny_preset
 from studylib.run import checkpoint as C
 from studylib.run import optim as O
 from studylib.run import trainer as T
-from studylib.run.rundir import RunDir, RunDirConflict, run_dir_for
+from studylib.run.rundir import MetricsGap, RunDir, RunDirConflict, run_dir_for
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny shapes: threads only contend
 
@@ -242,3 +242,85 @@ def test_huge_lr_reports_non_finite(tmp_path, data):
                                 "max_steps": 30, "eval_every": 30})
     with pytest.raises(T.NonFiniteLossError, match="non-finite"):
         T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
+
+
+# --------------------------------------------------------------------------------------------
+# nothing lost, nothing silently wrong: metrics vs checkpoint, impossible batches, bad summaries
+# --------------------------------------------------------------------------------------------
+def _crashed_at_step_8(tmp_path, data, monkeypatch, preset, name="res") -> RunDir:
+    """The run of ``preset`` (checkpoints every 3 steps) killed in step 8: latest.pt holds step 6."""
+    res = RunDir(tmp_path / name)
+    with monkeypatch.context() as mp:
+        _patch_forward(mp, after_calls=2 * 7 + 1, action="crash")
+        with pytest.raises(_Boom):
+            T.train_run(preset, "moe", 1, run_dir=res.path, progress=False, data=data)
+    assert C.load(res.checkpoints / C.LATEST)["step"] == 6
+    return res
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete_lines", "delete_file"])
+def test_lost_metrics_are_restored_from_the_checkpoint(tmp_path, data, monkeypatch, capsys, damage):
+    preset = tiny_preset(train={"max_steps": 10, "eval_every": 3})
+    ref = RunDir(tmp_path / "ref")
+    T.train_run(preset, "moe", 1, run_dir=ref.path, progress=False, data=data)
+    res = _crashed_at_step_8(tmp_path, data, monkeypatch, preset)
+    lines = res.metrics_path.read_text().splitlines(keepends=True)
+    if damage == "truncate":  # the file lost its tail: the records of steps 5-7 are gone
+        res.metrics_path.write_text("".join(lines[:5]))
+    elif damage == "delete_lines":  # records from the middle (train 2, eval 3) are gone
+        res.metrics_path.write_text("".join(lines[:1] + lines[4:]))
+    else:
+        res.metrics_path.unlink()
+    capsys.readouterr()
+    T.train_run(preset, "moe", 1, run_dir=res.path, progress=False, data=data)
+    assert "restored its 8 records up to step 6 from the checkpoint" in capsys.readouterr().err
+    assert comparable(res.read_metrics()) == comparable(ref.read_metrics())
+
+
+def test_lost_metrics_without_a_copy_in_the_checkpoint_are_an_error(tmp_path, data, monkeypatch):
+    preset = tiny_preset(train={"max_steps": 10, "eval_every": 3})
+    res = _crashed_at_step_8(tmp_path, data, monkeypatch, preset)
+    latest = res.checkpoints / C.LATEST
+    state = C.load(latest)
+    del state["metrics"]  # as written before checkpoints carried the records
+    C.save(latest, state)
+    lines = res.metrics_path.read_text().splitlines(keepends=True)
+    res.metrics_path.write_text("".join(lines[:3]))  # train 1-3 kept; eval 3 and train 4 on lost
+    with pytest.raises(MetricsGap, match=r"lacks the train records of steps \[4, 5, 6\]; eval records of "
+                                         r"steps \[3, 6\], written before the checkpoint at step 6"):
+        T.train_run(preset, "moe", 1, run_dir=res.path, progress=False, data=data)
+    res.metrics_path.write_text("".join(lines))  # complete: the run resumes, and its next checkpoints
+    T.train_run(preset, "moe", 1, run_dir=res.path, progress=False, data=data)  # carry every record
+    assert C.load(latest)["metrics"] == res.metrics_path.read_text() and len(res.read_metrics()) == 10 + 4
+
+
+def test_summary_without_its_numbers_is_not_a_finished_run(tmp_path, data, capsys):
+    preset = tiny_preset(train={"max_steps": 4})
+    s1 = T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
+    (tmp_path / "summary.json").write_text('{"finished": true}')
+    capsys.readouterr()
+    s2 = T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
+    err = capsys.readouterr().err
+    assert "marked finished but lacks best_val_loss, best_val_ppl" in err and "resuming from step 4" in err
+    assert s2["best_val_loss"] == s1["best_val_loss"] and RunDir(tmp_path).summary() == s2
+
+
+def test_impossible_batch_is_refused_before_the_model_exists(tmp_path, data, monkeypatch):
+    from studylib.config import ConfigError
+    import studylib.nn.model as M
+
+    monkeypatch.setattr(M.Decoder, "__init__", lambda *a, **k: pytest.fail("model built"))
+    preset = tiny_preset(train={"batch_size": 100000})
+    with pytest.raises(ConfigError, match=r"train.batch_size=100000 x train.grad_accum=2 = 200,000 windows "
+                                          r"per step, but the training split has only 376 windows"):
+        T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
+    preset = tiny_preset(train={"batch_size": 188})  # fits the data (188 x 2 = 376) but not 1 MiB
+    monkeypatch.setattr("studylib.run.resources.free_bytes", lambda device: 2**20)
+    with pytest.raises(ConfigError, match=r"train.batch_size=188: one micro-batch of model dense .* needs at "
+                                          r"least .* GiB but cpu has 0.0 GiB free"):
+        T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
+    assert not (tmp_path / "metrics.jsonl").exists()
+    with pytest.raises(ConfigError, match="windows per step"):  # an up-front error leaves no folder
+        T.train_run(tiny_preset(train={"batch_size": 1000}), "dense", 1, run_dir=tmp_path / "new" / "r",
+                    progress=False, data=data)
+    assert (tmp_path / "new").is_dir() and not (tmp_path / "new" / "r").exists()

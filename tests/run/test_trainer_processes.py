@@ -203,3 +203,29 @@ def test_cli_train_on_real_data(tmp_path):
     bad = subprocess.run(cmd[:-1] + ["--set", "train.lr=1.0"], env=env, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and "different configuration" in bad.stderr
+
+
+@pytest.mark.slow
+def test_second_writer_of_a_run_directory_fails_fast(tmp_path):
+    """Two trainings of one run directory at once: the second (the same run; then the CLI) stops at
+    once naming the first one's PID; the first finishes with every record written once."""
+    run = tmp_path / "run"
+    raw = {"train": {"max_steps": 30, "eval_every": 10, "num_threads": 1}}
+    cmd = [sys.executable, str(TINY_SCRIPT), str(run), "--raw", json.dumps(raw), "--delay", "0.3"]
+    first = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (run / "metrics.jsonl").exists():
+        assert first.poll() is None, first.stderr.read()
+        assert time.time() < deadline, "the first run wrote no metrics"
+        time.sleep(0.01)
+    same = subprocess.run(cmd[:-2], env=_env(), capture_output=True, text=True, timeout=120)
+    cli = [sys.executable, "-m", "studylib", "train", "--params", str(TESTS.parent / "params" / "ci.yaml"),
+           "--model", "moe_top1", "--run-dir", str(run), "--no-progress"]
+    second = subprocess.run(cli, env=_env(), capture_output=True, text=True, timeout=120, cwd=TESTS.parent)
+    holder = f"in use by another training process (pid {first.pid} "
+    assert same.returncode != 0 and "RunDirLocked" in same.stderr and holder in same.stderr, same.stderr
+    assert first.poll() is None, "the first run ended before the others started: the test proves nothing"
+    assert second.returncode == 2 and second.stderr.count("\n") == 1 and holder in second.stderr
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    steps = [(r["kind"], r["step"]) for r in RunDir(run).read_metrics()]
+    assert len(steps) == len(set(steps)) == 30 + 3 and RunDir(run).finished()

@@ -91,3 +91,74 @@ def test_parallel_sweep_trains_every_missing_run_once(tmp_path, monkeypatch):
     assert list(zip(df["model"], df["seed"], df["best_val_loss"])) == [
         ("dense", 1, 2.0), ("dense", 2, 5.0), ("moe", 1, 4.0), ("moe", 2, 5.0)]
     assert "$ " in (RunDir.of(p, "moe", 2).path / sweep.LOG_FILE).read_text()  # the command is logged
+
+
+_KILLED_SWEEP = r"""
+import os, sys, time
+sys.path.insert(0, {tests!r})
+from _tiny import synthetic_data, tiny_preset
+import studylib.run.data
+from studylib.study import sweep
+
+studylib.run.data.load_data = lambda *a, **k: synthetic_data()
+
+def fake_command(params_file, model, seed, run_dir, threads):  # a child that trains "forever"
+    code = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)"
+    return [sys.executable, "-c", code, str(run_dir / "child.pid")]
+
+sweep.train_command = fake_command
+sweep.ensure_runs(tiny_preset(), ["dense", "moe"], [1], jobs=2, progress=False)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (dead, not yet reaped by init) counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_killed_sweep_takes_its_children_down_and_the_next_one_resumes(tmp_path, monkeypatch):
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
+    tests = str(Path(__file__).resolve().parents[1])
+    parent = subprocess.Popen([sys.executable, "-c", _KILLED_SWEEP.format(tests=tests)],
+                              env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    p = tiny_preset()
+    pid_files = [RunDir.of(p, m, 1).path / "child.pid" for m in ("dense", "moe")]
+    deadline = time.time() + 120
+    while not all(f.exists() and f.read_text() for f in pid_files):
+        assert parent.poll() is None, parent.stdout.read().decode()
+        assert time.time() < deadline, "the sweep's children did not start"
+        time.sleep(0.2)
+    pids = [int(f.read_text()) for f in pid_files]
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 10
+    while any(_alive(pid) for pid in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids), "a training child outlived its killed sweep"
+
+    monkeypatch.setattr("studylib.run.data.load_data", lambda *a, **k: synthetic_data())
+    started = []
+
+    def finishing_command(params_file, model, seed, run_dir, threads):
+        started.append(model)
+        summary = {"model": model, "seed": seed, "best_val_loss": 3.0, "finished": True}
+        return [sys.executable, "-c", f"import json, sys; json.dump({summary!r}, open(sys.argv[1], 'w'))",
+                str(run_dir / "summary.json")]
+
+    monkeypatch.setattr(sweep, "train_command", finishing_command)
+    df = sweep.ensure_runs(p, ["dense", "moe"], [1], jobs=2, progress=False)
+    assert sorted(started) == ["dense", "moe"] and len(df) == 2

@@ -1,0 +1,57 @@
+"""Downstream evaluation of many runs: the local lm-eval suite (:mod:`studylib.run.lm_eval_tasks`)
+on every model x seed, one row per run, and the paired per-seed gaps between models
+(:func:`studylib.study.stats.paired`). Results already written for a run's latest step are reused.
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import pandas as pd
+
+from studylib.config import Preset
+from studylib.run import lm_eval_tasks
+from studylib.run.rundir import RunDir
+from studylib.study.stats import paired
+
+# (column, lm-eval task, lm-eval metric key, higher is better)
+METRICS = (
+    ("lastword_acc", "tinystories_lastword", "acc,none", True),
+    ("lastword_ppl", "tinystories_lastword", "perplexity,none", False),
+    ("word_ppl", "tinystories_ppl", "word_perplexity,none", False),
+    ("bits_per_byte", "tinystories_ppl", "bits_per_byte,none", False),
+)
+
+
+def evaluate_run(rd: RunDir, max_docs: int = 500, batch_size: int = 16) -> dict:
+    """The run's local-suite results (reused when written for its latest step)."""
+    path = rd.path / lm_eval_tasks.EVAL_DIR / "results.json"
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old.get("step") == rd.latest_step() and set(lm_eval_tasks.LOCAL_TASKS) <= set(old["results"]):
+            return old
+    return lm_eval_tasks.evaluate(rd.path, lm_eval_tasks.LOCAL_TASKS, max_docs=max_docs, batch_size=batch_size)
+
+
+def downstream_frame(preset: Preset, models: Sequence[str], seeds: Sequence[int], **kw) -> pd.DataFrame:
+    """One row per (model, seed): the local suite's metrics (columns of METRICS)."""
+    rows = []
+    for m in models:
+        for s in seeds:
+            res = evaluate_run(RunDir.of(preset, m, s), **kw)["results"]
+            rows.append({"model": m, "seed": s, **{c: float(res[t][k]) for c, t, k, _ in METRICS}})
+    return pd.DataFrame(rows)
+
+
+def paired_gaps(df: pd.DataFrame, model: str, baselines: Sequence[str]) -> pd.DataFrame:
+    """Per metric and baseline: the paired per-seed gap ``model - baseline`` (mean, 95% CI, p) and
+    whether the model is better on average (``better`` follows each metric's direction)."""
+    rows = []
+    wide = df.pivot(index="seed", columns="model")
+    for b in baselines:
+        for col, _, _, higher in METRICS:
+            p = paired(wide[col][model].to_numpy(), wide[col][b].to_numpy())
+            rows.append({"comparison": f"{model} - {b}", "metric": col, "n": p.n, "gap": p.mean,
+                         "ci_low": p.ci_low, "ci_high": p.ci_high, "p": p.p,
+                         "better": (p.mean > 0) == higher if p.mean != 0 else False})
+    return pd.DataFrame(rows)
