@@ -253,3 +253,10 @@ def test_cli_json(capsys):
 
 def test_allocator_info():
     assert bench.allocator_info().split()[0] in ("glibc", "tcmalloc", "jemalloc", "mimalloc", "unknown")
+
+
+def test_peak_size_halves_while_one_product_is_over_budget():
+    from studylib.tools.bench.flops import peak_size
+
+    assert peak_size(None, n=256, budget_s=60.0) == 256  # fast enough: unchanged
+    assert peak_size(None, n=512, budget_s=0.0, smallest=128) == 128  # always over: down to the floor

@@ -128,7 +128,8 @@ def _print_train(df, args) -> None:
           f"load average {df.attrs['loadavg'][0]:.1f} -> {df.attrs['loadavg'][1]:.1f} (shared machine: "
           f"trust ratios over absolute numbers)")
     pk = df.attrs["peak_gflops_all"]
-    print(f"# matmul peak 2048^2 {args.dtype}: {df.attrs['peak_gflops']:,.0f} GFLOP/s "
+    n = df.attrs['peak_size']
+    print(f"# matmul peak {n}^2 {args.dtype}: {df.attrs['peak_gflops']:,.0f} GFLOP/s "
           f"(min {min(pk):,.0f}, max {max(pk):,.0f} over {len(pk)} probes)")
     comp = ["compiled"] if args.compile != "off" else []
     both = args.compile == "both"

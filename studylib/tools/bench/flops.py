@@ -31,6 +31,24 @@ def train_flops_per_token(cfg: ModelConfig, seq: int) -> float:
     return 6.0 * n_mm + 6.0 * cfg.n_layers * seq * cfg.n_heads * cfg.head_dim
 
 
+def peak_size(amp: Optional[torch.dtype] = None, n: int = 2048, device: str | torch.device = "cpu",
+              budget_s: float = 1.0, smallest: int = 256) -> int:
+    """``n``, halved (not below ``smallest``) while one n x n x n product takes over ``budget_s``:
+    a dtype the hardware emulates (bf16 on a CPU without AVX-512 BF16) must not stall the bench."""
+    device = torch.device(device)
+    dt = amp or torch.float32
+    while n > smallest:
+        a = torch.randn(n, n, device=device, dtype=dt)
+        sync(device)
+        t0 = time.perf_counter()
+        a @ a
+        sync(device)
+        if time.perf_counter() - t0 <= budget_s:
+            break
+        n //= 2
+    return n
+
+
 def matmul_peak(amp: Optional[torch.dtype] = None, n: int = 2048, reps: int = 5,
                 device: str | torch.device = "cpu") -> float:
     """Median GFLOP/s of an n x n x n matmul in ``amp`` (bf16) or fp32."""

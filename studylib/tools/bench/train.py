@@ -22,6 +22,7 @@ from studylib.config import ConfigError
 from studylib.nn.precision import parse_dtype
 from studylib.tools.bench.allocators import allocator_info
 from studylib.tools.bench.flops import matmul_peak, train_flops_per_token
+from studylib.tools.bench.flops import peak_size as flops_peak_size
 from studylib.tools.bench.memory import NO_MEMORY, measure_memory
 from studylib.tools.bench.step import build_variant, random_batch, train_step, train_variants
 from studylib.tools.bench.timing import interleaved_rounds, progress_printer, speed_stats, speedup, sync
@@ -48,7 +49,7 @@ def _report_peer_params(variants: Sequence[Variant]) -> None:
 def _time_variants(variants: Sequence[Variant], warmup: int, rounds: int, device: torch.device,
                    amp: Optional[torch.dtype], peak_size: int, tokens: int, say) -> list[float]:
     """The interleaved rounds; returns the matmul peaks probed before them and after each round."""
-    peaks = [matmul_peak(amp, n=peak_size, device=device)]
+    peaks = [matmul_peak(amp, n=peak_size, device=device)]  # peak_size: see flops.peak_size
     for i, timed in interleaved_rounds(variants, warmup, rounds, device):
         if not timed:
             say(f"warm-up round {i}/{warmup} done")
@@ -123,13 +124,14 @@ def bench_train(preset: Any, models: Optional[Sequence[str]] = None,
     idx, tgt = random_batch(min(c.vocab_size for _, c in pairs), batch, context, seed, device)
     for v in variants:
         v.call = functools.partial(train_step, v, idx, tgt, device, amp)
-    peaks = _time_variants(variants, warmup, rounds, device, amp, peak_size, batch * context, say)
+    peak_n = flops_peak_size(amp, peak_size, device)
+    peaks = _time_variants(variants, warmup, rounds, device, amp, peak_n, batch * context, say)
     peak = statistics.median(peaks)
     load1 = os.getloadavg()[0]
     mem = measure_memory(variants, memory, device, idx, tgt, amp, dtype, seed, warmup + 1, hf_experts, say)
     setup = {"dtype": dtype, "batch": batch, "context": context}
     df = pd.DataFrame([_train_row(v, variants, setup, peak, mem) for v in variants])
-    df.attrs.update(peak_gflops=peak, peak_gflops_all=peaks, threads=torch.get_num_threads(),
+    df.attrs.update(peak_gflops=peak, peak_gflops_all=peaks, peak_size=peak_n, threads=torch.get_num_threads(),
                     loadavg=(load0, load1),
                     allocator=allocator_info(), torch=torch.__version__, device=str(device),
                     times={v.label: v.times for v in variants}, rounds=rounds, warmup=warmup)
