@@ -80,7 +80,7 @@ def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
     if path is not None:  # relative data/cache dirs are relative to the repository (parent of params/)
         root = Path(path).resolve().parent.parent
         for key, _ in ENV_DIRS:
-            v = data_raw.get(key)
+            v = data_raw.get(key, getattr(DataConfig, key))  # the default cache_dir is relative too
             if isinstance(v, str) and not os.path.isabs(v) and key not in from_env:
                 data_raw[key] = str((root / v).resolve())
     data = dataclass_from_dict(DataConfig, data_raw, "data")

@@ -310,10 +310,10 @@ class RunDir:
     def tokenizer_path(self) -> Optional[Path]:
         """The run's SentencePiece model: recorded in its summary, else found in the data cache."""
         s = self.summary() or {}
-        recorded = (s.get("data") or {}).get("tokenizer")
-        if recorded and Path(recorded).is_file():
-            return Path(recorded)
         doc = self.read_config() or {}
+        recorded = (s.get("data") or {}).get("tokenizer")
+        if recorded and _anchored(recorded, doc).is_file():
+            return _anchored(recorded, doc)
         return _tokenizer_in_cache(doc, self.model_config().vocab_size)
 
     def load_tokenizer(self, path: Optional[os.PathLike] = None):
@@ -333,16 +333,30 @@ class RunDir:
             raise ConfigError(f"{where}: not a SentencePiece .model file ({' '.join(str(e).split())[:160]})") from None
 
 
+def _anchored(path: str | os.PathLike, doc: dict) -> Path:
+    """A path a run recorded: relative ones (older runs kept the default ``outputs/cache``) are
+    relative to the repository of the preset the run was made from, not to today's working
+    directory (a notebook under nbval runs in its own folder)."""
+    p = Path(path)
+    preset_path = (doc.get("run") or {}).get("preset_path")
+    if p.is_absolute() or not preset_path:
+        return p
+    return Path(preset_path).resolve().parent.parent / p
+
+
 def _tokenizer_in_cache(doc: dict, vocab_size: int) -> Optional[Path]:
     pdata = ((doc.get("preset") or {}).get("data") or {})
     cache = os.environ.get("STUDYLIB_CACHE_DIR") or pdata.get("cache_dir")
-    if not cache or not Path(cache).is_dir():
+    if not cache:
+        return None
+    cache = _anchored(cache, doc)
+    if not cache.is_dir():
         return None
     import sentencepiece as spm
 
     want = pdata.get("vocab_size")
     found = []
-    for p in sorted(Path(cache).glob("tokenizer-*.model")):
+    for p in sorted(cache.glob("tokenizer-*.model")):
         try:
             n = spm.SentencePieceProcessor(model_file=str(p)).get_piece_size()
         except (OSError, RuntimeError):

@@ -124,3 +124,10 @@ def test_bare_on_off_reach_on_off_fields():
     assert p.train.amp == "off" and p.model_config("moe_top1").ffn.grouped_mm == "on"
     with pytest.raises(ConfigError, match="train.compile"):
         load_preset(ROOT / "params" / "ci.yaml", ["train.compile=maybe"])
+
+
+def test_default_cache_dir_is_anchored_at_the_repository(monkeypatch, tmp_path):
+    monkeypatch.delenv("STUDYLIB_CACHE_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    p = load_preset(ROOT / "params" / "ci.yaml")
+    assert p.data.cache_dir == str(ROOT / "outputs" / "cache")

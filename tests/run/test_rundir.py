@@ -162,3 +162,21 @@ def test_tokenizer_from_the_cache_and_cli(tmp_path, capsys):
     assert rc == 0
     assert capsys.readouterr().out.startswith("Once upon")
     assert yaml.safe_load(rd.config_path.read_text())["model"]["vocab_size"] == n
+
+
+def test_relative_tokenizer_paths_are_anchored_at_the_runs_repository(tmp_path, monkeypatch):
+    """Runs record the default cache as ``outputs/cache``: it is found from any working directory
+    (nbval runs a notebook in its own folder)."""
+    repo = tmp_path / "repo"
+    (repo / "params").mkdir(parents=True)
+    _, n = tiny_tokenizer(repo / "outputs" / "cache")
+    rd = _write_run(tmp_path / "run", _tiny("dense", vocab_size=n), Path("outputs/cache"), vocab=n)
+    doc = rd.read_config()
+    doc["run"]["preset_path"] = str(repo / "params" / "x.yaml")
+    rd.write_config(doc)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert rd.tokenizer_path() == repo / "outputs" / "cache" / "tokenizer-abc.model"
+    rd.write_summary({"finished": False, "data": {"tokenizer": "outputs/cache/tokenizer-abc.model"}})
+    assert rd.tokenizer_path() == repo / "outputs" / "cache" / "tokenizer-abc.model"
