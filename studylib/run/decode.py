@@ -32,7 +32,9 @@ from typing import Optional, Sequence
 import torch
 
 from studylib.config import ConfigError
+from studylib.config import args as T
 from studylib.nn import router
+from studylib.nn.ffn import SoftMoE, SparseMoE
 from studylib.nn.precision import autocast
 from studylib.nn.model import Decoder, KVCache
 from studylib.run.rundir import RunDir
@@ -98,8 +100,6 @@ def sample_next(logits_V: torch.Tensor, temperature: float = 1.0, top_k: Optiona
 # --------------------------------------------------------------------------------------------
 class _RoutingProbe:
     def __init__(self, model: Decoder):
-        from studylib.nn.ffn import SoftMoE, SparseMoE
-
         self.layers = []  # (layer, ffn, kind)
         for i, blk in enumerate(model.blocks):
             if isinstance(blk.ffn, SparseMoE):
@@ -235,8 +235,6 @@ DEFAULT_NEW_TOKENS = 64
 
 
 def add_cli(parser) -> None:
-    from studylib.config import args as T
-
     parser.add_argument("--run", required=True, help="run directory (holds config.yaml and checkpoints/)")
     parser.add_argument("--prompt", default="", help="prompt text (a story start); empty = from scratch")
     parser.add_argument("--max-new-tokens", type=T.positive_int, default=None,
