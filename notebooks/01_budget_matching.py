@@ -25,11 +25,14 @@
 # `d_model`, top-2 of 4 experts of half the dense hidden size, so the active FFN equals the dense
 # FFN) and the **soft MoE** of seed 003 (K always-active experts of width H/K at fixed total FFN width).
 #
-# Nothing is trained here; the notebook checks the accounting and the solver's tolerances.
+# Nothing is trained here; the notebook checks the accounting and the solver's tolerances, sets
+# the preset's shape beside the paper's, and reports the data split (it builds the data cache).
 
 # %% tags=["parameters"]
 params = "params/cpu.yaml"
 jobs = None
+seeds = None  # e.g. [1, 2] or "1337-1346": replaces the preset's seeds
+overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived name
 
 # %%
 import pandas as pd
@@ -39,7 +42,7 @@ from studylib import config as budget
 from studylib.study import paper, plots, tables
 from studylib.study.notebooks import notebook_context
 
-ctx = notebook_context(params, jobs)
+ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out = ctx.preset, ctx.study, ctx.out
 dense_active, moe, dense_total = study["headline"]
 print(f"preset {preset.name!r} ({preset.path}); vocab {preset.data.vocab_size:,}, context {preset.data.context}")
@@ -67,8 +70,9 @@ acct[["d_model", "heads", "ffn", "display"]]
 # %% [markdown]
 # ## The budget solver
 #
-# For the reference MoE, the solver searches dense widths (`d_model` in multiples of 32, head
-# count keeping the reference's KV heads and head dim, FFN hidden in closed form) and reports how
+# For the reference MoE, the solver searches dense widths (`d_model` in multiples of d/8, at least
+# 8; the head count keeps the reference's KV heads and prefers its head dim, then halves and
+# doubles of it; FFN hidden in closed form) and reports how
 # close each target comes. The preset's `dense_active` / `dense_total` are checked against the
 # same tolerances (in the `paper` preset they are the paper's typed-in widths).
 
@@ -111,6 +115,66 @@ if preset.name == "paper":
     print("paper Table 5 reproduced exactly")
 else:
     print(f"preset {preset.name!r}: the paper's Table 5 check applies to params/paper.yaml only")
+
+# %% [markdown]
+# ## Shape: the paper's ratios in every preset
+#
+# A scaled-down preset models the paper only if the ratios that decide the comparison survive
+# the scaling: the embedding share of the active parameters (a wider dense baseline pays for its
+# embedding again), how many more non-embedding active parameters the MoE has than its
+# active-matched baseline, the solved widths relative to the MoE's, the expert shape and depth.
+# One column per preset in `params/` (this one included), with non-embedding parameters and
+# training FLOPs per token (forward + backward, at the preset's window) next to the counts.
+
+# %%
+from studylib.config import load_preset
+from studylib.study import shape
+
+presets = {p.stem: load_preset(p) for p in sorted((ctx.root / "params").glob("*.yaml"))}
+presets[preset.name] = preset  # this notebook's preset (with any overrides) as it runs
+order = ["paper"] + [n for n in presets if n != "paper"]
+shapes = shape.shape_frame({n: presets[n] for n in order})
+plots.save_table(shapes, "shape_ratios", out)
+shape.display_frame(shapes)
+
+# %%
+mine, ref_shape = shapes[preset.name], shapes["paper"]
+display(Markdown(
+    f"**Preset `{preset.name}` against the paper.** Embedding share of active parameters: MoE "
+    f"{mine['emb_share_moe']:.3f} (paper {ref_shape['emb_share_moe']:.3f}), active-match dense "
+    f"{mine['emb_share_dense_active']:.3f} (paper {ref_shape['emb_share_dense_active']:.3f}). The MoE has "
+    f"{mine['nonemb_ratio']:.2f}x the non-embedding active parameters of its active-match baseline "
+    f"(paper {ref_shape['nonemb_ratio']:.2f}x); the solved dense widths are {mine['width_active']:.2f}x and "
+    f"{mine['width_total']:.2f}x the MoE's (paper {ref_shape['width_active']:.2f}x and "
+    f"{ref_shape['width_total']:.2f}x). Each preset's header (params/*.yaml) lists every other "
+    "difference from the paper and its reason."))
+
+# %% [markdown]
+# ## The data: a split by story
+#
+# The stories are shuffled with `data.split_seed` and 5 % of them are held out; the tokenizer is
+# trained on the training stories only, and each side is tokenised and cut into windows on its
+# own, so no validation text is ever trained on (tests/run/test_data.py checks it on the real
+# subset). One epoch of the training side is the headline budget.
+
+# %%
+from studylib.run.data import load_data
+from studylib.run.optim import total_steps_for
+
+data = load_data(preset.data, progress=False)
+summ = data.summary()
+split = pd.DataFrame({side: {"stories": summ[f"{side}_stories"], "tokens": summ[f"{side}_tokens"],
+                             "windows": summ[f"{side}_windows"], "target tokens": summ[f"{side}_targets"]}
+                      for side in ("train", "val")}).T
+plots.save_table(split, "data_split", out)
+display(split)
+steps = total_steps_for(preset.train, len(data.train_idx))
+per_step = preset.train.batch_size * preset.train.grad_accum
+windows = len(data.train_idx) if preset.train.max_steps is None else steps * per_step  # one epoch: the last step is partial
+tokens = windows * (data.context - 1)
+print(f"one run: {steps:,} optimizer steps of {per_step} windows = {tokens:,} target tokens; "
+      f"{tokens / counts[moe].active:.1f} tokens per active parameter of {moe} "
+      f"(paper: 426.3M target tokens, 28.9 per active parameter)")
 
 # %% [markdown]
 # ## By construction: iso-width (seed 002) and soft MoE at fixed width (seed 003)

@@ -31,6 +31,8 @@
 # %% tags=["parameters"]
 params = "params/cpu.yaml"
 jobs = None
+seeds = None  # e.g. [1, 2] or "1337-1346": replaces the preset's seeds
+overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived name
 
 # %%
 import math
@@ -41,7 +43,7 @@ from studylib.study import frames, paper, plots, routing
 from studylib.study.notebooks import notebook_context
 from studylib.study.sweep import ensure_runs
 
-ctx = notebook_context(params, jobs)
+ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
 moe = study.get("reference_moe", study["headline"][1])
 ensure_runs(preset, [moe], seeds, jobs=ctx.jobs)  # reuses notebook 03's runs

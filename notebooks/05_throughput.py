@@ -31,6 +31,8 @@
 # %% tags=["parameters"]
 params = "params/cpu.yaml"
 jobs = None
+seeds = None  # e.g. [1, 2] or "1337-1346": replaces the preset's seeds
+overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived name
 
 # %%
 import math
@@ -42,7 +44,7 @@ from studylib.study import paper, plots, tables
 from studylib.study.notebooks import notebook_context
 from studylib.tools import bench
 
-ctx = notebook_context(params, jobs)
+ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out = ctx.preset, ctx.study, ctx.out
 headline = study["headline"]
 knobs = {"batch": 16, "context": 512, "rounds": 5, "warmup": 1, "dtype": "bf16", "memory": "none",

@@ -44,6 +44,8 @@ params = "params/ci.yaml"
 run = None
 prompt = "Once upon a time"
 jobs = None
+seeds = None  # e.g. [1, 2] or "1337-1346": replaces the preset's seeds
+overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived name
 
 # %%
 from pathlib import Path
@@ -57,7 +59,7 @@ from studylib.study.notebooks import notebook_context
 from studylib.study.sweep import ensure_runs
 from studylib.tools import explorer as explore
 
-ctx = notebook_context(params, jobs)
+ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out = ctx.preset, ctx.study, ctx.out
 
 # %% [markdown]

@@ -29,6 +29,8 @@
 # %% tags=["parameters"]
 params = "params/cpu.yaml"
 jobs = None
+seeds = None  # e.g. [1, 2] or "1337-1346": replaces the preset's seeds
+overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived name
 
 # %%
 import os
@@ -42,7 +44,7 @@ from studylib.study import downstream, plots
 from studylib.study.notebooks import notebook_context
 from studylib.study.sweep import ensure_runs
 
-ctx = notebook_context(params, jobs)
+ctx = notebook_context(params, jobs, seeds, overrides)
 preset, out, seeds = ctx.preset, ctx.out, ctx.seeds
 dense_active, moe, dense_total = headline = ctx.study["headline"]
 ensure_runs(preset, headline, seeds, jobs=ctx.jobs)
@@ -67,26 +69,19 @@ display(gaps)
 # ## Figure: per-seed metrics and the paired gaps
 
 # %%
-import matplotlib.pyplot as plt
-import numpy as np
+fig = plots.downstream_metrics(df, headline, cols, outdir=out)
+fig = plots.downstream_gaps(gaps, cols, outdir=out)
 
-fig, axes = plt.subplots(1, len(cols), figsize=(4 * len(cols), 3.6))
-for ax, col in zip(axes, cols):
-    for i, m in enumerate(headline):
-        y = df[df.model == m][col].to_numpy()
-        ax.scatter(np.full(len(y), i), y, alpha=0.7)
-        ax.errorbar(i, y.mean(), yerr=y.std(ddof=1) if len(y) > 1 else 0, fmt="_k", capsize=6)
-    ax.set_xticks(range(len(headline)), headline, rotation=20)
-    ax.set_title(col)
-fig.tight_layout()
-plots.save_figure(fig, "fig10_downstream", out)
+# %%
+from IPython.display import Markdown
 
-fig, axes = plt.subplots(1, len(cols), figsize=(4 * len(cols), 2.8))
-for ax, col in zip(axes, cols):
-    g = gaps[gaps.metric == col].reset_index(drop=True)
-    ax.errorbar(g.gap, range(len(g)), xerr=[g.gap - g.ci_low, g.ci_high - g.gap], fmt="o", capsize=4)
-    ax.axvline(0, color="grey", lw=0.8)
-    ax.set_yticks(range(len(g)), g.comparison)
-    ax.set_title(f"{col}: MoE − dense (95% CI)")
-fig.tight_layout()
-plots.save_figure(fig, "fig10_downstream_gaps", out)
+from studylib.study import text
+
+display(Markdown(
+    "**Outcome.** " + " ".join(
+        f"{r.comparison}, {r.metric}: {r.gap:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}] ({r.verdict}, n={r.n})."
+        for r in gaps.itertuples())
+    + " A verdict names a model only when the paired 95% CI excludes 0. " + text.limits(len(seeds))
+    + " These tasks are built from the same validation stories as the validation loss, so they are"
+      " not an independent benchmark: they say how the loss gaps show up as word-level accuracy."))
+

@@ -4,12 +4,13 @@ parameter accounting, the budget solvers and run identity. Everything above impo
 from studylib.config.accounting import ParamCount, count_params, ffn_label, ffn_params, fmt_m
 from studylib.config.derive import (DERIVE_RULES, TOLERANCE, Match, derive_model, iso_width_moe,
                                     match_dense, soft_fixed_width)
-from studylib.config.identity import config_hash, run_document, same_run
+from studylib.config.identity import config_hash, run_document, run_identity, same_run
 from studylib.config.presets import Preset, apply_overrides, load_preset, override, preset_from_dict
 from studylib.config.schema import (ConfigError, DataConfig, FFNConfig, ModelConfig, TrainConfig,
                                     dataclass_from_dict, deep_merge, model_from_dict, to_dict)
 
 __all__ = [
+    "run_identity",
     "ConfigError", "DataConfig", "FFNConfig", "ModelConfig", "TrainConfig", "Preset", "ParamCount",
     "Match", "DERIVE_RULES", "TOLERANCE", "apply_overrides", "config_hash", "count_params",
     "dataclass_from_dict", "deep_merge", "derive_model", "ffn_label", "ffn_params", "fmt_m",

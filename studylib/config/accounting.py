@@ -6,6 +6,12 @@ RMSNorms of each layer and the final norm), ``ffn_total`` (dense FFNs + every ex
 ``active`` (embedding + non-FFN + router + the FFN path one token uses: the dense FFN, k of E
 experts, or all K soft experts). ``count_params(cfg)`` equals ``sum(p.numel())`` of the built model.
 (also :attr:`ModelConfig.num_params <studylib.config.schema.ModelConfig.num_params>`).
+
+Training FLOPs per token (:func:`train_flops_per_token`), forward + backward = 3 x forward:
+``6 * N_mm + 6 * L * S * d_attn`` where ``N_mm`` are the parameters a token multiplies by: the
+active parameters without the RMSNorm gains, with the tied embedding counted once *as the LM-head
+matmul* (the lookup is free) and the router included; ``L * S * d_attn`` is causal attention
+(QK^T and AV each ``2 * S/2 * d_attn`` per token and layer on average, d_attn = heads * head_dim).
 """
 from __future__ import annotations
 
@@ -58,6 +64,17 @@ def count_params(cfg: ModelConfig) -> ParamCount:
         t, a, r = ffn_params(D, cfg.ffn_for_layer(layer))
         ffn_total, ffn_active, router = ffn_total + t, ffn_active + a, router + r
     return ParamCount(cfg.name, cfg.vocab_size * D, non_ffn, ffn_total, ffn_active, router)
+
+
+def norm_params(cfg: ModelConfig) -> int:
+    """RMSNorm gains: two per layer and the final norm (stored, but no matmul)."""
+    return (2 * cfg.n_layers + 1) * cfg.d_model
+
+
+def train_flops_per_token(cfg: ModelConfig, seq: int) -> float:
+    """Analytic training FLOPs per token at sequence length ``seq`` (see the module docstring)."""
+    n_mm = count_params(cfg).active - norm_params(cfg)
+    return 6.0 * n_mm + 6.0 * cfg.n_layers * seq * cfg.n_heads * cfg.head_dim
 
 
 def fmt_m(n: int) -> str:

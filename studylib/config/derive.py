@@ -52,9 +52,9 @@ def match_dense(
     target: str = "active",
     *,
     name: Optional[str] = None,
-    d_multiple: int = 32,
+    d_multiple: Optional[int] = None,
     hidden_multiple: int = 32,
-    min_head_dim: int = 32,
+    min_head_dim: Optional[int] = None,
     ffn_ratio: Optional[float] = None,
     tolerance: Optional[float] = None,
 ) -> Match:
@@ -66,7 +66,17 @@ def match_dense(
     active, 0.1% total), the one whose hidden/d_model ratio is closest (in log) to ``ffn_ratio``
     (default: the reference's per-expert ratio) wins, a modest width resize with a conventional FFN
     shape, preferring the coarsest rounding; if none is within tolerance, the closest count wins.
+
+    The search grid scales with the reference: ``d_multiple`` defaults to d/8 (at least 8) and
+    ``min_head_dim`` to half the reference's head dim (8 to 32). At the paper's d 256 (head dim 64)
+    that is 32 and 32, and the solver finds the paper's own baselines (d 320 with 10 heads of 32,
+    d 384 with 6 heads of 64); at d 32 it is 8 and 8, so a width 1.25x the MoE's is reachable there
+    too (a fixed grid of 32 allowed only 1x, 1.5x or 2x at small widths).
     """
+    if d_multiple is None:
+        d_multiple = max(8, ref.d_model // 8)
+    if min_head_dim is None:
+        min_head_dim = min(32, max(8, ref.head_dim // 2))
     if target not in TOLERANCE:
         raise ConfigError(f"derive target must be 'active' or 'total', got {target!r}")
     goal = getattr(count_params(ref), target)

@@ -10,6 +10,12 @@ config). The identity document keeps only what changes results, by two rules:
   default, changes no existing run's identity, and a stored ``config.yaml`` written by any
   earlier version is compared by the same rule (:func:`same_run`).
 
+One thing is not a schema field: how the corpus is cut into training and validation data
+(:data:`DATA_SPLIT`, see ``studylib.run.data``). It is always part of the identity, and a run's
+``config.yaml`` records it as ``run.data_split``. A document without it was written before the
+split by story (windows were split, so every validation window shared a story with a training
+window): such a run is a *different* run, and its directory is refused, never silently resumed.
+
 Torch-free.
 """
 from __future__ import annotations
@@ -17,9 +23,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from studylib.config.schema import DataConfig, FFNConfig, ModelConfig, TrainConfig, to_dict
+
+DATA_SPLIT = "story/v1"  # stories split into train / val, each side windowed on its own (run/data.py)
 
 EXEC_ONLY = {
     DataConfig: ("source", "data_dir", "cache_dir", "tokenizer_threads"),
@@ -55,33 +63,37 @@ def _sparse(cls: type, values: Mapping[str, Any]) -> dict:
     return out
 
 
-def identity(preset: str, model: str, seed: int, data: Mapping, train: Mapping, model_cfg: Mapping) -> dict:
-    """The identity document of a run, from plain mappings (as ``to_dict`` or ``config.yaml`` hold them)."""
-    return {"preset": preset, "model_name": model, "seed": int(seed),
+def identity(preset: str, model: str, seed: int, data: Mapping, train: Mapping, model_cfg: Mapping,
+             split: Optional[str]) -> dict:
+    """The identity document of a run, from plain mappings (as ``to_dict`` or ``config.yaml`` hold
+    them); ``split`` is the data split's version (None: written before the story split)."""
+    return {"preset": preset, "model_name": model, "seed": int(seed), "split": split,
             "data": _sparse(DataConfig, data), "train": _sparse(TrainConfig, train),
             "model": _sparse(ModelConfig, model_cfg)}
 
 
 def run_identity(preset, model_cfg: ModelConfig, model: str, seed: int) -> dict:
     """The identity document of ``model`` x ``seed`` of a :class:`~studylib.config.presets.Preset`."""
-    return identity(preset.name, model, seed, to_dict(preset.data), to_dict(preset.train), to_dict(model_cfg))
+    return identity(preset.name, model, seed, to_dict(preset.data), to_dict(preset.train), to_dict(model_cfg),
+                    split=DATA_SPLIT)
 
 
 def stored_identity(doc: Mapping) -> dict:
     """The identity document of a stored ``config.yaml`` (see :func:`run_document`)."""
     run, p = doc.get("run") or {}, doc.get("preset") or {}
     return identity(run.get("preset"), run.get("model"), run.get("seed", -1), p.get("data") or {},
-                    p.get("train") or {}, doc.get("model") or {})
+                    p.get("train") or {}, doc.get("model") or {}, split=run.get("data_split"))
 
 
 def run_document(preset, model_cfg: ModelConfig, model: str, seed: int) -> dict:
-    """What a run's ``config.yaml`` holds: its identity hash, the resolved preset and model config."""
+    """What a run's ``config.yaml`` holds: its identity hash, the data split's version, the
+    resolved preset and model config."""
     p = to_dict(preset)
     p.pop("path", None)
     return {
         "run": {"preset": preset.name, "model": model, "seed": seed,
                 "config_hash": config_hash(run_identity(preset, model_cfg, model, seed)),
-                "preset_path": preset.path},
+                "data_split": DATA_SPLIT, "preset_path": preset.path},
         "model": to_dict(model_cfg),
         "preset": p,
     }

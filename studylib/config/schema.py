@@ -78,6 +78,11 @@ class ModelConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     ffn: FFNConfig = field(default_factory=FFNConfig)
+    # initialisation of the expert weights (soft and routed MoE layers; dense FFNs and routers
+    # never change): "normal" = N(0, init_std), output projection N(0, init_std/sqrt(2L)), as the
+    # rest of the model; "fan_in" = std 1/sqrt(fan_in) for both expert projections, no residual
+    # scaling (seed 003's fan-in expert init; see studylib.nn.model.Decoder.reset_parameters)
+    expert_init: Literal["normal", "fan_in"] = "normal"
 
     @property
     def head_dim(self) -> int:
@@ -166,7 +171,7 @@ class TrainConfig:
     final_full_eval: bool = True
     checkpoint_every: Optional[int] = None  # None = at every evaluation
     keep_checkpoints: bool = False  # keep one checkpoint per evaluation (for the explorer)
-    amp: Literal["auto", "bf16", "off"] = "auto"  # auto: bf16 on CUDA and CPU
+    amp: Literal["auto", "bf16", "off"] = "auto"  # auto: bf16 on CUDA, and on CPUs with native bf16
     compile: bool = False
     device: str = "auto"
     num_threads: int = 0  # torch threads on CPU; 0 = leave torch's default

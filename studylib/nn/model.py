@@ -132,9 +132,22 @@ class Decoder(nn.Module):
     @torch.no_grad()
     def reset_parameters(self):
         """N(0, init_std) everywhere; residual output projections scaled by 1/sqrt(2L);
-        norms at 1; the soft-MoE router at 0, so its gate starts exactly uniform."""
+        norms at 1; the soft-MoE router at 0, so its gate starts exactly uniform.
+
+        ``cfg.expert_init == "fan_in"`` (seed 003, SPEC section 4: "experts use fan-in init")
+        instead draws each expert's weights, in soft and routed MoE layers, with std 1/sqrt(fan_in):
+        the gate/up projection ``w_in`` (2H x D, fan-in D = d_model) with std 1/sqrt(D), the down
+        projection ``w_out`` (D x H, fan-in H = the expert's hidden size) with std 1/sqrt(H), no
+        1/sqrt(2L) residual scaling (seed 003 section 5.4: all its reported runs use fan-in expert
+        init; the "scaled" variant of its section 3.4 is not reproduced). Routers keep their init
+        (soft: 0, so the gate starts uniform; routed: N(0, init_std)), as do dense FFN layers,
+        attention and embeddings. With a uniform soft gate the layer's output is then 1/K of the wide dense
+        SwiGLU's (seed 003's step-0 residual ratio ~1/K). The default ``"normal"`` draws exactly
+        what it drew before the option existed (same RNG calls in the same order).
+        """
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
+        fan_in = self.cfg.expert_init == "fan_in"
         nn.init.normal_(self.tok_emb.weight, std=std)
         for blk in self.blocks:
             nn.init.normal_(blk.attn.wqkv.weight, std=std)
@@ -144,8 +157,9 @@ class Decoder(nn.Module):
                 nn.init.normal_(f.w_in.weight, std=std)
                 nn.init.normal_(f.w_out.weight, std=out_std)
             else:
-                nn.init.normal_(f.w_in_EFD, std=std)
-                nn.init.normal_(f.w_out_EDH, std=out_std)
+                D, H = f.w_in_EFD.shape[2], f.w_out_EDH.shape[2]  # fan-ins of w_in (E,2H,D), w_out (E,D,H)
+                nn.init.normal_(f.w_in_EFD, std=1 / math.sqrt(D) if fan_in else std)
+                nn.init.normal_(f.w_out_EDH, std=1 / math.sqrt(H) if fan_in else out_std)
                 if isinstance(f, SoftMoE):
                     nn.init.zeros_(f.router.weight)
                 else:

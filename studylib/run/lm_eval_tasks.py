@@ -2,8 +2,8 @@
 export (lm_eval.simple_evaluate, model type ``hf``), results written as JSON next to the run.
 
 The local TinyStories suite needs no network; it is built from the run's own validation data:
-a *validation story* is a story whose end (its ``</s>``) lies in a validation window of the run's
-split (its beginning may lie in a training window when a story is longer than a window).
+a *validation story* is a story of the validation side of the run's split (the data is split by
+story, so no part of one was trained on).
 
 - ``tinystories_lastword``: LAMBADA-style; the context is the story up to its final word, the
   target is `` word`` (accuracy: greedy decoding gives the whole word; perplexity of the word).
@@ -84,14 +84,12 @@ def validation_stories(run: os.PathLike, max_docs: Optional[int] = None) -> list
     if raw is None:
         raise ConfigError(f"{run}: config.yaml has no preset.data section (not a studylib run?)")
     data = load_data(dataclass_from_dict(DataConfig, raw, "preset.data"), progress=False)
-    sp, ctx = data.tokenizer(), data.context
-    toks = np.asarray(data.tokens)
-    n = (len(toks) // ctx) * ctx
-    ends = np.flatnonzero(toks[:n] == sp.eos_id())
+    sp = data.tokenizer()
+    toks = np.asarray(data.side_tokens("val"))
+    ends = np.flatnonzero(toks == sp.eos_id())
     starts = np.concatenate([[0], ends[:-1] + 1])
-    val = np.isin(ends // ctx, np.asarray(data.val_idx))
     out = []
-    for s, e in zip(starts[val], ends[val]):
+    for s, e in zip(starts, ends):
         text = sp.decode(toks[s:e].astype(np.int64).tolist()).strip()
         if text:
             out.append(text)
@@ -106,7 +104,7 @@ def write_suite(run: os.PathLike, folder: os.PathLike, max_docs: Optional[int] =
     folder.mkdir(parents=True, exist_ok=True)
     stories = validation_stories(run, max_docs)
     if not stories:
-        raise ConfigError(f"{run}: no validation story ends in a validation window; raise data.val_fraction")
+        raise ConfigError(f"{run}: the run has no validation stories; raise data.val_fraction")
     lastword = [{"context": c, "target": t} for c, t in filter(None, map(split_last_word, stories))]
     rows = {"tinystories_lastword": lastword, "tinystories_ppl": [{"text": s} for s in stories]}
     for name, docs in rows.items():

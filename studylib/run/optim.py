@@ -53,11 +53,18 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
     raise RuntimeError("could not build AdamW")  # pragma: no cover
 
 
+def steps_per_epoch(n_train: int, batch_size: int, grad_accum: int) -> int:
+    """Optimizer steps of one epoch: ceil(windows / (batch_size * grad_accum)). The last step takes
+    the remaining windows (a partial batch; see :mod:`studylib.run.batches`), so every training
+    window is seen exactly once per epoch. The paper: 834,322 / 32 -> 26,073 steps."""
+    return -(-n_train // (batch_size * grad_accum))
+
+
 def total_steps_for(cfg: TrainConfig, n_train: int) -> int:
+    """``train.max_steps``, or one epoch of ``n_train`` windows (:func:`steps_per_epoch`)."""
     if cfg.max_steps is not None:
         return cfg.max_steps
-    steps = n_train // (cfg.batch_size * cfg.grad_accum)
-    if steps < 1:
+    if n_train < cfg.batch_size * cfg.grad_accum:
         raise ConfigError(f"train.batch_size*grad_accum={cfg.batch_size * cfg.grad_accum} exceeds the "
                           f"{n_train} training windows: set train.max_steps or use more data")
-    return steps
+    return steps_per_epoch(n_train, cfg.batch_size, cfg.grad_accum)

@@ -42,10 +42,12 @@ def ppl(loss: float) -> float:
     return math.exp(loss) if loss < 700 else float("inf")
 
 
-def train_record(done: int, targets_per_step: int, sums: RunningSums, last: StepResult) -> dict:
+def train_record(done: int, targets_per_step: int, sums: RunningSums, last: StepResult,
+                 tokens: Optional[int] = None) -> dict:
     """The "train" record after step ``done``: mean losses since the last one, ``last``'s lr and
-    gradient norm; ``aux_loss`` only when there is an aux loss."""
-    rec = {"kind": "train", "step": done, "tokens": done * targets_per_step,
+    gradient norm; ``aux_loss`` only when there is an aux loss. ``tokens``: the target tokens
+    trained on so far (default ``done * targets_per_step``; fewer after an epoch's partial step)."""
+    rec = {"kind": "train", "step": done, "tokens": done * targets_per_step if tokens is None else tokens,
            "train_loss": sums.loss / sums.n, "lr": last.lr}
     if last.aux or sums.aux:
         rec["aux_loss"] = sums.aux / sums.n
@@ -55,11 +57,11 @@ def train_record(done: int, targets_per_step: int, sums: RunningSums, last: Step
 
 
 def eval_record(done: int, targets_per_step: int, lr: float, ev: dict, sums: RunningSums,
-                elapsed_s: float) -> dict:
+                elapsed_s: float, tokens: Optional[int] = None) -> dict:
     """The "eval" record after step ``done`` from an evaluation ``ev`` (see
     :func:`studylib.run.evaluation.evaluate`, plus ``eval_s`` and ``full``) and the training
-    steps since the last evaluation."""
-    return {"kind": "eval", "step": done, "tokens": done * targets_per_step,
+    steps since the last evaluation; ``tokens`` as in :func:`train_record`."""
+    return {"kind": "eval", "step": done, "tokens": done * targets_per_step if tokens is None else tokens,
             "val_loss": ev["val_loss"], "val_ppl": ppl(ev["val_loss"]),
             "train_loss": sums.loss / max(sums.n, 1), "lr": lr,
             "tok_per_s": sums.n * targets_per_step / max(sums.train_s, 1e-9),
@@ -90,7 +92,7 @@ def expected_steps(done: int, total: int, log_every: int, eval_every: int) -> di
 def summary_record(t) -> dict:
     """``summary.json`` of the finished run held by trainer ``t`` (a :class:`studylib.run.trainer.Trainer`)."""
     best, final, clock = t.best, t.final, t.clock
-    tokens = t.total * t.targets_per_step
+    tokens = t.tokens(t.total)  # exact: an epoch's partial last step counts the windows it read
     amp = str(t.amp_dtype).replace("torch.", "") if t.amp_dtype else "fp32"
     return {
         "model": t.model_name, "seed": t.seed, "preset": t.preset.name,

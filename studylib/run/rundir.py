@@ -19,7 +19,8 @@ from typing import Any, Optional
 
 import yaml
 
-from studylib.config import ConfigError, ModelConfig, Preset, model_from_dict, same_run
+from studylib.config import (ConfigError, ModelConfig, Preset, model_from_dict, override, run_identity, same_run,
+                             to_dict)
 from studylib.run import checkpoint
 from studylib.run.dirlock import RunDirLocked, dir_lock  # noqa: F401  (RunDirLocked: raised by RunDir.lock)
 from studylib.run.files import atomic_open, write_atomic, write_json_atomic
@@ -49,9 +50,39 @@ def outputs_root(preset: Optional[Preset] = None) -> Path:
     return Path("outputs")
 
 
-def run_dir_for(preset: Preset, model: str, seed: int, root: str | os.PathLike | None = None) -> Path:
+def run_dir_for(preset: Preset, model: str, seed: int, root: str | os.PathLike | None = None,
+                tag: Optional[str] = None) -> Path:
+    """``<root>/<preset>/runs/<model>/seed<seed>``; a variant (``tag``) lives one level deeper,
+    ``.../runs/<model>/<tag>/seed<seed>``."""
     root = Path(root) if root is not None else outputs_root(preset)
-    return root / preset.name / "runs" / model / f"seed{seed}"
+    base = root / preset.name / "runs" / model
+    if tag is not None:
+        if not tag or "/" in tag or tag.startswith(".") or tag.startswith("seed"):
+            raise ConfigError(f"run variant tag {tag!r}: must be non-empty, without '/', not start "
+                              "with '.' or 'seed'")
+        base = base / tag
+    return base / f"seed{seed}"
+
+
+def variant_tag(overrides, preset: Optional[Preset] = None) -> str:
+    """The directory name of a variant: its overrides as ``key=value``, sorted, joined by ``,``
+    (``{"train.lr": 0.001, "train.max_steps": 66}`` -> ``train.lr=0.001,train.max_steps=66``). With
+    ``preset`` (the preset *with* the overrides applied) each value is read back from it, so the
+    ``--set`` strings and the dict form of one variant give one name."""
+    if not overrides:
+        raise ConfigError("variant_tag: no overrides")
+    items = (overrides.items() if hasattr(overrides, "items")
+             else (item.split("=", 1) for item in overrides))
+    resolved = to_dict(preset) if preset is not None else None
+    parts = []
+    for k, v in sorted(((str(k).strip(), v) for k, v in items)):
+        if resolved is not None:
+            node = resolved
+            for p in k.split("."):
+                node = node[p]
+            v = node
+        parts.append(f"{k}={v.strip() if isinstance(v, str) else json.dumps(v)}")
+    return ",".join(parts).replace("/", "_")
 
 
 @dataclass
@@ -72,8 +103,24 @@ class RunDir:
         self.path = Path(path)
 
     @classmethod
-    def of(cls, preset: Preset, model: str, seed: int, root: str | os.PathLike | None = None) -> "RunDir":
-        return cls(run_dir_for(preset, model, seed, root))
+    def of(cls, preset: Preset, model: str, seed: int, root: str | os.PathLike | None = None,
+           tag: Optional[str] = None) -> "RunDir":
+        return cls(run_dir_for(preset, model, seed, root, tag))
+
+    @classmethod
+    def variant(cls, preset: Preset, model: str, seed: int, overrides=None, tag: Optional[str] = None,
+                root: str | os.PathLike | None = None) -> "RunDir":
+        """The run directory of ``model`` x ``seed`` trained under ``preset`` + ``overrides``: the base
+        run's own directory when the overrides leave that run's identity unchanged (the run is
+        reused, not retrained), else ``runs/<model>/<tag>/seed<seed>`` (``tag`` defaults to
+        :func:`variant_tag` of the overrides)."""
+        if not overrides:
+            return cls.of(preset, model, seed, root)
+        varied = override(preset, overrides)
+        if run_identity(varied, varied.model_config(model), model, seed) == \
+                run_identity(preset, preset.model_config(model), model, seed):
+            return cls.of(preset, model, seed, root)
+        return cls.of(preset, model, seed, root, tag or variant_tag(overrides, varied))
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -134,6 +181,13 @@ class RunDir:
         if old is None:
             return doc["run"]["config_hash"]
         if not same_run(old, doc):
+            split = (old.get("run") or {}).get("data_split")
+            if split != (doc.get("run") or {}).get("data_split"):
+                was = split or "the window split of before story/v1"
+                raise RunDirConflict(
+                    f"{self.path}: holds a run trained on another data split ({was}; now "
+                    f"{doc['run'].get('data_split')}): its validation loss is not comparable. "
+                    "Delete that folder to retrain, or use another --run-dir.")
             raise RunDirConflict(
                 f"{self.path}: holds a run with a different configuration (config hash "
                 f"{(old.get('run') or {}).get('config_hash')}, this run {doc['run']['config_hash']}). "

@@ -31,7 +31,7 @@ def data_files(data_dir: str | os.PathLike) -> list[Path]:
     """The data files of ``data_dir``, sorted by name.
 
     Files whose name contains ``valid`` (``valid.txt.gz``, ``validation-*.parquet``) are
-    skipped: the held-out set is a split of our own windows, not the corpus' validation split.
+    skipped: the held-out set is a split of our own stories, not the corpus' validation split.
     """
     d = Path(data_dir)
     return sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")

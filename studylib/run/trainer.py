@@ -2,9 +2,9 @@
 
 ``train_run(preset, model_name, seed)`` seeds Python/NumPy/torch, builds the model under the
 seed, and trains it with AdamW (decay on >=2-D tensors only), linear warmup + cosine decay
-(:func:`studylib.run.optim.lr_at`), gradient accumulation, clipping and bf16 autocast (CPU and
-CUDA; never fp16). :class:`Trainer` holds the run in progress; its methods are the phases:
-setup, resume, train_step, evaluate, save, log and finish. Which windows a step reads is
+(:func:`studylib.run.optim.lr_at`), gradient accumulation, clipping and bf16 autocast where the hardware has bf16
+(:func:`studylib.run.dist.resolve_amp`; never fp16). :class:`Trainer` holds the run in progress;
+its methods are the phases: setup, resume, train_step, evaluate, save, log and finish. Which windows a step reads is
 :mod:`studylib.run.batches`; the validation pass is :mod:`studylib.run.evaluation`.
 
 Evaluation every ``eval_every`` optimizer steps and at the end, on a fixed subset of
@@ -42,7 +42,7 @@ from studylib.nn.precision import autocast
 from studylib.run import checkpoint
 from studylib.run.batches import BatchSampler, eval_subset
 from studylib.run.data import load_data
-from studylib.run.dist import Dist, resolve_amp, resolve_device, seed_everything
+from studylib.run.dist import Dist, describe_amp, resolve_amp, resolve_device, seed_everything
 from studylib.run.evaluation import evaluate
 from studylib.run.files import clean_temp_files
 from studylib.run.optim import lr_at, make_optimizer, total_steps_for
@@ -111,6 +111,7 @@ class Trainer:
     def setup(self, data=None) -> None:
         self.data = self._load_data(data)
         self._plan_batches()
+        self.say(describe_amp(self.tcfg, self.device, self.amp_dtype))  # also the summary's "amp"
         seed_everything(self.seed)
         self.model = Decoder(self.mcfg).to(self.device)
         self.opt = make_optimizer(self.model, self.tcfg)
@@ -137,7 +138,13 @@ class Trainer:
         self.sub_idx = eval_subset(data.val_idx, self.tcfg.eval_windows, self.preset.data.split_seed)
         self.full_idx = np.asarray(data.val_idx, dtype=np.int64)
         self.subset_is_full = len(self.sub_idx) == len(self.full_idx)
-        self.targets_per_step = self.B * self.accum * (context - 1)
+        self.targets_per_step = self.B * self.accum * (context - 1)  # of a full step
+        self.targets_per_window = context - 1
+
+    def tokens(self, done: int) -> int:
+        """Target tokens trained on in optimizer steps 0 .. done-1 (exact: an epoch's last step
+        reads only the windows that remain)."""
+        return self.sampler.windows_before(done) * self.targets_per_window
 
     # ---- resume or start ---------------------------------------------------------------------
     def resume(self) -> None:
@@ -222,18 +229,26 @@ class Trainer:
         return StepResult(lr=lr, ce=ce, aux=aux, gnorm=gnorm, dt=time.perf_counter() - t0)
 
     def _micro_step(self, step: int, m: int) -> torch.Tensor:
-        """Forward/backward of micro-batch ``m``; returns its weighted (ce, aux) contribution."""
+        """Forward/backward of micro-batch ``m``; returns its weighted (ce, aux) contribution.
+
+        The weight is this rank's share of the step's windows (:meth:`BatchSampler.micro_batch`),
+        so the step's loss is the mean over the windows it read, also in an epoch's partial last
+        step. A micro-batch with no windows here is skipped; under DDP every rank still runs
+        one (a stand-in window, weight 0) so that the collectives stay in step."""
         dist = self.dist
-        mine = self.sampler.indices(step, m)[dist.rank::dist.world]
+        mine, weight = self.sampler.micro_batch(step, m, dist.rank, dist.world)
+        if len(mine) == 0:
+            if not dist.enabled:
+                return torch.zeros(2, device=self.device, dtype=torch.float32)
+            mine, weight = self.sampler.indices(step, 0)[:1], 0.0
         w = self.data.windows(mine).to(self.device, non_blocking=True)
-        share = len(mine) / self.B  # this rank's share of the micro-batch
         last = not dist.enabled or m == self.accum - 1
         with contextlib.nullcontext() if last else self.net.no_sync():
             with autocast(self.device, self.amp_dtype):
                 out = self.net(w[:, :-1], w[:, 1:], return_logits=False)
             loss = out.loss + out.aux_loss
-            (loss * (share * dist.world / self.accum)).backward()
-        return torch.stack([out.loss.detach().float(), out.aux_loss.detach().float()]) * (share / self.accum)
+            (loss * (weight * dist.world)).backward()  # DDP averages gradients over the ranks
+        return torch.stack([out.loss.detach().float(), out.aux_loss.detach().float()]) * weight
 
     def _check_loss(self, done: int, ce: float, aux: float) -> None:
         if not (math.isfinite(ce) and math.isfinite(aux)):
@@ -280,7 +295,7 @@ class Trainer:
         if not (self.dist.main and done % self.log_every == 0):
             return
         self.records.append(self.rd.append_metrics(train_record(done, self.targets_per_step, self.since_log,
-                                                                result)))
+                                                                result, tokens=self.tokens(done))))
         self.since_log = RunningSums()
 
     # ---- evaluate: the "eval" records ---------------------------------------------------------
@@ -294,7 +309,8 @@ class Trainer:
         self.clock["elapsed_s"] = time.perf_counter() - self.t_wall0
         if ev_best["val_loss"] < self.best["val_loss"]:
             self.best = {"val_loss": ev_best["val_loss"], "step": done, "full": ev_best["full"]}
-        rec = eval_record(done, self.targets_per_step, lr, ev, self.since_eval, self.clock["elapsed_s"])
+        rec = eval_record(done, self.targets_per_step, lr, ev, self.since_eval, self.clock["elapsed_s"],
+                          tokens=self.tokens(done))
         if ev_best is not ev:
             rec["subset_val_loss"] = ev_best["val_loss"]
         if self.dist.main:

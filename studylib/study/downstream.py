@@ -44,14 +44,18 @@ def downstream_frame(preset: Preset, models: Sequence[str], seeds: Sequence[int]
 
 
 def paired_gaps(df: pd.DataFrame, model: str, baselines: Sequence[str]) -> pd.DataFrame:
-    """Per metric and baseline: the paired per-seed gap ``model - baseline`` (mean, 95% CI, p) and
-    whether the model is better on average (``better`` follows each metric's direction)."""
+    """Per metric and baseline: the paired per-seed gap ``model - baseline`` (mean, std, n, 95% CI,
+    p, ``resolved`` = the CI excludes 0) and a ``verdict`` worded from the CI and the metric's
+    direction: "<model> better" / "<baseline> better" only when resolved, else "not resolved"."""
     rows = []
     wide = df.pivot(index="seed", columns="model")
     for b in baselines:
         for col, _, _, higher in METRICS:
             p = paired(wide[col][model].to_numpy(), wide[col][b].to_numpy())
-            rows.append({"comparison": f"{model} - {b}", "metric": col, "n": p.n, "gap": p.mean,
-                         "ci_low": p.ci_low, "ci_high": p.ci_high, "p": p.p,
-                         "better": (p.mean > 0) == higher if p.mean != 0 else False})
+            verdict = "not resolved"
+            if p.resolved:
+                verdict = f"{model if (p.mean > 0) == higher else b} better"
+            rows.append({"comparison": f"{model} - {b}", "metric": col, "n": p.n, "gap": p.mean, "std": p.std,
+                         "ci_low": p.ci_low, "ci_high": p.ci_high, "p": p.p, "resolved": p.resolved,
+                         "verdict": verdict})
     return pd.DataFrame(rows)

@@ -2,7 +2,12 @@
 metric curves, per-model aggregates, per-seed paired gaps, and the long per-layer router frames
 built from the eval records of ``metrics.jsonl`` (read by :meth:`RunDir.read_metrics`).
 
-Standard deviations are sample std (ddof=1) over seeds throughout (:func:`sample_std`).
+Standard deviations are sample std (ddof=1) over seeds throughout (:func:`sample_std`). Every
+comparison between two models goes through :func:`paired_gaps`, i.e. :func:`studylib.study.stats.paired`.
+
+Curves (:func:`eval_curves`) never join two samples of validation windows: during training a run
+is evaluated on a fixed subset (``train.eval_windows``), at the end on the full split; the curve
+is the subset, the final full-split value is a separate column.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import pandas as pd
 
 from studylib.config import Preset
 from studylib.run.rundir import RunDir
+from studylib.study.stats import paired
 
 #: router statistics that are scalars per layer (``metrics.jsonl`` eval records, key ``router``)
 ROUTER_SCALARS = ("busiest", "usage_var", "entropy", "top1", "margin", "logz", "usage_entropy",
@@ -38,15 +44,16 @@ def load_metrics(run_dir, kind: Optional[str] = None) -> pd.DataFrame:
 
 
 def collect_runs(preset: Preset, models: Optional[Iterable[str]] = None,
-                 seeds: Optional[Iterable[int]] = None, root=None):
-    """One row per finished run (summary fields; ``params`` flattened to ``params_<key>``).
+                 seeds: Optional[Iterable[int]] = None, root=None, overrides=None, tag=None):
+    """One row per finished run (summary fields; ``params`` flattened to ``params_<key>``) of
+    ``preset`` + ``overrides`` (a variant: :meth:`RunDir.variant`).
 
     Missing or unfinished runs are left out; ``df.attrs["missing"]`` lists their (model, seed).
     """
     rows, missing = [], []
     for m in (models if models is not None else preset.model_names()):
         for s in (seeds if seeds is not None else preset.seeds):
-            summ = RunDir.of(preset, m, s, root).summary()
+            summ = RunDir.variant(preset, m, s, overrides, tag, root).summary()
             if not summ or not summ.get("finished"):
                 missing.append((m, s))
                 continue
@@ -61,12 +68,14 @@ def collect_runs(preset: Preset, models: Optional[Iterable[str]] = None,
 
 
 def collect_metrics(preset: Preset, models: Optional[Iterable[str]] = None,
-                    seeds: Optional[Iterable[int]] = None, kind: Optional[str] = "eval", root=None):
-    """All runs' ``metrics.jsonl`` rows in one long DataFrame with ``model`` and ``seed`` columns."""
+                    seeds: Optional[Iterable[int]] = None, kind: Optional[str] = "eval", root=None,
+                    overrides=None, tag=None):
+    """All runs' ``metrics.jsonl`` rows in one long DataFrame with ``model`` and ``seed`` columns
+    (of ``preset`` + ``overrides``, as :func:`collect_runs`)."""
     frames = []
     for m in (models if models is not None else preset.model_names()):
         for s in (seeds if seeds is not None else preset.seeds):
-            df = load_metrics(RunDir.of(preset, m, s, root), kind=kind)
+            df = load_metrics(RunDir.variant(preset, m, s, overrides, tag, root), kind=kind)
             if len(df):
                 frames.append(df.assign(model=m, seed=s))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -85,13 +94,52 @@ def aggregate(df, value: str = "best_val_loss"):
 
 
 def paired_gaps(df, a: str, b: str, value: str = "best_val_loss") -> dict:
-    """Per-seed gap ``value[a] - value[b]`` over the seeds both models have; mean, std (ddof=1)."""
+    """The paired comparison of ``a`` and ``b``: the per-seed gap ``value[a] - value[b]`` over the
+    seeds both models have (``per_seed``, a Series indexed by seed), its
+    :class:`~studylib.study.stats.Paired` summary (``paired``) and that summary's fields (``mean``,
+    ``std``, ``n``, ``ci_low``, ``ci_high``, ``p``, ``level``, ``resolved``), from
+    :func:`studylib.study.stats.paired`."""
     wide = df.pivot_table(index="seed", columns="model", values=value)
     if a not in wide or b not in wide:
         raise KeyError(f"paired_gaps: need runs of both {a!r} and {b!r}; have {list(wide.columns)}")
     gap = (wide[a] - wide[b]).dropna()
-    return {"a": a, "b": b, "per_seed": gap, "n": int(len(gap)), "mean": float(gap.mean()),
-            "std": sample_std(gap)}
+    if gap.empty:
+        raise KeyError(f"paired_gaps: {a!r} and {b!r} share no seed with a {value!r}")
+    p = paired(gap.to_numpy())
+    return {"a": a, "b": b, "per_seed": gap, "paired": p, **p.as_dict()}
+
+
+def eval_curves(metrics: pd.DataFrame) -> pd.DataFrame:
+    """The eval rows of a :func:`collect_metrics` frame, split so that a curve joins one sample of
+    windows only: ``val_loss`` (and ``val_ppl``) is the loss on the fixed validation subset at
+    every evaluation, ``full_val_loss`` the full split's loss at the run's last evaluation (NaN
+    elsewhere).
+
+    The trainer's last record is the full pass (``full: true``) and carries the subset's loss as
+    ``subset_val_loss``; a run whose subset is the whole split (every record ``full``) has one
+    sample only, so its curve is ``val_loss`` throughout. A final full record without
+    ``subset_val_loss`` (written before that field existed) leaves the curve's last point NaN."""
+    ev = metrics[metrics["kind"] == "eval"] if "kind" in metrics else metrics
+    ev = ev.copy()
+    if ev.empty:
+        return ev.assign(full_val_loss=pd.Series(dtype=float))
+    full = (ev["full"].astype("boolean").fillna(False).astype(bool) if "full" in ev
+            else pd.Series(False, index=ev.index))
+    sub = ev["subset_val_loss"].astype(float) if "subset_val_loss" in ev else pd.Series(np.nan, index=ev.index)
+    keys = [ev[k] for k in ("model", "seed") if k in ev]
+    if keys:
+        all_full = full.groupby(keys).transform("all").astype(bool)
+        last = ev["step"] == ev.groupby(keys)["step"].transform("max")
+    else:
+        all_full = pd.Series(bool(full.all()), index=ev.index)
+        last = ev["step"] == ev["step"].max()
+    loss = ev["val_loss"].astype(float)
+    ev["full_val_loss"] = loss.where(full & last)
+    curve = loss.where(~full, sub.where(sub.notna(), loss.where(all_full)))
+    ev["val_loss"] = curve
+    if "val_ppl" in ev:
+        ev["val_ppl"] = np.exp(curve)
+    return ev
 
 
 # --------------------------------------------------------------------------------------------

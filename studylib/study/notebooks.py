@@ -1,23 +1,32 @@
 """Run the study: execute the notebooks in order with papermill, then one HTML report.
 
 ``python -m studylib study --params params/cpu.yaml [--notebooks 01 03] [--jobs N] [--no-report]
-[--timeout S]``: each ``notebooks/NN_*.py`` (Jupytext ``py:percent``) is converted to a notebook,
-executed with papermill (kernel ``python3``, working directory = the repository root, parameters
-``params`` and ``jobs`` injected after the cell tagged ``parameters``) and written to
-``outputs/<preset>/notebooks/NN_*.ipynb``. A failing notebook stops the study with a message naming
-the notebook, the failing cell and the error (the partly executed notebook is kept). Then,
+[--timeout S] [-p NAME VALUE ...]``: each ``notebooks/NN_*.py`` (Jupytext ``py:percent``) is
+converted to a notebook, executed with papermill (kernel ``python3``, working directory = the
+repository root, parameters ``params`` and ``jobs`` injected after the cell tagged ``parameters``,
+plus each ``-p NAME VALUE`` whose NAME that notebook's parameters cell declares; VALUE is parsed as
+YAML, like papermill's ``-y``) and written to ``outputs/<preset>/notebooks/NN_*.ipynb``. A failing
+notebook stops the study with a message naming the notebook, the failing cell and the error (the
+partly executed notebook is kept). Then,
 unless ``--no-report``, the executed notebooks are stitched into ``outputs/<preset>/report.html``
 (code hidden, figures embedded). While a notebook runs, the terminal shows which runs train,
 their step and ETA (:mod:`studylib.study.watch`); kernels talk over local IPC sockets.
 
 Notebooks call :func:`notebook_context` first: it finds the repository root (so a notebook runs
-from any working directory, e.g. nbval's, which is the notebook's folder), loads the preset and
-sets the plotting style. It does not change the working directory: every path it returns is
-absolute, resolved from the repository root.
+from any working directory, e.g. nbval's, which is the notebook's folder), loads the preset,
+applies the ``seeds`` and ``overrides`` parameters (:func:`apply_parameters`: a seed sweep, or a
+variant preset under its own derived name) and sets the plotting style. It does not change the
+working directory: every path it returns is absolute, resolved from the repository root.
+
+Every notebook's parameters cell holds ``params``, ``jobs``, ``seeds = None`` and
+``overrides = None``, so the same values reach it from ``studylib study -p`` and from plain
+``papermill -p`` on the Jupytext-converted notebook.
 """
 from __future__ import annotations
 
+import ast
 import copy
+import dataclasses
 import os
 import re
 import sys
@@ -25,9 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
-from studylib.config import ConfigError, load_preset
+import yaml
+
+from studylib.config import ConfigError, Preset, config_hash, load_preset, override, to_dict
+from studylib.config.args import seed_error
 from studylib.run.rundir import outputs_root
 from studylib.study.sweep import default_jobs
 
@@ -78,23 +90,140 @@ def find_notebooks(notebook_dir: os.PathLike, select: Optional[Sequence[str]] = 
 # --------------------------------------------------------------------------------------------
 # inside a notebook
 # --------------------------------------------------------------------------------------------
-def notebook_context(params: str, jobs: Optional[int] = None) -> SimpleNamespace:
+_SEED_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def parse_seeds(value) -> Optional[list[int]]:
+    """The ``seeds`` parameter as a list of seeds, or None (keep the preset's): a list of ints, one
+    int, or a string: a range ``"1337-1346"`` (both ends included), a YAML list ``"[1, 2]"``, a
+    comma list ``"1,2,3"`` or one seed ``"1337"``. Raises :class:`ConfigError` naming what was
+    expected."""
+    what = ("seeds: expected a list of integer seeds, a range like '1337-1346', '[1, 2]' or '1,2,3'; "
+            f"got {value!r}")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        m = _SEED_RANGE.match(value)
+        if m:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if hi < lo:
+                raise ConfigError(f"seeds: range {value!r} ends before it starts")
+            value = list(range(lo, hi + 1))
+        else:
+            try:
+                value = yaml.safe_load(value if "[" in value or "," not in value else f"[{value}]")
+            except yaml.YAMLError:
+                raise ConfigError(what) from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(what)
+    for i, v in enumerate(value):
+        if seed_error(v, f"seeds[{i}]"):
+            raise ConfigError(seed_error(v, f"seeds[{i}]"))
+    if len(set(value)) != len(value):
+        raise ConfigError(f"seeds: {list(value)} repeats a seed")
+    return list(value)
+
+
+def parse_overrides(value) -> dict:
+    """The ``overrides`` parameter as ``{"section.key": value}``: a mapping, a list of
+    ``"key=value"`` strings (values parsed as YAML, as ``--set`` parses them), one such string, or a
+    string holding a YAML mapping / list (what ``papermill -p`` passes). None or empty: ``{}``."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return {}
+        if "=" in text and not text.startswith(("{", "[")):
+            value = [text]
+        else:
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError:
+                value = None
+            if not isinstance(value, (Mapping, list)):
+                raise ConfigError(f"overrides: expected a mapping like {{'train.lr': 0.001}} or a list of "
+                                  f"'key=value' strings; got {text!r}")
+    if isinstance(value, Mapping):
+        return {str(k): v for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        out = {}
+        for item in value:
+            if not isinstance(item, str) or "=" not in item:
+                raise ConfigError(f"overrides: {item!r} is not 'key.path=value' (e.g. train.amp=off)")
+            key, text = item.split("=", 1)
+            try:
+                out[key.strip()] = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise ConfigError(f"overrides: the value of {item!r} is not valid YAML") from None
+        return out
+    raise ConfigError(f"overrides: expected a mapping or a list of 'key=value' strings; got {value!r}")
+
+
+def _described(preset: Preset) -> dict:
+    raw = to_dict(preset)
+    raw.pop("path", None)
+    return raw
+
+
+def _at(doc: Mapping, key: str, default):
+    """The value at the dotted ``key`` of a nested mapping (``default`` when it is not there)."""
+    node: Any = doc
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def apply_parameters(preset: Preset, seeds=None, overrides=None) -> tuple[Preset, dict]:
+    """``preset`` with the notebook parameters applied: ``overrides`` (:func:`parse_overrides`)
+    through :func:`studylib.config.override`, and ``seeds`` (:func:`parse_seeds`) in place of
+    ``preset.seeds``. When the overrides change anything, the preset gets a derived name
+    ``<name>-<hash of the overrides, 8 hex>`` (unless they set ``name`` themselves), so its outputs
+    and run directories never mix with the base preset's. Returns (preset, the parsed overrides)."""
+    ov = parse_overrides(overrides)
+    out = override(preset, ov) if ov else preset
+    if ov and "name" not in ov and _described(out) != _described(preset):
+        # the hash of what the overrides resolve to, so "train.amp=off" and {"train.amp": False} agree
+        desc = _described(out)
+        resolved = {k: _at(desc, k, v) for k, v in ov.items()}
+        out = dataclasses.replace(out, name=f"{preset.name}-{config_hash(resolved)[:8]}")
+    chosen = parse_seeds(seeds)
+    if chosen is not None:
+        out = dataclasses.replace(out, seeds=tuple(chosen))
+    return out, ov
+
+
+def notebook_context(params: str, jobs: Optional[int] = None, seeds=None, overrides=None) -> SimpleNamespace:
     """What every notebook needs first: ``root`` (the repository), ``preset`` (``params``, a
-    path relative to the root or absolute), ``params`` (its absolute path), ``out`` (the absolute
-    ``outputs/<preset>``), ``jobs`` (``jobs`` or ``study.jobs``), ``seeds``, ``first_seed`` and
-    ``study``. Sets the seaborn style; the working directory is left as it is."""
+    path relative to the root or absolute, with ``seeds`` and ``overrides`` applied by
+    :func:`apply_parameters`), ``params`` (its absolute path), ``out`` (the absolute
+    ``outputs/<preset>``), ``jobs`` (``jobs`` or ``study.jobs``), ``seeds``, ``first_seed``,
+    ``study`` and ``overrides`` (the parsed overrides, ``{}`` if none). Prints what the parameters
+    changed. Sets the seaborn style; the working directory is left as it is."""
     from studylib.study import plots  # matplotlib / seaborn: only once a notebook runs
 
     root = repo_root()
     path = root / params  # an absolute ``params`` stays as it is
-    preset = load_preset(path)
+    base = load_preset(path)
+    preset, ov = apply_parameters(base, seeds, overrides)
+    if ov:
+        kv = ", ".join(f"{k}={v!r}" for k, v in ov.items())
+        print(f"overrides: {kv} -> preset {preset.name!r}"
+              + (f" (its own outputs and runs, apart from {base.name!r})" if preset.name != base.name
+                 else " (nothing changed)"))
+    if preset.seeds != base.seeds:
+        print(f"seeds: {list(preset.seeds)} (the preset's: {list(base.seeds)})")
     plots.setup()
     out = root / outputs_root(preset) / preset.name  # a relative $STUDYLIB_OUTPUTS: from the root
     out.mkdir(parents=True, exist_ok=True)
     return SimpleNamespace(root=root, preset=preset, params=str(path), out=out,
                            jobs=default_jobs(preset) if jobs is None else int(jobs),
                            seeds=list(preset.seeds), first_seed=preset.seeds[0],
-                           study=dict(preset.study))
+                           study=dict(preset.study), overrides=ov)
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,6 +241,22 @@ def to_ipynb(py_path: os.PathLike):
     return nb
 
 
+def notebook_parameters(py_path: os.PathLike) -> list[str]:
+    """The names the cell tagged ``parameters`` of a Jupytext notebook assigns, in order."""
+    import jupytext
+
+    nb = jupytext.read(str(py_path))
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
+            names = []
+            for node in ast.parse(cell.source).body:
+                targets = node.targets if isinstance(node, ast.Assign) else \
+                    [node.target] if isinstance(node, ast.AnnAssign) else []
+                names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
+            return names
+    return []
+
+
 def _failure_message(name: str, err, out_path: Path) -> str:
     src = (getattr(err, "source", "") or "").strip().splitlines()
     head = "\n".join("    " + ln for ln in src[:6]) + ("\n    ..." if len(src) > 6 else "")
@@ -123,12 +268,21 @@ def _failure_message(name: str, err, out_path: Path) -> str:
 def ipc_kernel_manager():
     """A jupyter kernel manager that talks to its kernel over local IPC sockets, not TCP on
     localhost: nothing listens on the network, and the kernel does not warn "Kernel is running
-    over TCP without encryption" on every notebook. (jupyter_client is imported here, lazily.)"""
+    over TCP without encryption" on every notebook. The sockets live in a private temporary
+    folder, not in the working directory: two studies run side by side must not pick the same
+    ``kernel-ipc-N`` names (their kernels then reject each other's messages: "Invalid Signature").
+    (jupyter_client is imported here, lazily.)"""
+    import tempfile
+
     from jupyter_client.manager import AsyncKernelManager
-    from traitlets import CaselessStrEnum
+    from traitlets import CaselessStrEnum, default
 
     class IPCKernelManager(AsyncKernelManager):
         transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+        @default("ip")
+        def _private_ipc_path(self):
+            return os.path.join(tempfile.mkdtemp(prefix="studylib-kernel-"), "kernel-ipc")
 
     return IPCKernelManager
 
@@ -175,7 +329,8 @@ def _study_params(params: str, root: Path) -> tuple:
 
 def _execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path, timeout, progress,
                  echo, t_start: float) -> dict:
-    """Execute ``nbs`` in order into ``nb_out``; ``{stem: seconds}``."""
+    """Execute ``nbs`` in order into ``nb_out`` (``parameters``: ``{notebook: its parameters}``);
+    ``{stem: seconds}``."""
     from studylib.study.watch import RunWatcher
 
     times: dict = {}
@@ -183,18 +338,45 @@ def _execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path
     for i, py in enumerate(nbs, 1):
         echo(f"[{i}/{len(nbs)}] {py.name} ...")
         with RunWatcher(nb_out.parent / "runs", echo, tty=tty):  # runs in flight, step, ETA
-            times[py.stem] = execute_notebook(py, nb_out / (py.stem + ".ipynb"), parameters, root, timeout,
+            times[py.stem] = execute_notebook(py, nb_out / (py.stem + ".ipynb"), parameters[py], root, timeout,
                                               progress)
         echo(f"[{i}/{len(nbs)}] {py.name} done in {times[py.stem]:.1f} s "
              f"(total {time.perf_counter() - t_start:.1f} s)")
     return times
 
 
+def _check_parameters(nbs: Sequence[Path], parameters: Mapping[str, Any], jobs) -> tuple[dict, dict, Any]:
+    """(``{notebook: names}`` of each notebook's parameters cell, the ``-p`` parameters, jobs);
+    unknown names are a :class:`ConfigError` naming the allowed ones."""
+    declared = {py: notebook_parameters(py) for py in nbs}
+    allowed = sorted({n for names in declared.values() for n in names} - {"params"})
+    parameters = dict(parameters or {})
+    if "params" in parameters:
+        raise ConfigError("-p params: give the preset with --params")
+    unknown = sorted(set(parameters) - set(allowed))
+    if unknown:
+        raise ConfigError(f"-p {unknown[0]}: not a parameter of the selected notebooks; allowed: {allowed}")
+    if "jobs" in parameters:
+        pj = parameters.pop("jobs")
+        if jobs is not None and pj != jobs:
+            raise ConfigError(f"-p jobs {pj!r} and --jobs {jobs}: give jobs once")
+        jobs = pj
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ConfigError(f"jobs: must be a positive integer, got {jobs!r}")
+    return declared, parameters, jobs
+
+
 def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Optional[int] = None,
               report: bool = True, timeout: Optional[float] = None, notebook_dir: Optional[os.PathLike] = None,
-              root: Optional[os.PathLike] = None, progress: bool = True, echo=None) -> dict:
+              root: Optional[os.PathLike] = None, progress: bool = True, echo=None,
+              parameters: Optional[Mapping[str, Any]] = None) -> dict:
     """Execute the selected notebooks in order (see the module docstring); returns
-    ``{"notebooks": {name: seconds}, "report": path or None, "total_s": seconds}``."""
+    ``{"notebooks": {name: seconds}, "report": path or None, "total_s": seconds}``.
+
+    ``parameters`` (``-p NAME VALUE``): passed to each notebook whose parameters cell declares
+    NAME; a NAME no selected notebook declares is an error naming the allowed ones. ``seeds`` and
+    ``overrides`` are checked here, before any kernel starts, and decide the output folder (a
+    preset with overrides has a derived name: :func:`apply_parameters`)."""
     echo = echo or (lambda msg: print(msg, flush=True))
     t_start = time.perf_counter()
     root = Path(root).resolve() if root is not None else repo_root()
@@ -203,10 +385,14 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     nbs = find_notebooks(nb_dir, notebooks)
     if not nbs:
         raise ConfigError(f"no notebooks (NN_*.py) in {nb_dir}")
+    declared, extra, jobs = _check_parameters(nbs, parameters, jobs)
+    preset, ov = apply_parameters(preset, extra.get("seeds"), extra.get("overrides"))
     out = root / outputs_root(preset) / preset.name  # where notebook_context puts it too
-    echo(f"study {preset.name!r}: {len(nbs)} notebook(s) -> {out / 'notebooks'}")
-    times = _execute_all(nbs, out / "notebooks", {"params": param_arg, "jobs": jobs}, root, timeout, progress,
-                         echo, t_start)
+    echo(f"study {preset.name!r}: {len(nbs)} notebook(s) -> {out / 'notebooks'}"
+         + (f"; parameters {extra}" if extra else ""))
+    per_notebook = {py: {"params": param_arg, "jobs": jobs, **{k: v for k, v in extra.items() if k in declared[py]}}
+                    for py in nbs}
+    times = _execute_all(nbs, out / "notebooks", per_notebook, root, timeout, progress, echo, t_start)
     report_path = None
     if report:
         executed = [out / "notebooks" / (stem + ".ipynb") for stem in times]
@@ -294,6 +480,23 @@ def add_cli(parser) -> None:
     parser.add_argument("--timeout", type=T.positive_float, default=None, metavar="S",
                         help="per-cell execution timeout in seconds (default: none)")
     parser.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="a notebook parameter, repeatable; VALUE is parsed as YAML (as papermill -y). "
+                             "Every notebook takes seeds (e.g. 1337-1346 or [1,2]) and overrides "
+                             "(e.g. '{\"train.amp\": \"off\"}'); a preset with overrides gets a derived name")
+
+
+def cli_parameters(pairs: Sequence[Sequence[str]]) -> dict:
+    """``-p NAME VALUE`` pairs as ``{NAME: VALUE parsed as YAML}`` (a name given twice is an error)."""
+    out = {}
+    for name, text in pairs:
+        if name in out:
+            raise ConfigError(f"-p {name}: given twice")
+        try:
+            out[name] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ConfigError(f"-p {name}: the value {text!r} is not valid YAML") from None
+    return out
 
 
 def run_cli(args) -> int:
@@ -301,7 +504,7 @@ def run_cli(args) -> int:
         raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
     try:
         run_study(args.params, args.notebooks, args.jobs, report=not args.no_report, timeout=args.timeout,
-                  progress=not args.no_progress)
+                  progress=not args.no_progress, parameters=cli_parameters(args.parameter))
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

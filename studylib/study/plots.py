@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from studylib.study.frames import TABLE7_METRICS
+from studylib.study.frames import TABLE7_METRICS, eval_curves
+from studylib.study.stats import paired
 
 DPI = 110
 
@@ -72,15 +73,41 @@ def _order(df: pd.DataFrame, col: str, order: Optional[Sequence]) -> list:
 # --------------------------------------------------------------------------------------------
 # training curves and gaps (Figs 2, 3)
 # --------------------------------------------------------------------------------------------
+def t_interval(values) -> tuple[float, float]:
+    """The paired-t 95% interval of the mean of ``values`` (:func:`studylib.study.stats.paired`),
+    as seaborn's ``errorbar`` callable wants it; one value: a zero-width band at it."""
+    p = paired(np.asarray(values, dtype=float))
+    return (p.ci_low, p.ci_high) if p.n > 1 else (p.mean, p.mean)
+
+
+FULL_MARKER = {"marker": "D", "markersize": 7, "markeredgecolor": "black", "linestyle": "none"}
+
+
 def val_curves(metrics: pd.DataFrame, x: str = "tokens", y: str = "val_loss",
                order: Optional[Sequence[str]] = None, title: str = "Validation loss",
                outdir=None, name: str = "val_loss_curves", logy: bool = False) -> plt.Figure:
-    """``y`` vs ``x`` per model: mean over seeds with a ±1 std band (seaborn, errorbar="sd")."""
-    ev = metrics[metrics["kind"] == "eval"] if "kind" in metrics else metrics
+    """``y`` vs ``x`` per model on the fixed validation subset (:func:`studylib.study.frames.eval_curves`):
+    the mean over seeds with its 95% CI band (paired t). The final full-split loss is not on the
+    curve (another sample of windows): it is marked separately (diamond, mean with 95% CI)."""
+    ev = eval_curves(metrics)
+    hue_order = _order(ev, "model", order)
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    sns.lineplot(data=ev, x=x, y=y, hue="model", hue_order=_order(ev, "model", order),
-                 errorbar="sd", marker="o", markersize=3, ax=ax)
-    ax.set(title=title, xlabel="target tokens" if x == "tokens" else x, ylabel=y.replace("_", " "))
+    sns.lineplot(data=ev.dropna(subset=[y]), x=x, y=y, hue="model", hue_order=hue_order,
+                 errorbar=t_interval, marker="o", markersize=3, ax=ax)
+    colors = dict(zip(hue_order, sns.color_palette(n_colors=len(hue_order))))
+    if y == "val_loss" and ev["full_val_loss"].notna().any():
+        fin = ev.dropna(subset=["full_val_loss"])
+        for i, m in enumerate(hue_order):
+            d = fin[fin["model"] == m]
+            if d.empty:
+                continue
+            lo, hi = t_interval(d["full_val_loss"])
+            mean = float(d["full_val_loss"].mean())
+            ax.errorbar([d[x].mean()], [mean], yerr=[[mean - lo], [hi - mean]], color=colors[m], capsize=3,
+                        label="full validation split, end" if i == 0 else None, **FULL_MARKER)
+        ax.legend()
+    ax.set(title=title, xlabel="target tokens" if x == "tokens" else x,
+           ylabel=y.replace("_", " ") + (" (validation subset)" if y == "val_loss" else ""))
     if logy:
         ax.set_yscale("log")
     return _finish(fig, name, outdir)
@@ -88,17 +115,55 @@ def val_curves(metrics: pd.DataFrame, x: str = "tokens", y: str = "val_loss",
 
 def gap_curves(gaps: pd.DataFrame, x: str = "tokens", title: str = "Loss gaps over training",
                outdir=None, name: str = "gap_curves") -> plt.Figure:
-    """Gap curves from :func:`studylib.study.tables.gap_curves`: mean ± 1 std over seeds, per gap."""
+    """Gap curves from :func:`studylib.study.tables.gap_curves` (validation subset): per gap the
+    mean over seeds with its 95% CI band, and each seed's gap as a thin line."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    per_seed = gaps.attrs.get("per_seed")
     for i, (g, d) in enumerate(gaps.groupby("gap", sort=False)):
         d = d.sort_values(x)
         c = sns.color_palette()[i]
+        if per_seed is not None and len(per_seed):
+            for _, ps in per_seed[per_seed["gap"] == g].groupby("seed"):
+                ps = ps.sort_values(x)
+                ax.plot(ps[x], ps["value"], color=c, lw=0.7, alpha=0.35)
         ax.plot(d[x], d["mean"], marker="o", markersize=3, color=c, label=g)
-        std = d["std"].fillna(0.0)
-        ax.fill_between(d[x], d["mean"] - std, d["mean"] + std, color=c, alpha=0.2)
+        ax.fill_between(d[x], d["ci_low"].fillna(d["mean"]), d["ci_high"].fillna(d["mean"]), color=c, alpha=0.2)
     ax.axhline(0.0, color="0.4", lw=1, ls="--")
-    ax.set(title=title, xlabel="target tokens" if x == "tokens" else x, ylabel="gap (nats)")
+    ax.set(title=title, xlabel="target tokens" if x == "tokens" else x, ylabel="gap (nats, validation subset)")
     ax.legend()
+    return _finish(fig, name, outdir)
+
+
+def intervals(table: pd.DataFrame, title: str = "Paired gaps (95% CI)", xlabel: str = "gap (nats)",
+              paper: Optional[str] = None, outdir=None, name: str = "paired_gaps") -> plt.Figure:
+    """Paired gaps of a :func:`studylib.study.tables.comparison_table` (or any frame with ``mean``,
+    ``ci_low``, ``ci_high``, ``resolved`` and the per-seed gaps in ``attrs["per_seed"]``): one row
+    per comparison, the mean with its 95% CI (filled: resolved, open: the CI includes 0), each
+    seed's gap as a dot, and the ``paper`` column's value as a red cross where it is given."""
+    t = table
+    labels = [str(i) for i in t.index]
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(t) + 2.2))
+    per_seed = table.attrs.get("per_seed")
+    for y, (label, r) in enumerate(t.iterrows()):
+        lo, hi = r["ci_low"], r["ci_high"]
+        err = None if pd.isna(lo) else [[r["mean"] - lo], [hi - r["mean"]]]
+        ax.errorbar([r["mean"]], [y], xerr=err, fmt="o", color="C0", capsize=4,
+                    markerfacecolor="C0" if bool(r.get("resolved", False)) else "white")
+        if per_seed is not None and len(per_seed):
+            v = per_seed.loc[per_seed["comparison"] == label, "gap"]
+            ax.scatter(v, np.full(len(v), y + 0.18), s=12, color="0.35", zorder=3)
+        if paper is not None and paper in t and pd.notna(r[paper]):
+            ax.scatter([r[paper]], [y], marker="x", color="C3", s=40, zorder=4)
+    ax.axvline(0.0, color="0.4", lw=1, ls="--")
+    ax.set_yticks(range(len(t)), labels)
+    ax.invert_yaxis()
+    ax.set(title=title, xlabel=xlabel)
+    handles = [plt.Line2D([], [], marker="o", color="C0", label="mean, 95% CI (open: includes 0)"),
+               plt.Line2D([], [], marker="o", color="0.35", ls="none", markersize=4, label="per seed")]
+    if paper is not None and paper in t and t[paper].notna().any():
+        handles.append(plt.Line2D([], [], marker="x", color="C3", ls="none", label="paper"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.3 / max(len(t), 1)),
+              ncol=len(handles), fontsize=8, frameon=False)
     return _finish(fig, name, outdir)
 
 
@@ -251,5 +316,38 @@ def cosine_heatmaps(mats_by_model: dict, title: str = "Expert-output cosine simi
                         cbar=False, square=True, ax=ax)
             ax.set(title=f"{m} L{layer}")
     fig.suptitle(title)
+    return _finish(fig, name, outdir)
+
+
+def downstream_metrics(df: pd.DataFrame, models: Sequence[str], cols: Sequence[str],
+                       title: str = "Downstream metrics per seed (bar: mean ± std)", outdir=None,
+                       name: str = "fig10_downstream") -> plt.Figure:
+    """One panel per metric column of ``df`` (one row per model x seed): the per-seed values of each
+    model as dots, their mean ± sample std as a bar."""
+    fig, axes = plt.subplots(1, len(cols), figsize=(4 * len(cols), 3.6), squeeze=False)
+    for ax, col in zip(axes[0], cols):
+        for i, m in enumerate(models):
+            y = df[df.model == m][col].to_numpy()
+            ax.scatter(np.full(len(y), i), y, alpha=0.7)
+            ax.errorbar(i, y.mean(), yerr=y.std(ddof=1) if len(y) > 1 else 0, fmt="_k", capsize=6)
+        ax.set_xticks(range(len(models)), models, rotation=20)
+        ax.set_title(col)
+    fig.suptitle(title)
+    return _finish(fig, name, outdir)
+
+
+def downstream_gaps(gaps: pd.DataFrame, cols: Sequence[str], outdir=None,
+                    name: str = "fig10_downstream_gaps") -> plt.Figure:
+    """One panel per metric: each comparison's paired gap with its 95% CI (open marker: not
+    resolved, the CI includes 0)."""
+    fig, axes = plt.subplots(1, len(cols), figsize=(4 * len(cols), 2.8), squeeze=False)
+    for ax, col in zip(axes[0], cols):
+        g = gaps[gaps.metric == col].reset_index(drop=True)
+        for i, r in g.iterrows():
+            ax.errorbar(r.gap, i, xerr=[[r.gap - r.ci_low], [r.ci_high - r.gap]], fmt="o", capsize=4, color="C0",
+                        mfc="C0" if r.resolved else "white")
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set_yticks(range(len(g)), g.comparison)
+        ax.set_title(f"{col} (95% CI)")
     return _finish(fig, name, outdir)
 

@@ -4,20 +4,23 @@
 
 * collapse: :func:`collapsed` (one expert takes >= threshold of the assignments),
   :func:`collapse_table` (per run and layer: when, and whether at the end);
-* SPEC Table 1 (:func:`ablation_table`) and Table 7 (:func:`diagnostics_table`,
-  :func:`routing_trend`: the first -> last log-z trend), :func:`final_routing`;
+* SPEC Table 1 (:func:`ablation_table`: every variant over every seed, paired by seed against the
+  reference MoE, next to the paper's Table 1 via :func:`paper_recipe`) and Table 7
+  (:func:`diagnostics_table`, :func:`routing_trend`: the first -> last log-z trend), :func:`final_routing`;
 * :func:`gate_table`: soft-MoE gate diagnostics at the last evaluation.
 """
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-from studylib.study.frames import (ROUTER_SCALARS, TABLE7_METRICS, router_records, routing_frame, sample_std,
-                                   shares_frame)
+from studylib.study.frames import (ROUTER_SCALARS, TABLE7_METRICS, aggregate, router_records, routing_frame,
+                                   sample_std, shares_frame)
+from studylib.study.paper import PAPER_TABLE1
+from studylib.study.tables import comparison_table
 
 
 def collapsed(shares, threshold: float = 0.9) -> bool:
@@ -81,21 +84,63 @@ def routing_trend(frames: dict | pd.DataFrame, metric: str = "logz") -> pd.DataF
     return out
 
 
-def ablation_table(summaries: pd.DataFrame, run_dirs: dict) -> pd.DataFrame:
-    """SPEC Table 1 per variant: final / best val loss, the busiest-expert fraction of each layer
-    at the end, the mean router log-z at the end, and whether any layer collapsed (>= 0.9)."""
+def paper_recipe(cfg) -> Optional[pd.Series]:
+    """The paper's Table 1 row (:data:`studylib.study.paper.PAPER_TABLE1`) for a model config with
+    the same routing recipe (top-k, balance loss on/off, z-loss on/off, renormalised gate), or None
+    (a dense model, or a recipe the paper did not run, e.g. the Switch gate)."""
+    ffn = cfg.ffn
+    if ffn.kind != "moe" or not getattr(ffn, "renormalize", True):
+        return None
+    hit = PAPER_TABLE1[(PAPER_TABLE1["top_k"] == ffn.top_k) & (PAPER_TABLE1["balance"] == (ffn.balance_coef > 0))
+                       & (PAPER_TABLE1["z_loss"] == (ffn.z_coef > 0))]
+    return hit.iloc[0] if len(hit) else None
+
+
+def ablation_table(summaries: pd.DataFrame, run_dirs: dict, reference: str, configs: Optional[dict] = None,
+                   threshold: float = 0.9) -> pd.DataFrame:
+    """SPEC Table 1 over every seed. ``run_dirs``: ``{model: {seed: run_dir}}``; ``summaries``: the
+    runs' summaries (:func:`studylib.study.frames.collect_runs`). Per variant: n seeds, best and
+    final validation loss (mean; best also ± std), the paired gap to ``reference`` (variant −
+    reference, per seed: mean, 95% CI, p, resolved, ``gap`` text; empty for the reference), the
+    busiest-expert fraction of each layer and the router log-z at the last evaluation (means over
+    seeds), and ``collapsed_runs`` ("k/n": runs with a layer whose busiest share >= ``threshold``
+    at the end). ``configs`` (``{model: ModelConfig}``) adds the paper's Table 1 row of the same
+    recipe (``paper_budget``, ``paper_final_val_loss``, ``paper_result``, and ``paper_delta``: its
+    final loss minus the reference recipe's, one run each at 40.5M tokens)."""
+    models = list(run_dirs)
+    agg = aggregate(summaries[summaries["model"].isin(models)], "best_val_loss").reindex(models)
+    final = summaries.groupby("model")["final_val_loss"].mean()
+    cmp = comparison_table(summaries, {m: (m, reference) for m in models if m != reference})
     rows = []
-    s = summaries.set_index("model")
-    for name, rd in run_dirs.items():
-        fr = final_routing(rd)
-        row = {"model": name, "final_val_loss": s.loc[name, "final_val_loss"],
-               "best_val_loss": s.loc[name, "best_val_loss"]}
-        for layer, v in fr["busiest"].items():
-            row[f"busiest_L{layer}"] = v
-        row["logz_mean"] = float(fr["logz"].mean())
-        row["collapsed_layers"] = int((fr["busiest"] >= 0.9).sum())
+    for name in models:
+        row = {"model": name, "n": int(agg.loc[name, "n"]),
+               "best_val_loss": agg.loc[name, "best_val_loss_mean"],
+               "best_val_loss_std": agg.loc[name, "best_val_loss_std"],
+               "final_val_loss": float(final[name])}
+        c = cmp.loc[name] if name in cmp.index else None
+        row[f"delta_vs_{reference}"] = 0.0 if c is None else c["mean"]
+        for k in ("ci_low", "ci_high", "p", "resolved", "gap"):
+            row[k] = np.nan if c is None else c[k]
+        fins = [final_routing(rd) for rd in run_dirs[name].values()]
+        fins = [f for f in fins if not f.empty]
+        if fins:
+            busiest = pd.concat([f["busiest"] for f in fins], axis=1)
+            for layer, v in busiest.mean(axis=1).items():
+                row[f"busiest_L{layer}"] = v
+            row["logz_mean"] = float(np.mean([f["logz"].mean() for f in fins]))
+            row["collapsed_runs"] = f"{sum(bool((f['busiest'] >= threshold).any()) for f in fins)}/{len(fins)}"
+        if configs is not None:
+            ref = paper_recipe(configs[name])
+            row["paper_budget"] = None if ref is None else ref["budget"]
+            row["paper_final_val_loss"] = np.nan if ref is None else ref["final_val_loss"]
+            row["paper_result"] = "not in the paper" if ref is None else ref["result"]
         rows.append(row)
-    return pd.DataFrame(rows).set_index("model")
+    out = pd.DataFrame(rows).set_index("model")
+    if configs is not None:  # the paper's single-run difference to the same reference, where it has both
+        out["paper_delta"] = out["paper_final_val_loss"] - out.loc[reference, "paper_final_val_loss"]
+    out.attrs["per_seed"] = cmp.attrs["per_seed"]
+    out.attrs["comparisons"] = cmp
+    return out
 
 
 def diagnostics_table(rf: pd.DataFrame, metrics: Sequence[str] = TABLE7_METRICS) -> pd.DataFrame:

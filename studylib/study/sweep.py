@@ -92,14 +92,17 @@ class _Job:
     t0: float = 0.0
 
 
-def plan_runs(preset: Preset, models: Sequence[str], seeds: Sequence[int]) -> tuple[list, list]:
-    """(finished, missing) lists of (model, seed, run_dir). A run dir holding another config raises."""
+def plan_runs(preset: Preset, models: Sequence[str], seeds: Sequence[int], overrides=None,
+              tag: Optional[str] = None) -> tuple[list, list]:
+    """(finished, missing) lists of (model, seed, run_dir) of ``preset`` + ``overrides`` (see
+    :meth:`RunDir.variant`). A run dir holding another config raises."""
     finished, missing = [], []
+    varied = override(preset, overrides)
     for m in models:
-        mcfg = preset.model_config(m)  # validates the name (clear error for a typo)
+        mcfg = varied.model_config(m)  # validates the name (clear error for a typo)
         for s in seeds:
-            rd = RunDir.of(preset, m, s)
-            rd.check(run_document(preset, mcfg, m, s))
+            rd = RunDir.variant(preset, m, s, overrides, tag)
+            rd.check(run_document(varied, mcfg, m, s))
             (finished if rd.finished() else missing).append((m, s, rd.path))
     return finished, missing
 
@@ -132,11 +135,36 @@ def train_command(params_file: str, model: str, seed: int, run_dir: Path, thread
             "--set", f"train.num_threads={threads}"]
 
 
+def epoch_steps(preset: Preset) -> int:
+    """Optimizer steps of the preset's own schedule: ``train.max_steps`` when set, else one epoch
+    of its training windows (builds or loads the data cache to count them)."""
+    if preset.train.max_steps is not None:
+        return preset.train.max_steps
+    from studylib.run.data import load_data
+    from studylib.run.optim import total_steps_for
+
+    return total_steps_for(preset.train, len(load_data(preset.data, progress=False).train_idx))
+
+
+def budget_overrides(preset: Preset, epochs: float) -> dict:
+    """Overrides that train ``epochs`` times the preset's own schedule (:func:`epoch_steps`) as a
+    run of its own (its own warmup and cosine to its own end): ``{"train.max_steps": N}``, or
+    ``{}`` for ``epochs == 1`` (the preset's runs themselves, reused)."""
+    if not epochs > 0:
+        raise ConfigError(f"budget: epochs must be > 0, got {epochs!r}")
+    if epochs == 1:
+        return {}
+    return {"train.max_steps": max(1, round(epochs * epoch_steps(preset)))}
+
+
 def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[int]] = None,
-                jobs: Optional[int] = None, overrides=None, progress: bool = True):
-    """Summaries (one row per run, as :func:`studylib.study.frames.collect_runs`) of ``models x seeds``,
-    training whatever is missing (see the module docstring). ``jobs=None``: ``study.jobs``."""
-    preset = override(preset, overrides)
+                jobs: Optional[int] = None, overrides=None, progress: bool = True, tag: Optional[str] = None):
+    """Summaries (one row per run, as :func:`studylib.study.frames.collect_runs`) of ``models x seeds``
+    trained under ``preset`` + ``overrides``, training whatever is missing (see the module
+    docstring). A variant's runs live in ``runs/<model>/<tag>/seed<seed>`` unless the overrides
+    leave a run's identity unchanged (then the preset's own run is reused); ``tag`` defaults to
+    :func:`~studylib.run.rundir.variant_tag` of the overrides. ``jobs=None``: ``study.jobs``."""
+    base, preset = preset, override(preset, overrides)
     models = _unique(models)
     seeds = _unique(seeds if seeds is not None else preset.seeds)
     if not models or not seeds:
@@ -144,7 +172,7 @@ def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[
     jobs = default_jobs(preset) if jobs is None else int(jobs)
     if jobs < 1:
         raise ConfigError(f"ensure_runs: jobs must be >= 1, got {jobs}")
-    finished, missing = plan_runs(preset, models, seeds)
+    finished, missing = plan_runs(base, models, seeds, overrides, tag)
     if missing:
         from tqdm.auto import tqdm
 
@@ -160,7 +188,7 @@ def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[
                 _train_parallel(preset, missing, min(jobs, len(missing)), bar)
         finally:
             bar.close()
-    df = collect_runs(preset, models, seeds)
+    df = collect_runs(base, models, seeds, overrides=overrides, tag=tag)
     if df.attrs.get("missing"):
         raise SweepError(f"runs still missing after the sweep: {df.attrs['missing']}")
     return df
@@ -271,4 +299,4 @@ def _train_parallel(preset, missing, slots: int, bar) -> None:
             _stop(running)
 
 
-__all__ = ["ensure_runs", "plan_runs", "SweepError", "available_cores", "default_jobs", "LOG_FILE"]
+__all__ = ["ensure_runs", "plan_runs", "budget_overrides", "epoch_steps", "SweepError", "available_cores", "default_jobs", "LOG_FILE"]

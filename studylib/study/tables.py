@@ -1,25 +1,32 @@
 """The study's result tables, as plain functions of the frames of :mod:`studylib.study.frames`
 (or of model configs / benchmark rows):
 
-* headline (SPEC Tables 2 and 6): :func:`headline_table`, :func:`seed_table`, :func:`gaps`,
-  :func:`ordering` (does dense_active > moe > dense_total hold, and do the gaps exceed their seed
-  std?), :func:`gap_curves` (Figure 3);
+* comparisons: :func:`comparison_table` (any set of paired model comparisons: per-seed gaps, mean,
+  std, n, 95% CI, p, resolved; every comparison table below is built on it);
+* headline (SPEC Tables 2 and 6): :func:`headline_table`, :func:`seed_table`, :func:`headline_gaps`
+  (matched-active and matched-total gaps with the paper's next to them), :func:`gap_curves` (Figure 3);
 * budgets (Table 5): :func:`accounting_frame`, :func:`param_split`;
-* :func:`granularity_table` (soft-MoE K sweep) and :func:`throughput_table` (Table 8);
+* :func:`granularity_table` (soft-MoE K sweep, each K against K = 1) and :func:`throughput_table` (Table 8);
 * formatting: :func:`pm` (mean ± std), :func:`fmt_count` (14.89M / 147.8k).
 
-Routing tables are in :mod:`studylib.study.routing`. Standard deviations are ddof=1 over seeds.
+Routing tables are in :mod:`studylib.study.routing`. Standard deviations are ddof=1 over seeds; a
+gap is *resolved* only when its paired-t 95% CI excludes zero (:func:`studylib.study.stats.paired`).
 """
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from studylib.config import count_params, ffn_label
-from studylib.study.frames import aggregate, paired_gaps, sample_std
+from studylib.study.frames import aggregate, eval_curves, paired_gaps
+from studylib.study.paper import PAPER_GAPS
+from studylib.study.stats import paired
+
+#: the columns of a comparison row (see :func:`comparison_table`)
+COMPARISON_COLUMNS = ("a", "b", "mean", "std", "n", "ci_low", "ci_high", "p", "resolved", "gap")
 
 
 # --------------------------------------------------------------------------------------------
@@ -40,7 +47,41 @@ def fmt_count(n: int, unit: Optional[str] = None) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# headline: Table 2, Table 6, the ordering, gap curves
+# paired comparisons
+# --------------------------------------------------------------------------------------------
+def comparison_table(df: pd.DataFrame, pairs: Mapping[str, tuple], value: str = "best_val_loss") -> pd.DataFrame:
+    """One row per ``label: (a, b)`` of ``pairs``: the paired per-seed gap ``value[a] - value[b]``
+    (:func:`studylib.study.frames.paired_gaps`) as ``a``, ``b``, ``mean``, ``std`` (ddof=1), ``n``,
+    ``ci_low``, ``ci_high`` (paired-t 95%), ``p``, ``resolved`` (the CI excludes 0) and ``gap``
+    (the formatted ``+mean [low, high] (n=..)``). The per-seed gaps are in
+    ``attrs["per_seed"]`` (long: comparison / seed / gap)."""
+    rows, per_seed = [], []
+    for label, (a, b) in pairs.items():
+        g = paired_gaps(df, a, b, value)
+        rows.append({"comparison": label, **{k: g[k] for k in COMPARISON_COLUMNS[:-1]},
+                     "gap": g["paired"].fmt()})
+        per_seed.append(pd.DataFrame({"comparison": label, "seed": g["per_seed"].index,
+                                      "gap": g["per_seed"].to_numpy()}))
+    out = pd.DataFrame(rows, columns=["comparison", *COMPARISON_COLUMNS]).set_index("comparison")
+    out.attrs["per_seed"] = (pd.concat(per_seed, ignore_index=True) if per_seed
+                             else pd.DataFrame(columns=["comparison", "seed", "gap"]))
+    return out
+
+
+def relabel(table: pd.DataFrame, labels: Mapping) -> pd.DataFrame:
+    """A copy of a comparison table (:func:`comparison_table`) with its comparisons renamed by
+    ``labels`` (``{old: new}``; others kept), in the index and in ``attrs["per_seed"]``."""
+    out = table.rename(index=lambda k: labels.get(k, k))
+    ps = table.attrs.get("per_seed")
+    if ps is not None:
+        ps = ps.copy()
+        ps["comparison"] = ps["comparison"].map(lambda k: labels.get(k, k))
+        out.attrs["per_seed"] = ps
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# headline: Table 2, Table 6, the gaps, gap curves
 # --------------------------------------------------------------------------------------------
 def headline_table(df: pd.DataFrame, models: Optional[Sequence[str]] = None,
                    value: str = "best_val_loss") -> pd.DataFrame:
@@ -64,7 +105,8 @@ def seed_table(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
                value: str = "best_val_loss") -> pd.DataFrame:
     """SPEC Table 6: one row per seed with the three models' ``value``, the matched-active gap
     (dense_active - moe) and the matched-total gap (moe - dense_total), computed per seed; then
-    ``mean`` and ``std`` (ddof=1) rows over the seeds."""
+    ``mean`` and ``std`` (ddof=1) rows over the seeds: of each model (:func:`aggregate`) and of
+    each gap (:func:`paired_gaps`), and the gaps' ``ci_low`` / ``ci_high`` rows (NaN for the models)."""
     wide = df.pivot_table(index="seed", columns="model", values=value)
     missing = [m for m in (dense_active, moe, dense_total) if m not in wide]
     if missing:
@@ -73,40 +115,38 @@ def seed_table(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
     t["active_gap"] = t[dense_active] - t[moe]
     t["total_gap"] = t[moe] - t[dense_total]
     t.index = t.index.astype(object)
-    stats = pd.DataFrame([t.mean(), t.std(ddof=1)], index=["mean", "std"])
+    both = df[df["seed"].isin(t.index)]
+    agg = aggregate(both, value)
+    g = {"active_gap": paired_gaps(both, dense_active, moe, value),
+         "total_gap": paired_gaps(both, moe, dense_total, value)}
+    stats = pd.DataFrame(index=["mean", "std", "ci_low", "ci_high"], columns=t.columns, dtype=float)
+    for m in (dense_active, moe, dense_total):
+        stats.loc["mean", m], stats.loc["std", m] = agg.loc[m, f"{value}_mean"], agg.loc[m, f"{value}_std"]
+    for col, gap in g.items():
+        for row in stats.index:
+            stats.loc[row, col] = gap[row]
     return pd.concat([t, stats])
 
 
-def gaps(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
-         value: str = "best_val_loss") -> dict:
-    """Matched-active and matched-total gaps (per seed, then mean / std ddof=1)."""
-    return {"active": paired_gaps(df, dense_active, moe, value),
-            "total": paired_gaps(df, moe, dense_total, value)}
-
-
-def ordering(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
-             value: str = "best_val_loss") -> dict:
-    """Does the paper's ordering dense_active > moe > dense_total (in mean ``value``) hold, and
-    does each gap exceed its seed std (ddof=1 of the per-seed gaps)?"""
-    means = df.groupby("model")[value].mean()
-    g = gaps(df, dense_active, moe, dense_total, value)
-    holds = bool(means[dense_active] > means[moe] > means[dense_total])
-    out = {"holds": holds, "means": {m: float(means[m]) for m in (dense_active, moe, dense_total)}}
-    for k in ("active", "total"):
-        mean, std = g[k]["mean"], g[k]["std"]
-        out[f"{k}_gap"] = mean
-        out[f"{k}_gap_std"] = std
-        out[f"{k}_gap_n"] = g[k]["n"]
-        out[f"{k}_exceeds_std"] = bool(not math.isnan(std) and mean > std)
-    return out
+def headline_gaps(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
+                  value: str = "best_val_loss") -> pd.DataFrame:
+    """The two headline gaps as :func:`comparison_table` rows ``active`` (dense_active - moe,
+    positive: the MoE is better) and ``total`` (moe - dense_total, positive: the dense
+    total-match is better), with the paper's gap (``paper_mean``, ``paper_std``: seed 000, 3 seeds)."""
+    t = comparison_table(df, {"active": (dense_active, moe), "total": (moe, dense_total)}, value)
+    t["paper_mean"] = [PAPER_GAPS[k][0] for k in t.index]
+    t["paper_std"] = [PAPER_GAPS[k][1] for k in t.index]
+    return t
 
 
 def gap_curves(metrics: pd.DataFrame, pairs: dict, value: str = "val_loss") -> pd.DataFrame:
-    """Gap curves over training: for each ``name: (a, b)`` in ``pairs``, the per-seed gap
-    ``value[a] - value[b]`` at every eval step both runs have, then per step mean, std (ddof=1)
-    and n. Long frame: gap / step / tokens / mean / std / n (and the per-seed frame in
-    ``attrs["per_seed"]``: gap / seed / step / tokens / value)."""
-    ev = metrics[metrics["kind"] == "eval"] if "kind" in metrics else metrics
+    """Gap curves over training on the validation subset (:func:`studylib.study.frames.eval_curves`:
+    the final full-split pass is not on the curve): for each ``name: (a, b)`` in ``pairs``, the
+    per-seed gap ``value[a] - value[b]`` at every eval step both runs have, then per step the
+    :func:`~studylib.study.stats.paired` summary (mean, std, n, ci_low, ci_high, resolved). Long
+    frame: gap / step / tokens / mean / std / n / ci_low / ci_high / resolved (and the per-seed
+    frame in ``attrs["per_seed"]``: gap / seed / step / tokens / value)."""
+    ev = eval_curves(metrics)
     wide = ev.pivot_table(index=["seed", "step"], columns="model", values=value)
     tokens = ev.groupby("step")["tokens"].first()
     per_seed, rows = [], []
@@ -117,8 +157,10 @@ def gap_curves(metrics: pd.DataFrame, pairs: dict, value: str = "val_loss") -> p
         gap["gap"] = name
         per_seed.append(gap)
         for step, grp in gap.groupby("step"):
-            rows.append({"gap": name, "step": step, "tokens": tokens.get(step, np.nan),
-                         "mean": float(grp["value"].mean()), "std": sample_std(grp["value"]), "n": len(grp)})
+            p = paired(grp["value"].to_numpy())
+            rows.append({"gap": name, "step": step, "tokens": tokens.get(step, np.nan), "mean": p.mean,
+                         "std": p.std, "n": p.n, "ci_low": p.ci_low, "ci_high": p.ci_high,
+                         "resolved": p.resolved})
     out = pd.DataFrame(rows)
     ps = pd.concat(per_seed, ignore_index=True)
     ps["tokens"] = ps["step"].map(tokens)
@@ -159,15 +201,32 @@ def param_split(cfgs: Iterable) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 # granularity and throughput
 # --------------------------------------------------------------------------------------------
-def granularity_table(summaries: pd.DataFrame, models: Sequence[str], base: Optional[str] = None,
-                      value: str = "best_val_loss") -> pd.DataFrame:
-    """Soft-MoE K sweep: per model K, ``value`` and its delta vs ``base`` (default: the first)."""
+def granularity_table(summaries: pd.DataFrame, models: Sequence[str], K: Optional[Mapping[str, int]] = None,
+                      base: Optional[str] = None, value: str = "best_val_loss",
+                      paper: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+    """Soft-MoE K sweep: per model ``K``, n, mean and std of ``value`` over seeds, and the paired
+    gap ``delta_vs_<base>`` = ``value[model] - value[base]`` (default base: the first model) with
+    its 95% CI (``ci_low``, ``ci_high``), ``p``, ``resolved`` and ``gap`` (text), from
+    :func:`comparison_table` (0 and empty for the base itself). ``paper`` (indexed by K,
+    one column, e.g. :data:`studylib.study.paper.PAPER_GRANULARITY`) adds ``paper_delta``."""
     base = base or models[0]
-    s = summaries.groupby("model")[value].mean()
-    rows = []
-    for m in models:
-        rows.append({"model": m, value: float(s[m]), "delta_vs_" + base: float(s[m] - s[base])})
-    return pd.DataFrame(rows).set_index("model")
+    agg = aggregate(summaries[summaries["model"].isin(models)], value).reindex(list(models))
+    cmp = comparison_table(summaries, {m: (m, base) for m in models if m != base}, value)
+    out = pd.DataFrame(index=pd.Index(list(models), name="model"))
+    if K is not None:
+        out["K"] = [K[m] for m in models]
+    out["n"] = agg["n"]
+    out[f"{value}_mean"], out[f"{value}_std"] = agg[f"{value}_mean"], agg[f"{value}_std"]
+    out["loss"] = [pm(m, s) for m, s in zip(out[f"{value}_mean"], out[f"{value}_std"])]
+    out[f"delta_vs_{base}"] = cmp["mean"].reindex(out.index)
+    out.loc[base, f"delta_vs_{base}"] = 0.0
+    for col in ("ci_low", "ci_high", "p", "resolved", "gap"):
+        out[col] = cmp[col].reindex(out.index)
+    if paper is not None and K is not None:
+        out["paper_delta"] = [paper.iloc[:, 0].get(K[m], np.nan) for m in models]
+    out.attrs["per_seed"] = cmp.attrs["per_seed"]
+    out.attrs["comparisons"] = cmp
+    return out
 
 
 def _variant_labels(d: pd.DataFrame) -> pd.Series:

@@ -1,53 +1,118 @@
-"""Computed sentences: the headline verdict, the collapse summary and the generations as
-readable text (the notebooks print them; the numbers come from :mod:`studylib.study.tables`,
-:mod:`studylib.study.routing` and :mod:`studylib.study.probes`)."""
+"""Computed sentences: every comparison between models in words, the headline outcome, the
+collapse summary and the generations as readable text (the notebooks print them; the numbers
+come from :mod:`studylib.study.tables`, :mod:`studylib.study.routing` and :mod:`studylib.study.probes`).
+
+One rule for every comparison: a gap is *resolved* only when its paired-t 95% confidence interval
+(:func:`studylib.study.stats.paired`) excludes zero, and each sentence is worded from it:
+"moe ahead of dense by 0.0120 [0.0040, 0.0200], resolved (...)" or "... not resolved: the 95% CI
+[-0.0100, +0.0200] includes 0 (...)". Where it is natural, a sentence says what the result does not
+show (:func:`limits`).
+"""
 from __future__ import annotations
 
 import math
+from typing import Mapping, Optional
 
 import pandas as pd
 
 from studylib.study.paper import PAPER_GAPS
+from studylib.study.stats import Paired
 
 
-def _gap_sentence(label: str, mean: float, std: float, n: int, paper: float) -> str:
-    """One gap against the paper's: its sign, and whether it exceeds its seed std."""
-    if math.isnan(std):
-        return f"The {label} is {mean:+.4f} (one seed: no std; paper {paper:+.4f}). "
-    if mean > std:
-        how = "positive as in the paper, and larger than its seed std"
-    elif mean > 0:
-        how = "positive as in the paper, but within its seed std"
-    elif -mean > std:
-        how = "reversed, by more than its seed std"
+def _paired_of(row) -> Paired:
+    """A :class:`Paired` from a comparison row (:func:`studylib.study.tables.comparison_table`) or
+    a :func:`studylib.study.frames.paired_gaps` dict, or the Paired itself."""
+    if isinstance(row, Paired):
+        return row
+    get = row.get if isinstance(row, Mapping) else row.__getitem__
+    return Paired(float(get("mean")), float(get("std")), int(get("n")), float(get("ci_low")),
+                  float(get("ci_high")), float(get("p")))
+
+
+def gap_phrase(gap, a: str, b: str, digits: int = 4) -> str:
+    """The paired gap ``a - b`` of a loss (lower is better) in words, worded from its 95% CI:
+
+    * resolved: "``b`` ahead of ``a`` by 0.0120 [0.0040, 0.0200], resolved (95% CI excludes 0; n=3
+      seeds, p=0.01)" (the interval is the winner's advantage);
+    * not resolved: "``a`` − ``b`` = +0.0050, not resolved: the 95% CI [-0.0100, +0.0200] includes 0 (n=3 seeds)";
+    * one seed: no interval, so not resolved.
+
+    ``gap``: a :class:`Paired`, a comparison-table row or a ``paired_gaps`` dict."""
+    p = _paired_of(gap)
+    f = f"{{:.{digits}f}}"
+    sf = f"{{:+.{digits}f}}"
+    seeds = f"n={p.n} seed{'s' if p.n != 1 else ''}"
+    if p.n < 2:
+        return (f"{a} − {b} = {sf.format(p.mean)} from one seed: no interval, so not resolved")
+    if p.resolved:
+        lo, hi, winner, loser = (p.ci_low, p.ci_high, b, a) if p.mean > 0 else (-p.ci_high, -p.ci_low, a, b)
+        return (f"{winner} ahead of {loser} by {f.format(abs(p.mean))} [{f.format(lo)}, {f.format(hi)}], "
+                f"resolved (95% CI excludes 0; {seeds}, p={p.p:.2g})")
+    return (f"{a} − {b} = {sf.format(p.mean)}, not resolved: the 95% CI [{sf.format(p.ci_low)}, "
+            f"{sf.format(p.ci_high)}] includes 0 ({seeds})")
+
+
+def comparison_sentences(table: pd.DataFrame, digits: int = 4) -> str:
+    """One sentence per row of a :func:`studylib.study.tables.comparison_table` (the row's ``a``
+    against its ``b``, by :func:`gap_phrase`)."""
+    return " ".join(f"{gap_phrase(r, r['a'], r['b'], digits)}." for _, r in table.iterrows())
+
+
+def limits(n_seeds: int, tokens: Optional[float] = None, what: str = "") -> str:
+    """What a comparison over ``n_seeds`` seeds at one budget (``tokens`` target tokens per run)
+    does not show. ``what`` adds a study-specific sentence."""
+    if n_seeds < 2:
+        s = "with one seed there is no interval: nothing here is resolved, and seed-to-seed noise is unmeasured"
     else:
-        how = "reversed, but within its seed std"
-    return f"The {label} is {mean:+.4f} ± {std:.4f} over {n} seeds (paper {paper:+.4f}): {how}. "
+        s = (f"with n={n_seeds} seeds the paired t interval has {n_seeds - 1} degree"
+             f"{'s' if n_seeds > 2 else ''} of freedom, so only large, consistent gaps resolve; an "
+             "unresolved gap is not evidence of no difference")
+    if tokens is not None:
+        s += (f". Every run saw one budget ({int(tokens):,} target tokens) at one model size: nothing "
+              "here says how the gaps move with more data or larger models")
+    return f"What this does not show: {s}." + (f" {what}" if what else "")
 
 
-def verdict(o: dict, preset_name: str = "") -> str:
-    """One paragraph stating the outcome of :func:`studylib.study.tables.ordering` in words (each
-    gap's sign against the paper's, and whether it is larger than its seed std)."""
-    names = list(o["means"])
+def headline_verdict(gaps: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
+                     preset_name: str = "", tokens: Optional[float] = None) -> str:
+    """The headline outcome from :func:`studylib.study.tables.headline_gaps`: each gap in words
+    (:func:`gap_phrase`) next to the paper's, whether the paper's ordering dense_active > moe >
+    dense_total (in loss) is reproduced (both gaps resolved in the paper's direction), contradicted
+    (a gap resolved in the opposite direction) or not established, and what it does not show."""
     where = f" in preset {preset_name!r}" if preset_name else ""
-    s = (f"The paper's ordering {names[0]} > {names[1]} > {names[2]} (best validation loss) "
-         f"{'HOLDS' if o['holds'] else 'does NOT hold'}{where}: "
-         + ", ".join(f"{m} {v:.4f}" for m, v in o["means"].items()) + ". ")
-    for k, label in (("active", "matched-active gap"), ("total", "matched-total gap")):
-        s += _gap_sentence(label, o[f"{k}_gap"], o[f"{k}_gap_std"], o[f"{k}_gap_n"], PAPER_GAPS[k][0])
-    return s.strip()
+    act, tot = gaps.loc["active"], gaps.loc["total"]
+    pa, pt = PAPER_GAPS["active"], PAPER_GAPS["total"]
+    s = (f"Matched-active gap ({dense_active} − {moe}){where}: {gap_phrase(act, dense_active, moe)}; "
+         f"paper: the MoE ahead by {pa[0]:.4f} ± {pa[1]:.4f} (3 seeds). "
+         f"Matched-total gap ({moe} − {dense_total}): {gap_phrase(tot, moe, dense_total)}; "
+         f"paper: the dense total-match ahead by {pt[0]:.4f} ± {pt[1]:.4f}. ")
+    agree = [bool(r["resolved"]) and r["mean"] > 0 for r in (act, tot)]
+    against = [k for k, r in (("matched-active", act), ("matched-total", tot)) if bool(r["resolved"]) and r["mean"] < 0]
+    order = f"{dense_active} > {moe} > {dense_total} (in loss)"
+    if all(agree):
+        s += f"The paper's ordering {order} is reproduced: both gaps are resolved in the paper's direction. "
+    elif against:
+        s += (f"The paper's ordering {order} is contradicted: the {' and the '.join(against)} gap"
+              f"{'s are' if len(against) > 1 else ' is'} resolved in the opposite direction. ")
+    else:
+        open_ = [k for k, ok in zip(("matched-active", "matched-total"), agree) if not ok]
+        s += (f"The paper's ordering {order} is not established here: the {' and the '.join(open_)} gap"
+              f"{'s are' if len(open_) > 1 else ' is'} not resolved. ")
+    return s + limits(int(min(act["n"], tot["n"])), tokens,
+                      "The paper's own curves span 40.5M to 426.3M tokens per run.")
 
 
 def collapse_sentence(col: pd.DataFrame, threshold: float = 0.9) -> str:
     """Which variants of a :func:`studylib.study.routing.collapse_table` have a layer collapsed
-    (busiest share >= threshold) at the end."""
+    (busiest share >= threshold) at the end (with a ``seed`` column: layers of all seeds' runs)."""
     if col.empty:
         return "No routed layers."
     parts = []
     for m, g in col.groupby("model", sort=False):
         n = int(g["collapsed_at_end"].sum())
         first = g["first_collapse_step"].min()
-        parts.append(f"{m}: {n}/{len(g)} layer(s) collapsed at the end"
+        runs = f" over {g['seed'].nunique()} seeds" if "seed" in g else ""
+        parts.append(f"{m}: {n}/{len(g)} layer(s){runs} collapsed at the end"
                      + ("" if math.isnan(first) else f" (first collapse at step {int(first)})")
                      + f", max busiest {g['max_busiest'].max():.2f}")
     return f"Collapse (one expert >= {threshold:.0%} of assignments): " + "; ".join(parts) + "."

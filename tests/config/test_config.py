@@ -131,3 +131,17 @@ def test_default_cache_dir_is_anchored_at_the_repository(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     p = load_preset(ROOT / "params" / "ci.yaml")
     assert p.data.cache_dir == str(ROOT / "outputs" / "cache")
+
+
+def test_expert_init_option():
+    """`expert_init` takes normal / fan_in; a wrong value names the field; the default leaves the
+    run identity as it was (identity drops defaults) and fan_in changes it."""
+    from studylib.config.identity import run_identity
+
+    bad(r"models\.m\.expert_init: must be one of \['normal', 'fan_in'\], got 'kaiming'",
+        d_model=32, n_heads=2, n_kv_heads=1, expert_init="kaiming")
+    p = preset(m={"d_model": 32, "n_heads": 2, "n_kv_heads": 1},
+               f={"d_model": 32, "n_heads": 2, "n_kv_heads": 1, "expert_init": "fan_in"})
+    assert p.model_config("m").expert_init == "normal" and p.model_config("f").expert_init == "fan_in"
+    assert "expert_init" not in run_identity(p, p.model_config("m"), "m", 1)["model"]
+    assert run_identity(p, p.model_config("f"), "f", 1)["model"]["expert_init"] == "fan_in"

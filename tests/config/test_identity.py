@@ -8,10 +8,12 @@ from pathlib import Path
 import yaml
 
 from studylib.config import config_hash, load_preset, preset_from_dict, run_document, same_run
+from studylib.config.identity import DATA_SPLIT, run_identity, stored_identity
 
 ROOT = Path(__file__).resolve().parents[2]
-# config.yaml of a ci run written by studylib 0.1.0 before the re-layering (hash scheme v1): kept
-# so that a change to the identity rules that would orphan existing run directories fails here
+# config.yaml of a ci run written by studylib 0.1.0 before the re-layering (hash scheme v1), and
+# before the split by story (its validation windows shared stories with training windows): it must
+# now be another run (its directory is refused), and the split must be the only difference
 V1_RUN = Path(__file__).with_name("data") / "config_v1_moe_top1_switch.yaml"
 
 
@@ -56,13 +58,32 @@ def test_a_field_added_later_at_its_default_keeps_old_runs():
     assert not same_run(old, switch)
 
 
-def test_run_written_before_the_relayering_stays_valid():
+def test_a_run_trained_on_the_window_split_is_another_run():
+    """The real pre-move config.yaml (no ``run.data_split``: window split) is not today's run; marked
+    with today's split it is (so the split is the only difference, and the other rules still keep
+    documents of older versions valid), and a real change is still caught."""
     stored = yaml.safe_load(V1_RUN.read_text())
     preset = preset_from_dict(stored["preset"])
     model, seed = stored["run"]["model"], stored["run"]["seed"]
     today = run_document(preset, preset.model_config(model), model, seed)
-    assert same_run(stored, today)
-    # and a real change is still caught
+    assert "data_split" not in stored["run"] and today["run"]["data_split"] == DATA_SPLIT == "story/v1"
+    assert not same_run(stored, today)
+    assert stored_identity(stored)["split"] is None and stored_identity(today)["split"] == "story/v1"
+    assert today["run"]["config_hash"] != stored["run"]["config_hash"]
+    marked = copy.deepcopy(stored)
+    marked["run"]["data_split"] = DATA_SPLIT
+    assert same_run(marked, today)
+    assert config_hash(stored_identity(today)) == today["run"]["config_hash"] == \
+        config_hash(run_identity(preset, preset.model_config(model), model, seed))
     cfg = preset.model_config(model)
     changed = dataclasses.replace(cfg, ffn=dataclasses.replace(cfg.ffn, top_k=2))
-    assert not same_run(stored, run_document(preset, changed, model, seed))
+    assert not same_run(marked, run_document(preset, changed, model, seed))
+
+
+def test_another_split_version_is_another_run():
+    new = _doc()
+    other = copy.deepcopy(new)
+    other["run"]["data_split"] = "story/v2"
+    assert not same_run(other, new)
+    del other["run"]["data_split"]
+    assert not same_run(other, new)

@@ -269,3 +269,78 @@ def test_top1_renormalised_gate_gives_the_router_no_gradient_switch_gate_does():
         experts = float(m.blocks[0].ffn.w_in_EFD.grad.abs().max())
         assert experts > 1e-5
     assert grads[True] < 1e-8 < 1e-5 < grads[False]
+
+
+# --------------------------------------------------------------------------------------------
+# initialisation: the default is unchanged; seed 003's fan-in expert init
+# --------------------------------------------------------------------------------------------
+def _init_cfg(ffn: FFNConfig, **kw) -> ModelConfig:
+    return ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, context=16,
+                       ffn=ffn, **kw)
+
+
+def _checksum(model) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        h.update(name.encode())
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+# sha256 of every parameter after torch.manual_seed(1234), computed with the code BEFORE
+# `expert_init` existed (torch 2.13 CPU RNG); the default must reproduce them bit for bit
+DEFAULT_INIT_CHECKSUMS = {
+    "dense": (FFNConfig(kind="dense", hidden=64), "8d48b320d9324a65"),
+    "moe": (FFNConfig(kind="moe", hidden=32, num_experts=4, top_k=2), "3458d485570b63aa"),
+    "soft": (FFNConfig(kind="soft", hidden=32, num_experts=3), "8870ea46237ac955"),
+}
+
+
+@pytest.mark.parametrize("kind", list(DEFAULT_INIT_CHECKSUMS))
+def test_default_init_is_bit_identical_to_before_the_expert_init_option(kind):
+    ffn, expected = DEFAULT_INIT_CHECKSUMS[kind]
+    torch.manual_seed(1234)
+    assert _checksum(Decoder(_init_cfg(ffn))) == expected
+    torch.manual_seed(1234)
+    assert _checksum(Decoder(_init_cfg(ffn, expert_init="normal"))) == expected
+
+
+@pytest.mark.parametrize("ffn", [FFNConfig(kind="soft", hidden=512, num_experts=2),
+                                 FFNConfig(kind="moe", hidden=256, num_experts=4, top_k=2, layers=(1,))])
+def test_fan_in_expert_init_std_is_one_over_sqrt_fan_in_and_nothing_else_changes(ffn):
+    """Seed 003's fan-in init: each expert's w_in (fan-in d_model) has std 1/sqrt(d_model), w_out
+    (fan-in = the expert's hidden) 1/sqrt(hidden); routers, dense layers, attention and embeddings
+    get exactly the default's values (same RNG draws). Soft router stays 0 (uniform gate)."""
+    cfg = ModelConfig(vocab_size=101, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, context=16, ffn=ffn)
+    torch.manual_seed(7)
+    fan = Decoder(dataclasses.replace(cfg, expert_init="fan_in"))
+    torch.manual_seed(7)
+    ref = Decoder(cfg)
+    D, H = cfg.d_model, ffn.hidden
+    experts = {"w_in_EFD", "w_out_EDH"}
+    checked = 0
+    for (name, p), (name_r, p_r) in zip(fan.named_parameters(), ref.named_parameters()):
+        assert name == name_r
+        p, p_r = p.detach(), p_r.detach()
+        if name.rsplit(".", 1)[-1] not in experts:
+            assert torch.equal(p, p_r), name  # routers, dense FFN layers, attention, norms, embedding
+            continue
+        fan_in = D if name.endswith("w_in_EFD") else H
+        n = p.numel()
+        # sample std of n normal draws: relative standard error 1/sqrt(2n); allow 5 of them
+        assert abs(float(p.std()) * math.sqrt(fan_in) - 1.0) < 5 / math.sqrt(2 * n), name
+        assert abs(float(p.mean())) < 5 / math.sqrt(fan_in * n), name
+        checked += 1
+    assert checked == 2 * len(fan.routed_layers())
+    for i in fan.routed_layers():
+        f = fan.blocks[i].ffn
+        if ffn.kind == "soft":
+            assert torch.count_nonzero(f.router.weight) == 0
+        else:  # the routed MoE's router keeps N(0, init_std)
+            assert abs(float(f.router.weight.detach().std()) / cfg.init_std - 1) < 0.1
+    # the default's expert std, for contrast: init_std and init_std / sqrt(2L)
+    f0 = ref.blocks[fan.routed_layers()[0]].ffn
+    assert float(f0.w_in_EFD.detach().std()) == pytest.approx(cfg.init_std, rel=0.02)
+    assert float(f0.w_out_EDH.detach().std()) == pytest.approx(cfg.init_std / math.sqrt(4), rel=0.02)

@@ -1,4 +1,4 @@
-"""Tests of studylib.run.data: sources, tokenizer/token caches, windows, split, CLI."""
+"""Tests of studylib.run.data: sources, split by story (no leak), tokenizer/token caches, windows, CLI."""
 from __future__ import annotations
 
 import gzip
@@ -38,48 +38,208 @@ def td(cache):
     return D.load_data(cfg(cache), progress=False)
 
 
-# ------------------------------------------------------------------ windows and split
+# ------------------------------------------------------------------ split by story, windows per side
+def _norm(sp, text: str) -> str:
+    """``text`` as the token file holds it (SentencePiece's normalisation, byte fallback: exact)."""
+    return sp.decode(sp.encode(text))
+
+
+def _side_texts(td, sp, side: str) -> list[str]:
+    """The stories of one side of the token file (each stored as ``story <eos>``), decoded."""
+    toks = np.asarray(td.side_tokens(side)).astype(np.int64)
+    ends = np.flatnonzero(toks == sp.eos_id())
+    assert len(toks) and ends[-1] == len(toks) - 1  # a side holds whole stories
+    return [sp.decode(toks[a:b].tolist()) for a, b in zip(np.r_[0, ends[:-1] + 1], ends)]
+
+
+def _assert_windows_stay_in_their_side(td):
+    t, ctx = td.n_train_tokens, td.context
+    ts, vs = td.window_starts(td.train_idx), td.window_starts(td.val_idx)
+    assert np.all(ts + ctx <= t) and np.all(vs >= t) and np.all(vs + ctx <= len(td.tokens))
+    assert np.array_equal(ts, np.arange(len(ts)) * ctx) and np.array_equal(vs, t + np.arange(len(vs)) * ctx)
+
+
 @needs_subset
 def test_windows_and_split_counts(td):
     s = td.summary()
-    n = len(td.tokens) // CONTEXT
-    assert n > 100 and s["stories"] == N_STORIES and s["vocab_size"] == VOCAB
-    assert s["val_windows"] == round(0.05 * n) and s["train_windows"] == n - s["val_windows"]
+    t, n = td.n_train_tokens, len(td.tokens)
+    assert s["stories"] == N_STORIES and s["vocab_size"] == VOCAB and td.tokens.dtype == np.uint16
+    assert s["val_stories"] == round(0.05 * N_STORIES) and s["train_stories"] + s["val_stories"] == N_STORIES
+    assert s["train_tokens"] == t and s["val_tokens"] == n - t and s["tokens"] == n
+    assert s["train_windows"] == t // CONTEXT and s["val_windows"] == (n - t) // CONTEXT
+    assert s["train_windows"] > 100 and s["val_windows"] > 5
+    assert td.n_windows == s["train_windows"] + s["val_windows"]
     assert s["train_targets"] == s["train_windows"] * (CONTEXT - 1)
     assert s["val_targets"] == s["val_windows"] * (CONTEXT - 1)
-    assert s["tokens"] == len(td.tokens) and td.tokens.dtype == np.uint16
-    tr, va = set(td.train_idx.tolist()), set(td.val_idx.tolist())
-    assert not tr & va and tr | va == set(range(n))
-    assert td.train_idx.dtype == np.int64 and np.all(np.diff(td.train_idx) > 0)
+    assert np.array_equal(td.train_idx, np.arange(s["train_windows"]))
+    assert np.array_equal(td.val_idx, np.arange(s["train_windows"], td.n_windows))
+    assert td.train_idx.dtype == np.int64 and td.val_idx.dtype == np.int64
+    _assert_windows_stay_in_their_side(td)
+    # window T + j is the j-th window of the validation region
     w = td.windows(td.val_idx[:3])
     assert tuple(w.shape) == (3, CONTEXT) and str(w.dtype) == "torch.int64"
-    i = int(td.val_idx[1])
-    assert w[1].tolist() == td.tokens[i * CONTEXT:(i + 1) * CONTEXT].tolist()
-    # every story ends with eos; decoding gives back the text
+    assert w[1].tolist() == td.tokens[t + CONTEXT:t + 2 * CONTEXT].tolist()
+    assert td.windows(td.train_idx[-1:])[0].tolist() == td.tokens[t // CONTEXT * CONTEXT - CONTEXT:
+                                                                   t // CONTEXT * CONTEXT].tolist()
+    with pytest.raises(IndexError, match="out of range"):
+        td.windows([td.n_windows])
+    # every story ends with eos, each side ends with one; decoding gives back the text
     sp = td.tokenizer()
-    assert int((np.asarray(td.tokens) == sp.eos_id()).sum()) == N_STORIES
-    assert td.tokens[-1] == sp.eos_id()
-    first = next(S.story_source(cfg("unused"))())
+    assert int((np.asarray(td.side_tokens("train")) == sp.eos_id()).sum()) == s["train_stories"]
+    assert int((np.asarray(td.side_tokens("val")) == sp.eos_id()).sum()) == s["val_stories"]
+    assert td.tokens[t - 1] == sp.eos_id() and td.tokens[-1] == sp.eos_id()
+    stories = list(S.story_source(cfg("unused"))())
+    first_train = stories[int(np.argmin(D.split_stories(N_STORIES, 0.05, 1337)))]
     end = int(np.argmax(np.asarray(td.tokens) == sp.eos_id()))
-    assert sp.decode(td.tokens[:end].tolist()) == " ".join(first.split())
-
-
-def test_split_determinism():
-    a = D.split_windows(1000, 0.05, 1337)
-    b = D.split_windows(1000, 0.05, 1337)
-    c = D.split_windows(1000, 0.05, 1338)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not np.array_equal(a[1], c[1])
-    assert len(a[1]) == 50 and len(D.split_windows(10, 0.01, 0)[1]) == 1  # at least one val window
-    with pytest.raises(S.DataError, match="at least 2"):
-        D.split_windows(1, 0.05, 0)
+    assert sp.decode(td.tokens[:end].tolist()) == " ".join(first_train.split())
 
 
 @needs_subset
-def test_split_seed_reuses_cache(td, cache):
+def test_sides_are_the_split_of_the_corpus(td):
+    """The token file's two sides are exactly the training and the validation stories of the
+    split, in corpus order: disjoint by story, and together the whole corpus."""
+    sp = td.tokenizer()
+    stories = [_norm(sp, x) for x in S.story_source(cfg("unused"))()]
+    is_val = D.split_stories(len(stories), 0.05, 1337)
+    train, val = _side_texts(td, sp, "train"), _side_texts(td, sp, "val")
+    assert train == [x for x, v in zip(stories, is_val) if not v]
+    assert val == [x for x, v in zip(stories, is_val) if v]
+    assert len(train) + len(val) == N_STORIES and sorted(train + val) == sorted(stories)
+
+
+@needs_subset
+def test_no_validation_text_in_any_training_window(td):
+    """No 60-character piece of a validation story appears in a decoded training window (pieces
+    that also occur in some training story, TinyStories' stock phrases, prove nothing and are
+    skipped). Under the window split, every validation story shared text with training windows."""
+    sp = td.tokenizer()
+    stories = [_norm(sp, x) for x in S.story_source(cfg("unused"))()]
+    is_val = D.split_stories(len(stories), 0.05, 1337)
+    train_stories = "\n".join(x for x, v in zip(stories, is_val) if not v)
+    windows = "\n".join(sp.decode(w) for w in td.windows(td.train_idx).tolist())
+    checked = 0
+    for story in (x for x, v in zip(stories, is_val) if v):
+        for piece in (story[i:i + 60] for i in range(0, len(story) - 59, 30)):
+            if piece not in train_stories:
+                assert piece not in windows, piece
+                checked += 1
+    assert checked > 20 * 10  # most of the validation text is unique to it: the check has teeth
+
+
+# a tiny synthetic corpus: every story carries a unique tag; the validation stories (by the split
+# of split_seed 1337) also hold a word whose letters 'z' and 'f' occur nowhere in training text
+N_TINY, TINY_VAL = 60, 0.2
+WORDS = ("the a cat dog sun ran big little happy sad tree park ball girl boy mom saw said play jump "
+         "red").split()
+VAL_WORD = "zebrafish"
+
+
+def _tag(i: int) -> str:
+    return "x" + "".join("bcdgmnop"[(i // 8 ** k) % 8] for k in range(2)) + "x"
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory):
+    import random
+
+    rng = random.Random(0)
+    is_val = D.split_stories(N_TINY, TINY_VAL, 1337)
+    stories = [f"{_tag(i)} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 60)))
+               + (f" {VAL_WORD}" * 5 if v else "") + "." for i, v in enumerate(is_val)]
+    root = tmp_path_factory.mktemp("tiny")
+    (root / "data").mkdir()
+    (root / "data" / "train.txt").write_text("\n<|endoftext|>\n".join(stories) + "\n")
+    return root, stories, is_val
+
+
+def _tiny_cfg(root, **kw) -> DataConfig:
+    base = dict(source="local", data_dir=str(root / "data"), vocab_size=300, context=32,
+                val_fraction=TINY_VAL, cache_dir=str(root / "cache"), tokenizer_threads=2)
+    return DataConfig(**dict(base, **kw))
+
+
+def test_tiny_corpus_split_by_story_without_leak(tiny_corpus):
+    root, stories, is_val = tiny_corpus
+    td = D.load_data(_tiny_cfg(root), progress=False)
+    sp, s = td.tokenizer(), td.summary()
+    assert (s["train_stories"], s["val_stories"]) == (48, 12) and int(is_val.sum()) == 12
+    assert s["train_windows"] == td.n_train_tokens // 32
+    assert s["val_windows"] == (len(td.tokens) - td.n_train_tokens) // 32
+    _assert_windows_stay_in_their_side(td)
+    assert _side_texts(td, sp, "val") == [_norm(sp, x) for x, v in zip(stories, is_val) if v]
+    train_text = " ".join(sp.decode(w) for w in td.windows(td.train_idx).tolist())
+    val_text = " ".join(sp.decode(w) for w in td.windows(td.val_idx).tolist())
+    assert not [i for i in range(N_TINY) if is_val[i] and _tag(i) in train_text]
+    assert VAL_WORD not in train_text and VAL_WORD in val_text
+    # the check can see a story: the training tags are there (but those cut by a window edge)
+    assert sum(_tag(i) in train_text for i in range(N_TINY) if not is_val[i]) >= 40
+    assert sum(_tag(i) in val_text for i in range(N_TINY) if is_val[i]) >= 8
+
+
+def test_tokenizer_is_trained_on_the_training_stories_only(tiny_corpus, tmp_path):
+    root, stories, is_val = tiny_corpus
+    td = D.load_data(_tiny_cfg(root), progress=False)
+    sp = td.tokenizer()
+    # letters that only validation stories hold are no pieces: byte fallback encodes them
+    assert {"z", "f"} & {sp.id_to_piece(i) for i in range(sp.get_piece_size())} == set()
+    assert "<0x7A>" in sp.encode(VAL_WORD, out_type=str)
+    # exactly the model SentencePiece trains on the training stories; not the one on all stories
+    D.train_tokenizer([x for x, v in zip(stories, is_val) if not v], 300, tmp_path / "train.model", 2)
+    D.train_tokenizer(stories, 300, tmp_path / "all.model", 2)
+    ours = td.tokenizer_path.read_bytes()
+    assert ours == (tmp_path / "train.model").read_bytes() != (tmp_path / "all.model").read_bytes()
+    assert "z" in D.load_tokenizer(tmp_path / "all.model").encode(VAL_WORD, out_type=str)
+
+
+def test_window_split_caches_are_never_reused(tiny_corpus, tmp_path):
+    """Caches under the keys of the window split (before story/v1) are ignored, not loaded."""
+    from _tiny import tiny_tokenizer
+
+    root, stories, _ = tiny_corpus
+    c = _tiny_cfg(root, cache_dir=str(tmp_path))
+    corpus, _ = S.fingerprint(S.story_source(c)())
+    old_tok = D._key("tokenizer", corpus, c.vocab_size, D.SPM_OPTIONS)
+    old_tokens = D._key("story+eos/v1", old_tok, "uint16")
+    planted, _ = tiny_tokenizer(tmp_path, f"tokenizer-{old_tok}")
+    before = planted.read_bytes()
+    (tmp_path / f"tokens-{old_tokens}.bin").write_bytes(np.arange(4096, dtype=np.uint16).tobytes())
+    td = D.load_data(c, progress=False)
+    assert td.build["tokenizer_trained"] and td.build["tokens_built"]
+    assert td.build["tokenizer_key"] != old_tok and td.build["tokens_key"] != old_tokens
+    assert td.tokenizer_path != planted and planted.read_bytes() == before
+    meta = json.loads(Path(td.tokens.filename).with_suffix(".json").read_text())
+    assert meta["format"] == D.TOKEN_FORMAT and meta["split"]["format"] == "story/v1"
+    assert (meta["n_train_stories"], meta["n_val_stories"]) == (48, 12)
+    assert meta["n_train_tokens"] == td.n_train_tokens
+
+
+def test_split_determinism():
+    a, b, c = (D.split_stories(1000, 0.05, s) for s in (1337, 1337, 1338))
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    assert a.dtype == bool and a.sum() == 50 and c.sum() == 50
+    assert D.split_stories(10, 0.01, 0).sum() == 1 and D.split_stories(10, 0.99, 0).sum() == 9
+    assert D.split_stories(2, 0.5, 0).sum() == 1
+    with pytest.raises(S.DataError, match="at least 2"):
+        D.split_stories(1, 0.05, 0)
+    assert np.array_equal(D.split_windows(300, 1000, 128)[0], [0, 1])
+    assert np.array_equal(D.split_windows(300, 1000, 128)[1], [2, 3, 4, 5, 6])  # 700 val tokens
+    with pytest.raises(S.DataError, match="validation stories hold 100 tokens.*data.val_fraction"):
+        D.split_windows(900, 1000, 128)
+    with pytest.raises(S.DataError, match="training stories hold 100 tokens"):
+        D.split_windows(100, 1000, 128)
+
+
+@needs_subset
+def test_split_seed_changes_the_split_and_the_caches(td, cache):
     other = D.load_data(cfg(cache, split_seed=7), progress=False)
-    assert not other.build["tokenizer_trained"] and not other.build["tokens_built"]
-    assert len(other.val_idx) == len(td.val_idx) and not np.array_equal(other.val_idx, td.val_idx)
+    assert other.build["tokenizer_trained"] and other.build["tokens_built"]  # the split is in the keys
+    assert other.n_val_stories == td.n_val_stories and other.n_stories == td.n_stories
+    sp, osp = td.tokenizer(), other.tokenizer()
+    assert set(_side_texts(td, sp, "val")) != set(_side_texts(other, osp, "val"))
+    again = D.load_data(cfg(cache), progress=False)  # back to 1337: cached, same split
+    assert not again.build["tokenizer_trained"] and not again.build["tokens_built"]
+    assert np.array_equal(np.asarray(again.tokens), np.asarray(td.tokens))
+    assert again.n_train_tokens == td.n_train_tokens
 
 
 def test_epoch_order_determinism():
@@ -106,11 +266,12 @@ def test_tokenizer_cache_reused_and_keyed(td, cache):
 
 
 @needs_subset
-@pytest.mark.parametrize("damage", ["flip", "truncate", "drop_meta"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "drop_meta", "no_boundary", "bad_boundary"])
 def test_corrupt_token_cache_is_rebuilt(tmp_path, damage):
     first = D.load_data(cfg(tmp_path), progress=False)
-    ref = np.array(first.tokens)
+    ref, boundary = np.array(first.tokens), first.n_train_tokens
     bin_path = Path(first.tokens.filename)
+    meta_path = bin_path.with_suffix(".json")
     del first
     raw = bytearray(bin_path.read_bytes())
     if damage == "flip":
@@ -119,13 +280,20 @@ def test_corrupt_token_cache_is_rebuilt(tmp_path, damage):
         bin_path.write_bytes(bytes(raw))
     elif damage == "truncate":
         bin_path.write_bytes(bytes(raw[:-2]))
-    else:
-        bin_path.with_suffix(".json").unlink()
+    elif damage == "drop_meta":
+        meta_path.unlink()
+    else:  # a sidecar without the train/val boundary (as before the split by story), or a wrong one
+        meta = json.loads(meta_path.read_text())
+        if damage == "no_boundary":
+            del meta["n_train_tokens"]
+        else:
+            meta["n_train_tokens"] = meta["n_tokens"] + 1
+        meta_path.write_text(json.dumps(meta))
     with pytest.warns(D.CacheWarning, match="rebuilding"):
         again = D.load_data(cfg(tmp_path), progress=False)
     assert again.build["tokens_built"] and not again.build["tokenizer_trained"]
-    assert np.array_equal(np.asarray(again.tokens), ref)
-    meta = json.loads(bin_path.with_suffix(".json").read_text())
+    assert np.array_equal(np.asarray(again.tokens), ref) and again.n_train_tokens == boundary
+    meta = json.loads(meta_path.read_text())
     assert meta["n_tokens"] == len(ref) and bin_path.stat().st_size == 2 * len(ref)
 
 
@@ -250,6 +418,16 @@ def test_prepare_data_cli_json(tmp_path, monkeypatch, capsys):
     assert rc == 0
     s = json.loads(capsys.readouterr().out)
     assert s["stories"] == N_STORIES and s["vocab_size"] == 700 and s["context"] == 256
-    assert s["val_windows"] == round(0.05 * (s["tokens"] // 256)) and s["tokens_per_s"] > 0
+    assert s["split"] == "story/v1" and s["tokens_per_s"] > 0
+    assert (s["train_stories"], s["val_stories"]) == (N_STORIES - 20, 20)
+    assert s["train_tokens"] + s["val_tokens"] == s["tokens"]
+    assert s["train_windows"] == s["train_tokens"] // 256 and s["val_windows"] == s["val_tokens"] // 256
+    assert s["val_targets"] == 255 * s["val_windows"]
+    assert main(["prepare-data", "--params", str(p), "--set", f"data.max_stories={N_STORIES}",
+                 "--set", "data.context=256"]) == 0
+    out = capsys.readouterr().out
+    assert f"train: {N_STORIES - 20} stories, {s['train_tokens']:,} tokens, {s['train_windows']:,} windows" in out
+    assert f"val:   20 stories, {s['val_tokens']:,} tokens, {s['val_windows']:,} windows, " \
+           f"{s['val_targets']:,} target tokens" in out
     assert main(["prepare-data", "--params", str(p), "--set", "data.vocab_size=40000"]) == 2
     assert "data.vocab_size=40000" in capsys.readouterr().err

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from _tiny import tiny_preset
-from studylib.config import TrainConfig
+from studylib.config import ConfigError, TrainConfig
 from studylib.nn.model import Decoder
 from studylib.run import optim as O
 
@@ -46,3 +46,17 @@ def test_weight_decay_only_on_matrices():
     opt = O.make_optimizer(model, tiny_preset().train)
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
     assert opt.param_groups[0]["betas"] == (0.9, 0.95)
+
+
+def test_one_epoch_keeps_the_last_partial_batch():
+    """Steps per epoch = ceil(windows / (batch x accumulation)): the paper's 834,322 windows at
+    16 x 2 are 26,073 steps (26,072.6; flooring dropped 18 windows), whose 3% warmup is 782."""
+    paper = TrainConfig()
+    assert O.total_steps_for(paper, 834_322) == 26_073
+    assert O.warmup_steps(O.total_steps_for(paper, 834_322), paper) == 782  # round(782.19)
+    assert O.total_steps_for(paper, 834_304) == 26_072  # an exact multiple: no partial step
+    assert O.total_steps_for(paper, 32) == 1 and O.total_steps_for(paper, 33) == 2
+    assert O.total_steps_for(TrainConfig(max_steps=7), 834_322) == 7
+    with pytest.raises(ConfigError, match="exceeds the 31 training windows"):
+        O.total_steps_for(paper, 31)
+

@@ -31,8 +31,8 @@ def test_estimate_grows_with_the_batch_and_refuses_what_cannot_fit():
     assert R.micro_batch_bytes(mcfg, 16, 127, None) > small  # fp32 activations
     huge = preset.train.__class__(**{**preset.train.__dict__, "batch_size": 100000})
     with pytest.raises(ConfigError, match=r"train.batch_size=100000: one micro-batch of model moe_top1 "
-                                          r"\(100000 x 127 tokens, 4 layers, d_model 128, FFN width 512, "
-                                          r"vocab 2048\) needs at least \d+\.\d GiB but cpu has 24.0 GiB free"):
+                                          r"\(100000 x 127 tokens, 4 layers, d_model 32, FFN width 128, "
+                                          r"vocab 3750\) needs at least \d+\.\d GiB but cpu has 24.0 GiB free"):
         R.check_memory(mcfg, "moe_top1", huge, 127, torch.bfloat16, CPU, free=24 * 2**30)
     with pytest.raises(ConfigError, match=r"batch_size=100000 x train.grad_accum=2 = 200,000 windows per step, but the "
                                           r"training split has only 4,304 windows"):

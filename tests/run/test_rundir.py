@@ -12,7 +12,7 @@ from _tiny import tiny_tokenizer
 import torch
 import yaml
 
-from studylib.config import FFNConfig, ModelConfig, load_preset, run_document, to_dict
+from studylib.config import FFNConfig, ModelConfig, load_preset, preset_from_dict, run_document, to_dict
 from studylib.nn.model import Decoder
 from studylib.run import checkpoint as C
 from studylib.run.decode import generate
@@ -53,6 +53,15 @@ def test_check_keeps_the_stored_hash_and_refuses_another_run(tmp_path):
     other = load_preset(ROOT / "params" / "ci.yaml", ["train.lr=0.01"])
     with pytest.raises(RunDirConflict, match="different configuration"):
         rd.check(run_document(other, other.model_config("moe_top1"), "moe_top1", 1))
+
+
+def test_a_run_from_before_the_story_split_is_refused_and_says_why(tmp_path):
+    stored = yaml.safe_load((ROOT / "tests/config/data/config_v1_moe_top1_switch.yaml").read_text())
+    preset = preset_from_dict(stored["preset"])
+    rd = RunDir(tmp_path / "r")
+    rd.write_config(stored)
+    with pytest.raises(RunDirConflict, match="another data split .*window split"):
+        rd.check(run_document(preset, preset.model_config("moe_top1_switch"), "moe_top1_switch", 1337))
 
 
 def test_metrics_skip_a_torn_line_and_truncate(tmp_path):

@@ -29,7 +29,7 @@ def data():
 # a run and its directory
 # --------------------------------------------------------------------------------------------
 def test_run_directory_contents_moe_bf16(tmp_path, data):
-    preset = tiny_preset(train={"amp": "auto"})
+    preset = tiny_preset(train={"amp": "bf16"})
     s = T.train_run(preset, "moe", 1, run_dir=tmp_path / "r", progress=False, data=data)
     r = tmp_path / "r"
     assert s["finished"] and s["amp"] == "bfloat16" and s["steps"] == 12
@@ -41,7 +41,7 @@ def test_run_directory_contents_moe_bf16(tmp_path, data):
         assert key in s
     cfg = yaml.safe_load((r / "config.yaml").read_text())
     assert cfg["run"]["model"] == "moe" and cfg["model"]["ffn"]["num_experts"] == 4
-    assert cfg["preset"]["train"]["amp"] == "auto"
+    assert cfg["preset"]["train"]["amp"] == "bf16"
     recs = RunDir(r).read_metrics()
     evals = [x for x in recs if x["kind"] == "eval"]
     trains = [x for x in recs if x["kind"] == "train"]

@@ -12,6 +12,36 @@ from _tiny import tiny_preset
 from studylib.run.files import write_json_atomic
 from studylib.run.rundir import run_dir_for
 from studylib.study import frames
+from studylib.study.paper import PAPER_TABLE6
+from studylib.study.stats import paired
+
+T_975_2 = 4.302652729911275  # Student t, 97.5th percentile, 2 degrees of freedom (tables)
+
+
+def _long(wide: pd.DataFrame, value: str = "best_val_loss") -> pd.DataFrame:
+    """A collect_runs-like long frame (model / seed / value) of a seed x model table."""
+    return wide.rename_axis("seed").reset_index().melt(id_vars="seed", var_name="model", value_name=value)
+
+
+def test_paired_gaps_is_stats_paired_on_the_papers_table6():
+    """The paper's Table 6 per-seed losses: the gap pairs rows by seed (not by position), and its
+    summary is stats.paired's: mean 0.0758, the hand-computed t interval, resolved."""
+    df = _long(PAPER_TABLE6)
+    moe_rows = df[df.model == "moe_top2_z"].iloc[::-1]  # the MoE's seeds in the opposite order
+    extra = pd.DataFrame({"seed": [1340], "model": ["dense_active"], "best_val_loss": [9.0]})  # unpaired seed
+    df = pd.concat([df[df.model != "moe_top2_z"], moe_rows, extra], ignore_index=True)
+    g = frames.paired_gaps(df, "dense_active", "moe_top2_z")
+    d = np.array([1.6554 - 1.5774, 1.6532 - 1.5779, 1.6551 - 1.5811])  # 0.0780, 0.0753, 0.0740
+    np.testing.assert_allclose(g["per_seed"].to_numpy(), d, rtol=0, atol=1e-12)
+    assert list(g["per_seed"].index) == [1337, 1338, 1339]
+    assert g["paired"] == paired(d)
+    assert g["n"] == 3 and round(g["mean"], 4) == 0.0758 and round(g["std"], 4) == 0.0020
+    half = T_975_2 * d.std(ddof=1) / np.sqrt(3)
+    assert g["ci_low"] == pytest.approx(d.mean() - half, rel=1e-9)
+    assert g["ci_high"] == pytest.approx(d.mean() + half, rel=1e-9)
+    assert g["resolved"] and g["p"] < 0.001
+    total = frames.paired_gaps(df, "moe_top2_z", "dense_total")
+    assert round(total["mean"], 4) == 0.0180 and total["resolved"]
 
 
 def test_aggregate_and_paired_gaps_on_synthetic_frame():
@@ -21,15 +51,44 @@ def test_aggregate_and_paired_gaps_on_synthetic_frame():
     assert list(agg.index) == ["a", "b"] and agg.loc["b", "n"] == 3
     assert agg.loc["b", "best_val_loss_std"] == pytest.approx(np.std([1.58, 1.577, 1.579], ddof=1))
     assert agg.loc["b", "ppl_mean"] == pytest.approx(np.mean(np.exp([1.58, 1.577, 1.579])))
-    pg = frames.paired_gaps(df, "a", "b")
-    per_seed = np.array([1.66, 1.65, 1.653]) - [1.58, 1.577, 1.579]
-    np.testing.assert_allclose(pg["per_seed"].to_numpy(), per_seed)
-    assert pg["std"] == pytest.approx(np.std(per_seed, ddof=1))
-    # one shared seed: a mean, but no std
+    # one shared seed: a mean, but no std, no interval, not resolved
     one = frames.paired_gaps(df[df.seed == 1], "a", "b")
-    assert one["n"] == 1 and np.isnan(one["std"])
-    with pytest.raises(KeyError):
+    assert one["n"] == 1 and np.isnan(one["std"]) and np.isnan(one["ci_low"]) and not one["resolved"]
+    assert one["mean"] == pytest.approx(0.08)
+    with pytest.raises(KeyError, match="need runs of both"):
         frames.paired_gaps(df, "a", "zzz")
+    with pytest.raises(KeyError, match="share no seed"):
+        frames.paired_gaps(df[((df.model == "a") & (df.seed == 1)) | ((df.model == "b") & (df.seed == 2))], "a", "b")
+
+
+def _eval(step, loss, full=False, **kw):
+    return {"kind": "eval", "step": step, "tokens": step * 10, "val_loss": loss, "val_ppl": np.exp(loss),
+            "full": full, **kw}
+
+
+def test_eval_curves_keep_the_subset_and_mark_the_full_split_apart():
+    """cpu-style runs: subset evaluations during training, the full split at the end (a different
+    sample of windows, 'full': true, with the subset's loss as subset_val_loss)."""
+    recs = [  # run a: the usual case; run b: the subset is the whole split; run c: an old final record
+        {**_eval(4, 3.0), "model": "a", "seed": 1}, {**_eval(8, 2.8), "model": "a", "seed": 1},
+        {**_eval(12, 2.9, full=True, subset_val_loss=2.7), "model": "a", "seed": 1},
+        {**_eval(4, 3.1, full=True), "model": "b", "seed": 1}, {**_eval(8, 3.05, full=True), "model": "b", "seed": 1},
+        {**_eval(4, 3.2), "model": "c", "seed": 1}, {**_eval(8, 3.4, full=True), "model": "c", "seed": 1},
+        {"kind": "train", "step": 8, "train_loss": 2.0, "model": "a", "seed": 1},
+    ]
+    ev = frames.eval_curves(pd.DataFrame(recs)).set_index(["model", "step"])
+    assert len(ev) == 7  # train records are dropped
+    a = ev.loc["a"]
+    assert list(a["val_loss"]) == [3.0, 2.8, 2.7]  # the curve never jumps to the full split
+    assert a["full_val_loss"].isna().tolist() == [True, True, False] and a.loc[12, "full_val_loss"] == 2.9
+    assert a.loc[12, "val_ppl"] == pytest.approx(np.exp(2.7))
+    b = ev.loc["b"]
+    assert list(b["val_loss"]) == [3.1, 3.05] and b["full_val_loss"].isna().tolist() == [True, False]
+    c = ev.loc["c"]  # the subset's last value is unknown: no point rather than a step to the full split
+    assert c.loc[4, "val_loss"] == 3.2 and np.isnan(c.loc[8, "val_loss"]) and c.loc[8, "full_val_loss"] == 3.4
+    # frames without a "full" column (hand-made) are all subset
+    plain = frames.eval_curves(pd.DataFrame([_eval(4, 3.0)]).drop(columns="full"))
+    assert plain["val_loss"].tolist() == [3.0] and plain["full_val_loss"].isna().all()
 
 
 def test_sample_std_is_ddof1_and_nan_below_two_values():
@@ -116,9 +175,7 @@ def test_collect_aggregate_and_paired_gaps(tmp_path, monkeypatch):
     assert agg.loc["moe", "ppl_mean"] == pytest.approx(np.mean(np.exp(losses["moe"])))
     gap = frames.paired_gaps(df, "dense", "moe")
     diffs = np.subtract(losses["dense"], losses["moe"])
-    assert gap["n"] == 3 and gap["mean"] == pytest.approx(diffs.mean())
-    assert gap["std"] == pytest.approx(diffs.std(ddof=1))
-    assert list(gap["per_seed"].index) == [1, 2, 3]
+    assert gap["paired"] == paired(diffs) and list(gap["per_seed"].index) == [1, 2, 3]
     curves = frames.collect_metrics(preset, ["dense", "moe"])
     assert len(curves) == 6 and set(curves.columns) >= {"model", "seed", "val_loss"}
     part = frames.collect_runs(preset, ["dense"], seeds=[1, 4])

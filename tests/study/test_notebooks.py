@@ -1,12 +1,16 @@
 """The study runner: Jupytext -> papermill (parameters injected, cwd = root) -> report; failures
 name the notebook and the cell; notebook_context resolves everything from the root without
-changing the working directory. Uses trivial notebooks written to a temporary repository."""
+changing the working directory, and applies the seeds / overrides parameters the same way whether
+they come from ``studylib study -p`` or from plain ``papermill -p``. Uses trivial notebooks written
+to a temporary repository (and reads the real notebooks' parameters cells)."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 import textwrap
+
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -63,6 +67,22 @@ FAIL = HEADER + textwrap.dedent("""\
     """)
 
 
+SHOW = HEADER + textwrap.dedent("""\
+
+    # %% tags=["parameters"]
+    params = "params/other.yaml"
+    jobs = None
+    seeds = None
+    overrides = None
+
+    # %%
+    from studylib.study.notebooks import notebook_context
+    ctx = notebook_context(params, jobs, seeds, overrides)
+    print("CTX", ctx.preset.name, ctx.seeds, ctx.first_seed, sorted(ctx.overrides.items()), ctx.preset.train.amp,
+          ctx.out.relative_to(ctx.root))
+    """)
+
+
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     monkeypatch.delenv("STUDYLIB_OUTPUTS", raising=False)
@@ -73,6 +93,7 @@ def repo(tmp_path, monkeypatch):
     nbs.mkdir()
     (nbs / "01_ok.py").write_text(OK)
     (nbs / "02_fail.py").write_text(FAIL)
+    (nbs / "03_show.py").write_text(SHOW)
     (nbs / "helper.py").write_text("# not a study notebook\n")
     return tmp_path
 
@@ -84,7 +105,7 @@ def _stream_text(nb) -> str:
 
 def test_find_notebooks(repo):
     nbs = study.find_notebooks(repo / "notebooks")
-    assert [p.name for p in nbs] == ["01_ok.py", "02_fail.py"]
+    assert [p.name for p in nbs] == ["01_ok.py", "02_fail.py", "03_show.py"]
     assert [p.name for p in study.find_notebooks(repo / "notebooks", ["2"])] == ["02_fail.py"]
     assert [p.name for p in study.find_notebooks(repo / "notebooks", ["01_ok"])] == ["01_ok.py"]
     with pytest.raises(study.ConfigError, match="no notebook '07'"):
@@ -180,3 +201,134 @@ def test_importing_plots_leaves_matplotlib_alone():
             "assert matplotlib.rcParams._get_backend_or_none() is None, matplotlib.rcParams['backend']")
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# --------------------------------------------------------------------------------------------
+# seeds / overrides: the parameters every notebook takes
+# --------------------------------------------------------------------------------------------
+def test_parse_seeds_forms_and_errors():
+    assert study.parse_seeds(None) is None
+    assert study.parse_seeds("1337-1346") == list(range(1337, 1347))
+    assert study.parse_seeds("[1, 2]") == study.parse_seeds("1,2") == study.parse_seeds([1, 2]) == [1, 2]
+    assert study.parse_seeds(7) == study.parse_seeds("7") == [7]
+    for bad, msg in (("5-3", "ends before it starts"), ("[1, 1]", "repeats"), ("abc", "expected a list"),
+                     ([1.5], r"seeds\[0\]: expected an integer seed"), ([], "expected a list"), (True, "expected")):
+        with pytest.raises(study.ConfigError, match=msg):
+            study.parse_seeds(bad)
+
+
+def test_parse_overrides_forms_and_errors():
+    want = {"train.amp": "off", "train.lr": 0.001}
+    assert study.parse_overrides(want) == want
+    assert study.parse_overrides('{"train.amp": "off", "train.lr": 0.001}') == want  # papermill -p: a string
+    assert study.parse_overrides(["train.amp=off", "train.lr=0.001"]) == {"train.amp": False, "train.lr": 0.001}
+    assert study.parse_overrides("train.max_steps=3") == {"train.max_steps": 3}
+    assert study.parse_overrides(None) == study.parse_overrides("") == {}
+    with pytest.raises(study.ConfigError, match="not 'key.path=value'"):
+        study.parse_overrides(["train.amp"])
+    with pytest.raises(study.ConfigError, match="expected a mapping"):
+        study.parse_overrides("42")
+
+
+def test_apply_parameters_derives_a_name_only_when_something_changes():
+    base = study.load_preset(Path(__file__).parents[2] / "params" / "ci.yaml")
+    assert base.train.max_steps != 3
+    short, ov = study.apply_parameters(base, "1-3", {"train.max_steps": 3})
+    assert short.train.max_steps == 3 and short.seeds == (1, 2, 3) and ov == {"train.max_steps": 3}
+    assert short.name.startswith("ci-") and len(short.name) == len("ci-") + 8
+    # the same change written as --set strings (values parsed as YAML) resolves to the same name
+    assert study.apply_parameters(base, None, ["train.max_steps=3"])[0].name == short.name
+    assert study.apply_parameters(base, None, '{"train.max_steps": 3}')[0].name == short.name
+    assert study.apply_parameters(base, None, {"train.max_steps": 3, "train.lr": 0.001})[0].name != short.name
+    same, _ = study.apply_parameters(base, None, {"train.lr": base.train.lr})  # changes nothing
+    assert same.name == "ci" and same.seeds == base.seeds
+    assert study.apply_parameters(base, [5], None)[0] == study.apply_parameters(base, "5", {})[0]
+    with pytest.raises(study.ConfigError, match="train"):
+        study.apply_parameters(base, None, {"train.nonsense": 1})
+
+
+def test_notebook_context_applies_seeds_and_overrides(repo, monkeypatch, capsys):
+    monkeypatch.setenv("STUDYLIB_ROOT", str(repo))
+    ctx = study.notebook_context("params/t.yaml", None, "[4, 5]", {"train.max_steps": 3})
+    assert ctx.seeds == [4, 5] and ctx.first_seed == 4 and ctx.preset.seeds == (4, 5)
+    assert ctx.preset.train.max_steps == 3 and ctx.preset.name.startswith("t-")
+    assert ctx.out == repo.resolve() / "outputs" / ctx.preset.name and ctx.overrides == {"train.max_steps": 3}
+    printed = capsys.readouterr().out
+    assert f"overrides: train.max_steps=3 -> preset {ctx.preset.name!r}" in printed and "seeds: [4, 5]" in printed
+
+
+def _ctx_line(nb) -> str:
+    return next(line for line in _stream_text(nb).splitlines() if line.startswith("CTX "))
+
+
+def test_study_p_and_plain_papermill_give_the_same_parameters(repo, monkeypatch):
+    """`studylib study -p seeds ... -p overrides ...` and `jupytext --to ipynb` + `papermill -p`
+    on the same notebook reach the same preset, seeds and output folder."""
+    monkeypatch.chdir(repo)
+    rc = main(["study", "--params", "params/t.yaml", "--notebooks", "03", "--no-report", "--no-progress",
+               "-p", "seeds", "1337-1339", "-p", "overrides", '{"train.amp": "off", "train.max_steps": 3}'])
+    assert rc == 0
+    name = study.apply_parameters(study.load_preset(repo / "params" / "t.yaml"), None,
+                                  {"train.amp": "off", "train.max_steps": 3})[0].name
+    via_study = nbformat.read(str(repo / "outputs" / name / "notebooks" / "03_show.ipynb"), as_version=4)
+    bindir = Path(sys.executable).parent
+    subprocess.run([str(bindir / "jupytext"), "--to", "ipynb", "-o", str(repo / "show.ipynb"),
+                    str(repo / "notebooks" / "03_show.py")], check=True, capture_output=True)
+    subprocess.run([str(bindir / "papermill"), str(repo / "show.ipynb"), str(repo / "show_out.ipynb"),
+                    "-p", "params", "params/t.yaml", "-p", "seeds", "1337-1339",
+                    "-p", "overrides", '{"train.amp": "off", "train.max_steps": 3}', "--cwd", str(repo),
+                    "-k", "python3", "--no-progress-bar"], check=True, capture_output=True,
+                   env={k: v for k, v in os.environ.items() if k not in ("STUDYLIB_ROOT", "STUDYLIB_OUTPUTS")})
+    via_papermill = nbformat.read(str(repo / "show_out.ipynb"), as_version=4)
+    line = _ctx_line(via_study)
+    assert line == _ctx_line(via_papermill)
+    assert line == (f"CTX {name} [1337, 1338, 1339] 1337 [('train.amp', 'off'), ('train.max_steps', 3)] off "
+                    f"outputs/{name}")
+
+
+def test_study_rejects_unknown_parameters_naming_the_allowed_ones(repo, monkeypatch, capsys):
+    monkeypatch.chdir(repo)
+    allowed = r"allowed: \['jobs', 'overrides', 'seeds'\]"
+    with pytest.raises(study.ConfigError, match=r"-p seed: not a parameter .* " + allowed):
+        study.run_study("params/t.yaml", notebooks=["03"], root=repo, parameters={"seed": 1}, report=False,
+                        progress=False, echo=lambda m: None)
+    # 01 declares params and jobs only: seeds is not one of its parameters
+    with pytest.raises(study.ConfigError, match=r"allowed: \['jobs'\]"):
+        study.run_study("params/t.yaml", notebooks=["01"], root=repo, parameters={"seeds": [1]}, report=False,
+                        progress=False, echo=lambda m: None)
+    with pytest.raises(study.ConfigError, match="give the preset with --params"):
+        study.run_study("params/t.yaml", notebooks=["03"], root=repo, parameters={"params": "x"}, report=False,
+                        progress=False, echo=lambda m: None)
+    with pytest.raises(study.ConfigError, match="seeds: range '9-1' ends before it starts"):
+        study.run_study("params/t.yaml", notebooks=["03"], root=repo, parameters={"seeds": "9-1"}, report=False,
+                        progress=False, echo=lambda m: None)
+    assert not (repo / "outputs").exists()  # nothing ran
+    rc = main(["study", "--params", "params/t.yaml", "--notebooks", "03", "-p", "nope", "1"])
+    assert rc == 2 and "error: -p nope: not a parameter" in capsys.readouterr().err
+
+
+def _context_call(source: str) -> dict:
+    """``{parameter of notebook_context: the name passed}`` of a notebook's one notebook_context call."""
+    import ast
+
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", getattr(n.func, "attr", None)) == "notebook_context"]
+    assert len(calls) == 1, f"{len(calls)} notebook_context calls"
+    bound = dict(zip(("params", "jobs", "seeds", "overrides"), calls[0].args))
+    bound.update({k.arg: k.value for k in calls[0].keywords})
+    return {k: getattr(v, "id", None) for k, v in bound.items()}
+
+
+def test_every_study_notebook_takes_seeds_and_overrides():
+    """The real notebooks: params, jobs, seeds and overrides in the parameters cell, all four
+    handed to notebook_context."""
+    import jupytext
+
+    nb_dir = Path(__file__).parents[2] / "notebooks"
+    for py in study.find_notebooks(nb_dir):
+        names = study.notebook_parameters(py)
+        assert {"params", "jobs", "seeds", "overrides"} <= set(names), (py.name, names)
+        code = "\n".join(c.source for c in jupytext.read(str(py)).cells if c.cell_type == "code"
+                         and "parameters" not in c.metadata.get("tags", []))
+        code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
+        assert _context_call(code) == {k: k for k in ("params", "jobs", "seeds", "overrides")}, py.name

@@ -53,12 +53,47 @@ def test_final_routing_and_logz_trend(routed_run):
     assert both.loc[1, "change_std"] == pytest.approx(np.std([-0.5, 0.5], ddof=1))
 
 
-def test_ablation_and_diagnostics_tables(routed_run):
-    rd, _ = routed_run
-    summaries = pd.DataFrame({"model": ["m"], "final_val_loss": [2.1], "best_val_loss": [2.0]})
-    t1 = routing.ablation_table(summaries, {"m": rd})
+def test_ablation_table_over_seeds_against_the_reference(routed_run, tmp_path):
+    from _tiny import tiny_raw
+    from studylib.config import preset_from_dict
+    from studylib.study.stats import paired
+
+    rd, recs = routed_run
+    balanced = [dict(r, router=[None, {**r["router"][2]}, {**r["router"][2]}]) if r.get("router") else r for r in recs]
+    summaries = pd.DataFrame({"model": ["m", "m", "ref", "ref"], "seed": [1, 2, 1, 2],
+                              "final_val_loss": [2.1, 2.3, 2.0, 2.1], "best_val_loss": [2.0, 2.2, 1.9, 2.05]})
+    t1 = routing.ablation_table(summaries, {"m": {1: rd, 2: rd}, "ref": {1: balanced, 2: balanced}}, "ref")
+    p = paired([2.0, 2.2], [1.9, 2.05])
+    assert t1.loc["m", "n"] == 2 and t1.loc["m", "best_val_loss"] == pytest.approx(2.1)
+    assert t1.loc["m", "delta_vs_ref"] == pytest.approx(p.mean)
+    assert [t1.loc["m", "ci_low"], t1.loc["m", "ci_high"]] == pytest.approx([p.ci_low, p.ci_high])
+    assert t1.loc["ref", "delta_vs_ref"] == 0.0 and np.isnan(t1.loc["ref", "ci_low"])
     assert t1.loc["m", "busiest_L1"] == pytest.approx(0.97) and t1.loc["m", "busiest_L2"] == pytest.approx(0.4)
-    assert t1.loc["m", "logz_mean"] == pytest.approx(1.5) and t1.loc["m", "collapsed_layers"] == 1
+    assert t1.loc["m", "logz_mean"] == pytest.approx(1.5)
+    assert t1.loc["m", "collapsed_runs"] == "2/2" and t1.loc["ref", "collapsed_runs"] == "0/2"
+    assert list(t1.attrs["comparisons"].index) == ["m"]
+    # the paper's Table 1 row of the same recipe (renormalised gate; the Switch gate is not in the paper)
+    raw = tiny_raw()
+    ffn = raw["models"]["moe"]["ffn"]
+    raw["models"] = {"top1": {"ffn": {**ffn, "top_k": 1, "balance_coef": 0.0, "z_coef": 0.0}},
+                     "top1_bal": {"ffn": {**ffn, "top_k": 1, "z_coef": 0.0}},
+                     "switch": {"ffn": {**ffn, "top_k": 1, "renormalize": False}},
+                     "top2_z": {"ffn": ffn}}
+    pr = preset_from_dict(raw)
+    assert routing.paper_recipe(pr.model_config("top1"))["budget"] == "100-step smoke"
+    assert routing.paper_recipe(pr.model_config("top1_bal"))["final_val_loss"] == 2.1981
+    assert routing.paper_recipe(pr.model_config("switch")) is None
+    assert routing.paper_recipe(pr.model_config("top2_z"))["final_val_loss"] == 2.1619
+    s2 = pd.DataFrame({"model": ["top1_bal", "top2_z"], "seed": [1, 1], "final_val_loss": [2.0, 2.0],
+                       "best_val_loss": [2.0, 1.9]})
+    t = routing.ablation_table(s2, {"top1_bal": {1: rd}, "top2_z": {1: rd}}, "top2_z",
+                               configs={m: pr.model_config(m) for m in ("top1_bal", "top2_z")})
+    assert t.loc["top1_bal", "paper_delta"] == pytest.approx(2.1981 - 2.1619)
+    assert "one seed" in t.loc["top1_bal", "gap"] or "no interval" in t.loc["top1_bal", "gap"]
+
+
+def test_diagnostics_table(routed_run):
+    rd, _ = routed_run
     rf = pd.concat([frames.routing_frame(rd).assign(seed=s) for s in (1, 2)])
     t7 = routing.diagnostics_table(rf)
     assert list(t7.columns) == list(frames.TABLE7_METRICS) and list(t7.index) == [1, 2]

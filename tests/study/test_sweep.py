@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from _tiny import synthetic_data, tiny_preset
-from studylib.config import run_document
+from studylib.config import ConfigError, run_document
 from studylib.run.rundir import RunDir, RunDirConflict
 from studylib.study import sweep
 
@@ -41,9 +41,58 @@ def test_ensure_runs_reuses_finished_runs_without_training(tmp_path, monkeypatch
 def test_ensure_runs_refuses_a_run_dir_with_another_config(tmp_path, monkeypatch):
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     p = tiny_preset()
-    _fake_finished_run(p, "dense", 1, 2.0)
+    other = tiny_preset(train={"lr": 1e-3})  # same name, same run dir, another config in it
+    _fake_finished_run(other, "dense", 1, 2.0)
     with pytest.raises(RunDirConflict):
-        sweep.ensure_runs(p, ["dense"], [1], overrides={"train.lr": 1e-3}, progress=False)
+        sweep.ensure_runs(p, ["dense"], [1], progress=False)
+
+
+def test_variant_runs_live_apart_and_an_unchanged_identity_reuses_the_base_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
+    p = tiny_preset()
+    base = RunDir.of(p, "dense", 1).path
+    assert RunDir.variant(p, "dense", 1, {"train.lr": p.train.lr}).path == base  # same identity
+    assert RunDir.variant(p, "dense", 1, {"train.eval_every": p.train.eval_every}).path == base
+    lr = RunDir.variant(p, "dense", 1, {"train.lr": 1e-3, "train.max_steps": 6}).path
+    assert lr == base.parent / "train.lr=0.001,train.max_steps=6" / "seed1"
+    assert RunDir.variant(p, "dense", 1, ["train.max_steps=6", "train.lr=1e-3"]).path.parent.name == \
+        "train.lr=0.001,train.max_steps=6"  # the --set form names the same variant
+    assert RunDir.variant(p, "dense", 1, {"train.lr": 1e-3}, tag="lowlr").path == base.parent / "lowlr" / "seed1"
+    with pytest.raises(ConfigError, match="tag"):
+        RunDir.variant(p, "dense", 1, {"train.lr": 1e-3}, tag="a/b")
+
+
+def test_ensure_runs_trains_a_variant_into_its_own_dir_and_reuses_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
+    monkeypatch.setattr("studylib.run.data.load_data", lambda *a, **k: synthetic_data())
+    p = tiny_preset(train={"max_steps": 4, "eval_every": 2})
+    _fake_finished_run(p, "dense", 1, 2.0)  # the base run: must stay untouched
+    over = sweep.budget_overrides(p, 0.5)
+    assert over == {"train.max_steps": 2} and sweep.budget_overrides(p, 1) == {}
+    df = sweep.ensure_runs(p, ["dense"], [1], jobs=1, overrides=over, progress=False)
+    rd = RunDir.variant(p, "dense", 1, over)
+    assert rd.path != RunDir.of(p, "dense", 1).path and rd.finished()
+    assert int(df.loc[0, "steps"]) == 2 and df.loc[0, "best_val_loss"] != 2.0
+    assert RunDir.of(p, "dense", 1).summary()["best_val_loss"] == 2.0
+
+    def no_data(*a, **k):
+        raise AssertionError("the variant is finished: nothing may train again")
+
+    monkeypatch.setattr("studylib.run.data.load_data", no_data)
+    again = sweep.ensure_runs(p, ["dense"], [1], jobs=1, overrides=over, progress=False)
+    assert again.loc[0, "best_val_loss"] == df.loc[0, "best_val_loss"]
+
+
+def test_budget_of_a_fraction_of_an_epoch_counts_the_training_windows(monkeypatch):
+    data = synthetic_data()
+    monkeypatch.setattr("studylib.run.data.load_data", lambda *a, **k: data)
+    p = tiny_preset(train={"max_steps": None})
+    per_step = p.train.batch_size * p.train.grad_accum
+    assert sweep.epoch_steps(p) == -(-len(data.train_idx) // per_step) or \
+        sweep.epoch_steps(p) == len(data.train_idx) // per_step  # floor today; ceil once #10 lands
+    assert sweep.budget_overrides(p, 3.0) == {"train.max_steps": round(3 * sweep.epoch_steps(p))}
+    with pytest.raises(ConfigError, match="epochs"):
+        sweep.budget_overrides(p, 0)
 
 
 def test_parallel_failure_names_model_seed_and_log(tmp_path, monkeypatch):

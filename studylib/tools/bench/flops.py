@@ -1,12 +1,5 @@
-"""Achieved-FLOP accounting: analytic training FLOPs per token and the measured matmul peak
-(the MFU denominator).
-
-FLOPs per trained token, forward + backward = 3 x forward: ``6 * N_mm + 6 * L * S * d_attn``
-where ``N_mm`` are the parameters a token multiplies by: the active parameters
-(:func:`studylib.config.count_params`) without the RMSNorm gains, with the tied embedding counted
-once *as the LM-head matmul* (the lookup is free) and the router included; ``L * S * d_attn`` is
-causal attention (QK^T and AV each ``2 * S/2 * d_attn`` per token and layer on average,
-d_attn = heads * head_dim).
+"""Achieved-FLOP accounting: the measured matmul peak (the MFU denominator); the analytic
+training FLOPs per token are :func:`studylib.config.accounting.train_flops_per_token` (re-exported).
 """
 from __future__ import annotations
 
@@ -16,19 +9,8 @@ from typing import Optional
 
 import torch
 
-from studylib.config import ModelConfig, count_params
+from studylib.config.accounting import norm_params, train_flops_per_token  # noqa: F401  (re-exported)
 from studylib.tools.bench.timing import sync
-
-
-def norm_params(cfg: ModelConfig) -> int:
-    """RMSNorm gains: two per layer and the final norm (stored, but no matmul)."""
-    return (2 * cfg.n_layers + 1) * cfg.d_model
-
-
-def train_flops_per_token(cfg: ModelConfig, seq: int) -> float:
-    """Analytic training FLOPs per token (see the module docstring)."""
-    n_mm = count_params(cfg).active - norm_params(cfg)
-    return 6.0 * n_mm + 6.0 * cfg.n_layers * seq * cfg.n_heads * cfg.head_dim
 
 
 def peak_size(amp: Optional[torch.dtype] = None, n: int = 2048, device: str | torch.device = "cpu",

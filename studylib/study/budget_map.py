@@ -1,0 +1,536 @@
+"""Where the MoE starts to win (issue #11): both headline gaps against tokens per active parameter.
+
+The preset's ``study.token_budget`` lists model-size trios (active-matched dense, reference MoE,
+total-matched dense) and, per trio, token budgets in *epochs* of the preset's own schedule. Each
+budget is trained as a run of its own (its own warmup and cosine to its own end; see
+:func:`studylib.study.sweep.budget_overrides`): ``epochs: 1.0`` is the preset's own run (the
+headline notebook's, reused), ``epochs: e`` trains ``round(e * S)`` optimizer steps, where S is one
+epoch of the training windows, or ``train.max_steps`` when the preset sets it (then the "epoch" is
+``max_steps`` steps, not a pass over the data; the table's ``data_passes`` column says what the runs
+actually saw).
+
+This module holds all the logic of notebook 09:
+
+* :func:`budget_trios` reads and validates the knob; :func:`run_plan` says which (model, budget)
+  runs are the preset's own (reused) and which are budget runs of their own;
+* :func:`train_budgets` ensures every run exists (training only the missing ones) and returns the
+  summaries; :func:`paper_preset_points` finds the ``paper`` preset's runs when they exist (it
+  never trains);
+* :func:`gap_frame` (per-seed gaps) and :func:`gap_table` (per size x budget, through
+  :func:`studylib.study.stats.paired`, the one statistics function);
+* :func:`crossings` (where a gap changes sign, interpolated linearly in log10 tokens/param between
+  the two bracketing budgets, with the range where the 95% CI band includes zero as its
+  uncertainty), :func:`trend` (the slope per decade, fitted per seed and summarised with
+  :func:`~studylib.study.stats.paired` over the per-seed slopes) and :func:`gap_sentences`.
+
+Sign convention (both gaps): ``dense - MoE`` in best validation loss, so **positive = the MoE is
+better**. The matched-total gap is therefore the negative of notebook 03's ``MoE - dense_total``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from studylib.config import ConfigError, Preset, load_preset, override
+from studylib.run.rundir import RunDir
+from studylib.study.frames import collect_runs
+from studylib.study.paper import PAPER_ABLATION_TOKENS, PAPER_GAPS, PAPER_HEADLINE_TOKENS
+from studylib.study.stats import Paired, paired
+from studylib.study.sweep import budget_overrides, ensure_runs
+from studylib.study.tables import fmt_count
+
+KEY = "study.token_budget"
+VALUE = "best_val_loss"
+#: the two gaps: name -> (trio role of the dense model, label)
+GAPS = {"active": ("dense_active", "matched-active gap (dense_active - MoE)"),
+        "total": ("dense_total", "matched-total gap (dense_total - MoE)")}
+
+# The paper's point (seed 000; SPEC sections 2 and 7): 426.3M target tokens (one epoch of full
+# TinyStories: 26,073 steps x 32 windows x 511 targets) for the MoE's 14.77M active parameters
+# (Table 5: paper.PAPER_TABLE5["moe_top2_z"]), its budgets 40.5M, 150M and 426.3M tokens ("across
+# training budgets from 40.5M to 426.3M tokens"; Table 7 is "the 150M-token run") and its headline gaps (Table 6;
+# paper.PAPER_GAPS), in this module's sign convention.
+PAPER_EPOCH_TOKENS = PAPER_HEADLINE_TOKENS
+PAPER_BUDGET_TOKENS = (PAPER_ABLATION_TOKENS, 150.0e6, PAPER_HEADLINE_TOKENS)
+PAPER_ACTIVE_PARAMS = 14.77e6
+PAPER_TOKENS_PER_PARAM = PAPER_EPOCH_TOKENS / PAPER_ACTIVE_PARAMS  # 28.86
+PAPER_POINT = {"tokens_per_param": PAPER_TOKENS_PER_PARAM,
+               "active": +PAPER_GAPS["active"][0],   # +0.0758: the MoE beats dense_active
+               "total": -PAPER_GAPS["total"][0]}     # -0.0180: dense_total beats the MoE
+
+
+# --------------------------------------------------------------------------------------------
+# the knob
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Trio:
+    """One model size: the reference MoE, its active- and total-matched dense models, and the
+    budgets (epochs of the preset's schedule) it is trained to."""
+
+    dense_active: str
+    moe: str
+    dense_total: str
+    epochs: tuple[float, ...]
+
+    @property
+    def models(self) -> tuple[str, str, str]:
+        return (self.dense_active, self.moe, self.dense_total)
+
+    @property
+    def size(self) -> str:
+        """The size's name: its reference MoE."""
+        return self.moe
+
+    def role(self, model: str) -> str:
+        return {self.dense_active: "dense_active", self.moe: "moe", self.dense_total: "dense_total"}[model]
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def budget_trios(preset: Preset) -> list[Trio]:
+    """The trios of ``study.token_budget`` (validated: a bad knob is one ConfigError line naming it)."""
+    tb = preset.study.get("token_budget")
+    shape = "{trios: [{models: [dense_active, moe, dense_total], epochs: [0.333, 1.0]}, ...]}"
+    if tb is None:
+        raise ConfigError(f"{KEY}: missing from preset {preset.name!r}; expected {shape}")
+    if not isinstance(tb, dict) or set(tb) != {"trios"}:
+        raise ConfigError(f"{KEY}: expected a mapping with the one key 'trios' ({shape}), got {tb!r}")
+    raw = tb["trios"]
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{KEY}.trios: expected a non-empty list of trios ({shape}), got {raw!r}")
+    out, seen = [], set()
+    for i, t in enumerate(raw):
+        where = f"{KEY}.trios[{i}]"
+        if not isinstance(t, dict) or set(t) != {"models", "epochs"}:
+            raise ConfigError(f"{where}: expected a mapping with keys 'models' and 'epochs', got {t!r}")
+        models, epochs = t["models"], t["epochs"]
+        if (not isinstance(models, list) or len(models) != 3 or len(set(map(str, models))) != 3
+                or not all(isinstance(m, str) for m in models)):
+            raise ConfigError(f"{where}.models: expected three different model names "
+                              f"[dense_active, moe, dense_total], got {models!r}")
+        for j, m in enumerate(models):
+            if m not in preset.models:
+                raise ConfigError(f"{where}.models[{j}]: no model named {m!r} in the preset; "
+                                  f"allowed: {sorted(preset.models)}")
+        if preset.model_config(models[1]).ffn.kind == "dense":
+            raise ConfigError(f"{where}.models[1]: the reference MoE {models[1]!r} has a dense FFN; "
+                              "the middle model must be the MoE")
+        if models[1] in seen:
+            raise ConfigError(f"{where}.models[1]: the reference MoE {models[1]!r} names a second trio; "
+                              "each trio is one model size")
+        seen.add(models[1])
+        if (not isinstance(epochs, list) or not epochs or not all(_is_number(e) and e > 0 for e in epochs)
+                or len(set(epochs)) != len(epochs)):
+            raise ConfigError(f"{where}.epochs: expected a non-empty list of different positive numbers "
+                              f"(epochs of the preset's schedule), got {epochs!r}")
+        out.append(Trio(models[0], models[1], models[2], tuple(sorted(float(e) for e in epochs))))
+    return out
+
+
+def active_params(preset: Preset, trios: Sequence[Trio]) -> dict:
+    """``{size: active parameters of its reference MoE}`` (exact accounting)."""
+    return {t.size: int(preset.model_config(t.moe).num_params.active) for t in trios}
+
+
+def size_label(size: str, active: int) -> str:
+    return f"{size} ({fmt_count(active)} active)"
+
+
+def budgets(preset: Preset, trios: Sequence[Trio],
+            overrides_for: Callable[[Preset, float], dict] = budget_overrides) -> dict:
+    """``{epochs: overrides}`` for every budget of the trios (each computed once: counting one
+    epoch's steps may load the data)."""
+    return {e: overrides_for(preset, e) for e in sorted({e for t in trios for e in t.epochs})}
+
+
+# --------------------------------------------------------------------------------------------
+# which runs
+# --------------------------------------------------------------------------------------------
+def _study_lists(preset: Preset, model: str) -> list[str]:
+    """The other ``study`` lists that name ``model`` (e.g. ``headline``: notebook 03 trains it)."""
+    return [k for k, v in preset.study.items()
+            if k != "token_budget" and isinstance(v, list) and model in v]
+
+
+def run_plan(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], budget_map: dict) -> pd.DataFrame:
+    """One row per size x budget x model: its ``max_steps``, whether it is the preset's own run
+    (``preset_run``: its run identity equals the preset's, so it lives in the preset's run directory
+    and is trained once for every notebook that uses it; ``also_in`` names the other ``study`` lists
+    that hold it, e.g. ``headline``: notebook 03's run, reused here) or a budget run of its own
+    (``runs/<model>/<tag>/``), its run directory (seed placeholder) and how many seeds are
+    already finished."""
+    rows = []
+    for t in trios:
+        for e in t.epochs:
+            ov = budget_map[e]
+            for m in t.models:
+                dirs = [RunDir.variant(preset, m, s, ov) for s in seeds]
+                base = RunDir.of(preset, m, seeds[0]).path
+                own = dirs[0].path == base
+                rows.append({"size": t.size, "epochs": e, "model": m, "role": t.role(m),
+                             "max_steps": ov.get("train.max_steps", preset.train.max_steps),
+                             "preset_run": own, "also_in": ", ".join(_study_lists(preset, m)) if own else "",
+                             "run_dir": str(dirs[0].path.parent / "seed*"),
+                             "finished": sum(d.finished() for d in dirs), "seeds": len(seeds)})
+    return pd.DataFrame(rows)
+
+
+def _train_targets(preset: Preset, model: str, seed: int, overrides: dict) -> float:
+    """Target tokens of one pass over the training windows, from the run's summary."""
+    summ = RunDir.variant(preset, model, seed, overrides).summary() or {}
+    return float((summ.get("data") or {}).get("train_targets", float("nan")))
+
+
+def _with_budget(df: pd.DataFrame, preset: Preset, trio: Trio, e: float, ov: dict) -> pd.DataFrame:
+    df = df.copy()
+    df["size"], df["epochs"] = trio.size, e
+    df["train_targets"] = [_train_targets(preset, m, s, ov) for m, s in zip(df["model"], df["seed"])]
+    return df
+
+
+def train_budgets(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], budget_map: dict,
+                  jobs: Optional[int] = None, progress: bool = True, ensure=ensure_runs) -> pd.DataFrame:
+    """Summaries (``collect_runs`` rows plus ``size``, ``epochs``, ``train_targets``) of every
+    trio x budget x seed, training the missing runs (``ensure_runs``; finished ones are reused)."""
+    frames = []
+    for t in trios:
+        for e in t.epochs:
+            df = ensure(preset, list(t.models), list(seeds), jobs=jobs, overrides=budget_map[e], progress=progress)
+            frames.append(_with_budget(df, preset, t, e, budget_map[e]))
+    return pd.concat(frames, ignore_index=True)
+
+
+def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], str]:
+    """(a :func:`gap_table` of the ``paper`` preset's budget runs under ``<root>/params/paper.yaml``,
+    or None; a sentence saying what was found). Never trains and never loads data: one epoch's step
+    count is read from the paper preset's own one-epoch runs (``epochs: 1.0``), which are therefore
+    required. None when ``current`` is the paper preset (its points are the main ones)."""
+    path = Path(root) / "params" / "paper.yaml"
+    if current.name == "paper":
+        return None, "This is the paper preset: its budgets are the measured points."
+    if not path.is_file():
+        return None, f"No paper preset ({path})."
+    paper_p = load_preset(path)
+    if "token_budget" not in paper_p.study:
+        return None, f"The paper preset lists no {KEY}."
+    trios, frames = budget_trios(paper_p), []
+    for t in trios:
+        one = collect_runs(paper_p, list(t.models), list(paper_p.seeds))
+        if one.empty or "steps" not in one:
+            continue
+        steps = int(one["steps"].iloc[0])
+        fixed = override(paper_p, {"train.max_steps": steps})  # its one epoch, without loading data
+        for e in t.epochs:
+            ov = budget_overrides(fixed, e)
+            df = collect_runs(paper_p, list(t.models), list(paper_p.seeds), overrides=ov)
+            if not df.empty:
+                frames.append(_with_budget(df, paper_p, t, e, ov))
+    if not frames:
+        return None, ("The paper preset's runs do not exist here (they need a GPU: "
+                      "`python -m studylib study --params params/paper.yaml --notebooks 09`).")
+    df = pd.concat(frames, ignore_index=True)
+    act = active_params(paper_p, trios)
+    table = gap_table(gap_frame(df, trios, act), act)
+    return table, f"The paper preset's own runs: {len(df)} finished runs found under outputs/paper."
+
+
+# --------------------------------------------------------------------------------------------
+# gaps
+# --------------------------------------------------------------------------------------------
+def gap_frame(summaries: pd.DataFrame, trios: Sequence[Trio], active: dict, value: str = VALUE) -> pd.DataFrame:
+    """Per seed and gap: one row per size x budget x seed x gap with the dense and the MoE
+    ``value`` (seeds without both runs are left out), the gap ``dense - moe``, the target tokens,
+    tokens per active parameter of the size's MoE and the passes over the training data."""
+    by_size = {t.size: t for t in trios}
+    rows = []
+    for (size, e), d in summaries.groupby(["size", "epochs"], sort=False):
+        t = by_size[size]
+        toks = d.groupby("model")["tokens"].unique()
+        if any(len(v) != 1 for v in toks) or toks.map(lambda v: v[0]).nunique() != 1:
+            raise ValueError(f"gap_frame: size {size}, {e} epochs: the trio's runs saw different "
+                             f"numbers of tokens ({toks.to_dict()}); they must share one budget")
+        tokens = float(d["tokens"].iloc[0])
+        passes = tokens / float(d["train_targets"].iloc[0]) if "train_targets" in d else float("nan")
+        wide = d.pivot_table(index="seed", columns="model", values=value)
+        for gap, (role, _) in GAPS.items():
+            dense = getattr(t, role)
+            if dense not in wide or t.moe not in wide:
+                continue
+            pair = wide[[dense, t.moe]].dropna()
+            for seed, (a, b) in pair.iterrows():
+                rows.append({"size": size, "epochs": e, "seed": seed, "gap": gap, "dense": a, "moe": b,
+                             "value": a - b, "tokens": tokens, "tokens_per_param": tokens / active[size],
+                             "data_passes": passes})
+    return pd.DataFrame(rows, columns=["size", "epochs", "seed", "gap", "dense", "moe", "value", "tokens",
+                                       "tokens_per_param", "data_passes"])
+
+
+def gap_table(per_seed: pd.DataFrame, active: dict) -> pd.DataFrame:
+    """One row per size x budget: tokens, tokens per active parameter, epochs, passes over the
+    data (``repeats``: more than one, so some windows are seen twice or more; ``max_views``: the
+    most times one window is seen) and, per gap, the paired statistics of ``dense - moe``
+    (:func:`studylib.study.stats.paired`: mean, std, n, 95% CI, p, resolved) and its ``fmt``."""
+    rows = []
+    for (size, e), d in per_seed.groupby(["size", "epochs"], sort=False):
+        first = d.iloc[0]
+        passes = float(first["data_passes"])
+        row = {"size": size, "size_label": size_label(size, active[size]), "moe_active": active[size],
+               "epochs": e, "tokens": int(first["tokens"]), "tokens_per_param": float(first["tokens_per_param"]),
+               "data_passes": passes, "repeats": bool(passes > 1 + 1e-9),
+               "max_views": int(math.ceil(passes - 1e-9)) if passes == passes else np.nan}
+        for gap in GAPS:
+            g = d[d["gap"] == gap].sort_values("seed")
+            if g.empty:
+                continue
+            p = paired(g["dense"].to_numpy(), g["moe"].to_numpy())
+            row.update({f"{gap}_{k}": v for k, v in p.as_dict().items() if k != "level"})
+            row[f"{gap}_fmt"] = p.fmt()
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    order = {s: i for i, s in enumerate(dict.fromkeys(out["size"]))}  # sizes in trio order
+    return (out.assign(_o=out["size"].map(order)).sort_values(["_o", "tokens_per_param"], kind="stable")
+            .drop(columns="_o").reset_index(drop=True))
+
+
+# --------------------------------------------------------------------------------------------
+# where a gap crosses zero
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Crossing:
+    """A sign change of a gap's mean between two measured budgets.
+
+    ``x``: tokens/param where the mean, interpolated linearly in log10(tokens/param) between the
+    two bracketing budgets ``between``, is zero. ``x_low``..``x_high``: the stretch around it where
+    the 95% CI band (each budget's paired-t CI, interpolated the same way) includes zero; NaN with
+    fewer than two seeds. ``low_open`` / ``high_open``: the band still includes zero at the edge of
+    the measured range, so the crossing may lie beyond it. ``rising``: the gap grows with tokens
+    (the MoE gains)."""
+
+    x: float
+    between: tuple[float, float]
+    x_low: float
+    x_high: float
+    low_open: bool
+    high_open: bool
+    rising: bool
+
+
+def _where(a: float, b: float, f0: float, f1: float) -> Optional[tuple[float, float]]:
+    """The part of [a, b] where the linear f (f0 at a, f1 at b) is <= 0, or None."""
+    if f0 <= 0 and f1 <= 0:
+        return (a, b)
+    if f0 > 0 and f1 > 0:
+        return None
+    r = a + (b - a) * f0 / (f0 - f1)
+    return (a, r) if f0 <= 0 else (r, b)
+
+
+def _band_zero_intervals(u, lo, hi) -> list[tuple[float, float]]:
+    """Maximal intervals of u where the piecewise-linear band [lo, hi] includes 0."""
+    if len(u) == 1:
+        return [(u[0], u[0])] if lo[0] <= 0 <= hi[0] else []
+    parts = []
+    for i in range(len(u) - 1):
+        a, b = u[i], u[i + 1]
+        p = _where(a, b, lo[i], lo[i + 1])          # lo <= 0
+        q = _where(a, b, -hi[i], -hi[i + 1])        # hi >= 0
+        if p and q and max(p[0], q[0]) <= min(p[1], q[1]):
+            parts.append((max(p[0], q[0]), min(p[1], q[1])))
+    merged: list[list[float]] = []
+    for s, t in parts:
+        if merged and s <= merged[-1][1] + 1e-12:
+            merged[-1][1] = max(merged[-1][1], t)
+        else:
+            merged.append([s, t])
+    return [tuple(m) for m in merged]
+
+
+def crossings(x: Sequence[float], mean: Sequence[float], ci_low: Sequence[float],
+              ci_high: Sequence[float]) -> list[Crossing]:
+    """Every sign change of ``mean`` over the points ``x`` (tokens/param; sorted here), see
+    :class:`Crossing`. A budget whose mean is exactly zero is a crossing at that budget."""
+    order = np.argsort(np.asarray(x, dtype=float), kind="stable")
+    xs = np.asarray(x, dtype=float)[order]
+    m, lo, hi = (np.asarray(v, dtype=float)[order] for v in (mean, ci_low, ci_high))
+    if np.any(xs <= 0):
+        raise ValueError("crossings: tokens per parameter must be positive")
+    u = np.log10(xs)
+    band = [] if np.isnan(lo).any() or np.isnan(hi).any() else _band_zero_intervals(u, lo, hi)
+    out = []
+    for i in range(len(u)):
+        if m[i] == 0 and 0 < i < len(u) - 1 and m[i - 1] * m[i + 1] < 0:  # exactly zero at a budget
+            uc, a, b, rising = u[i], i, i, bool(m[i + 1] > m[i - 1])
+        elif i + 1 < len(u) and m[i] * m[i + 1] < 0:
+            uc, a, b, rising = u[i] + (u[i + 1] - u[i]) * m[i] / (m[i] - m[i + 1]), i, i + 1, bool(m[i + 1] > m[i])
+        else:
+            continue
+        iv = next(((s, t) for s, t in band if s - 1e-12 <= uc <= t + 1e-12), None)
+        xl, xh = (10 ** iv[0], 10 ** iv[1]) if iv else (math.nan, math.nan)
+        out.append(Crossing(x=float(10 ** uc), between=(float(xs[a]), float(xs[b])), x_low=float(xl),
+                            x_high=float(xh), low_open=bool(iv and iv[0] <= u[0] + 1e-12),
+                            high_open=bool(iv and iv[1] >= u[-1] - 1e-12), rising=rising))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the trend
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Trend:
+    """Slope of a gap per decade of tokens/param: a least-squares line ``gap = a + b log10(x)``
+    fitted per seed, then :func:`~studylib.study.stats.paired` over the per-seed slopes ``b``
+    (mean, std, n seeds, 95% CI). ``intercept``: the mean per-seed ``a`` (the gap at 1 token/param);
+    ``x_range``: the measured tokens/param."""
+
+    slope: Paired
+    intercept: float
+    x_range: tuple[float, float]
+    n_points: int
+
+    def zero(self) -> float:
+        """tokens/param where the mean line is zero (NaN for a zero slope)."""
+        return 10 ** (-self.intercept / self.slope.mean) if self.slope.mean != 0 else math.nan
+
+
+def seed_slopes(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """Per seed of a one-gap :func:`gap_frame` slice: the least-squares slope and intercept of the
+    gap against log10(tokens/param) over that seed's budgets (seeds with fewer than two distinct
+    budgets are left out)."""
+    rows = []
+    for seed, d in per_seed.groupby("seed"):
+        u = np.log10(d["tokens_per_param"].to_numpy(dtype=float))
+        if len(np.unique(u)) < 2:
+            continue
+        b, a = np.polyfit(u, d["value"].to_numpy(dtype=float), 1)
+        rows.append({"seed": seed, "slope": float(b), "intercept": float(a), "n_points": len(u)})
+    return pd.DataFrame(rows, columns=["seed", "slope", "intercept", "n_points"])
+
+
+def trend(per_seed: pd.DataFrame) -> Optional[Trend]:
+    """:class:`Trend` of a one-gap :func:`gap_frame` slice (None without a seed fitted on two budgets)."""
+    s = seed_slopes(per_seed)
+    if s.empty:
+        return None
+    x = per_seed["tokens_per_param"]
+    return Trend(paired(s["slope"].to_numpy()), float(s["intercept"].mean()), (float(x.min()), float(x.max())),
+                 int(per_seed["tokens_per_param"].nunique()))
+
+
+# --------------------------------------------------------------------------------------------
+# sentences
+# --------------------------------------------------------------------------------------------
+def _x(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def _ci(p: Paired) -> str:
+    return f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]"
+
+
+def _crossing_text(c: Crossing) -> str:
+    how = "the MoE overtakes the dense model" if c.rising else "the dense model overtakes the MoE"
+    s = (f"crosses zero at {_x(c.x)} tokens/param ({how} going up in tokens; interpolated in "
+         f"log10 tokens/param between the budgets at {_x(c.between[0])} and {_x(c.between[1])})")
+    if math.isnan(c.x_low):
+        return s + "; no uncertainty with fewer than two seeds"
+    lo = f"{_x(c.x_low)}" + (" (the lower edge of the measured range: it may lie below)" if c.low_open else "")
+    hi = f"{_x(c.x_high)}" + (" (the upper edge of the measured range: it may lie above)" if c.high_open else "")
+    return s + f"; the 95% CI band includes zero from {lo} to {hi}"
+
+
+def _trend_text(tr: Optional[Trend], crossed: bool) -> str:
+    if tr is None:
+        return "No trend: fewer than two budgets per seed."
+    p = tr.slope
+    if p.n < 2:
+        return f"Trend: {p.mean:+.4f} per decade of tokens/param (one seed: no interval)."
+    way = "the gap grows (towards the MoE)" if p.mean > 0 else "the gap falls (towards the dense model)"
+    s = (f"Trend: {p.mean:+.4f} per decade of tokens/param, 95% CI {_ci(p)} over {p.n} per-seed fits "
+         f"({tr.n_points} budgets): ")
+    if not p.resolved:
+        return s + "not resolved (the CI includes 0), so no extrapolation is made."
+    s += f"resolved, {way} with more tokens per parameter."
+    if not crossed:
+        z = tr.zero()
+        lo, hi = tr.x_range
+        if z == z and z > hi:
+            s += (f" Extrapolation (beyond the measured {_x(lo)}-{_x(hi)} tokens/param, assuming the line "
+                  f"continues): the mean line would reach zero at ~{_x(z)} tokens/param.")
+        elif z == z and z < lo:
+            s += (f" Extrapolation (assuming the line continues): with more tokens it moves away from zero; "
+                  f"it reaches zero only below the measured range (~{_x(z)} tokens/param).")
+    return s
+
+
+def gap_sentences(table: pd.DataFrame, per_seed: pd.DataFrame, gap: str, pooled: bool = True) -> list[str]:
+    """Sentences for one gap: per size (and, with ``pooled`` and several sizes, over all points,
+    which assumes the gap depends on tokens/param alone), where the mean crosses zero (or that it
+    does not within the measured range), how many budgets are resolved, and the trend."""
+    label = GAPS[gap][1].replace(" (", " (> 0: the MoE is better; ", 1)
+    scopes = [(f"size {lbl}", table[table["size"] == s],
+               per_seed[(per_seed["size"] == s) & (per_seed["gap"] == gap)])
+              for s, lbl in dict(zip(table["size"], table["size_label"])).items()]
+    if pooled and table["size"].nunique() > 1:
+        scopes.append(("all sizes pooled (assumes the gap depends on tokens/param alone)", table,
+                       per_seed[per_seed["gap"] == gap]))
+    out = []
+    for name, t, ps in scopes:
+        t = t.sort_values("tokens_per_param")
+        x = t["tokens_per_param"].to_numpy(dtype=float)
+        mean = t[f"{gap}_mean"].to_numpy(dtype=float)
+        cs = crossings(x, mean, t[f"{gap}_ci_low"], t[f"{gap}_ci_high"])
+        res = int(t[f"{gap}_resolved"].sum())
+        head = (f"{label[0].upper()}{label[1:]}, {name}, {len(t)} budgets over "
+                f"{_x(x.min())}-{_x(x.max())} tokens/param: ")
+        if cs:
+            s = head + "it " + "; it also ".join(_crossing_text(c) for c in cs) + "."
+        else:
+            sign = "positive (the MoE is better)" if mean[0] > 0 else "negative (the dense model is better)"
+            s = head + f"it does not cross zero within the measured range; every budget's mean is {sign}."
+        s += f" {res} of {len(t)} budgets resolved (CI excludes 0). " + _trend_text(trend(ps), bool(cs))
+        out.append(s)
+    return out
+
+
+def paper_sentence(table: pd.DataFrame) -> str:
+    """Where the measured range lies against the paper's point and budgets."""
+    x = table["tokens_per_param"]
+    lo, hi = float(x.min()), float(x.max())
+    decades = math.log10(hi / lo) if lo > 0 else float("nan")
+    paper_x = [t / PAPER_ACTIVE_PARAMS for t in PAPER_BUDGET_TOKENS]
+    inside = "inside" if lo <= PAPER_TOKENS_PER_PARAM <= hi else "outside"
+    return (f"Measured range: {_x(lo)}-{_x(hi)} tokens per active parameter ({decades:.2f} decades). "
+            f"The paper's headline point ({_x(PAPER_TOKENS_PER_PARAM)} tokens/param: "
+            f"{PAPER_POINT['active']:+.4f} at matched active, {PAPER_POINT['total']:+.4f} at matched total) "
+            f"is {inside} it. The `paper` preset adds, on a GPU, the paper's budgets "
+            f"{', '.join(f'{t / 1e6:g}M' for t in PAPER_BUDGET_TOKENS)} target tokens for its "
+            f"{PAPER_ACTIVE_PARAMS / 1e6:.2f}M-active MoE: "
+            f"{', '.join(_x(v) for v in paper_x)} tokens/param.")
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The table as the notebook shows it (formatted gaps with CIs, seeds, resolved)."""
+    out = pd.DataFrame({
+        "size": table["size_label"], "epochs": table["epochs"], "target tokens": table["tokens"],
+        "tokens/param": table["tokens_per_param"].map(lambda v: f"{v:.3g}"),
+        "data passes": table["data_passes"].map(lambda v: f"{v:.2f}"),
+    })
+    for gap, col in (("active", "matched active (dense_active - MoE)"),
+                     ("total", "matched total (dense_total - MoE)")):
+        if f"{gap}_fmt" in table:
+            out[col] = table[f"{gap}_fmt"] + np.where(table[f"{gap}_resolved"], " resolved", " not resolved")
+            out[f"{gap} std"] = table[f"{gap}_std"].map(lambda v: f"{v:.4f}")
+    return out.reset_index(drop=True)
+
+
+__all__ = ["KEY", "GAPS", "PAPER_POINT", "PAPER_TOKENS_PER_PARAM", "PAPER_BUDGET_TOKENS", "PAPER_ACTIVE_PARAMS",
+           "PAPER_EPOCH_TOKENS", "Trio", "budget_trios", "active_params", "size_label", "budgets", "run_plan",
+           "train_budgets", "paper_preset_points", "gap_frame", "gap_table", "Crossing", "crossings", "Trend",
+           "seed_slopes", "trend", "gap_sentences", "paper_sentence", "display_table"]
