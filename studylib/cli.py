@@ -82,10 +82,13 @@ def main(argv: list[str] | None = None) -> int:
                     description="Dense vs MoE pretraining at tiny scale: one command per job.")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     cmds = _available()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (mod, help_) in cmds.items():
         p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(_module=mod, _parser=p)
-        importlib.import_module(mod).add_cli(p)
+        if name == chosen:  # only the chosen command's module is imported (a `train` child must
+            importlib.import_module(mod).add_cli(p)  # not pay for pandas, scipy, the bench, ...)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

@@ -218,3 +218,14 @@ def test_unexpected_errors_keep_their_traceback(monkeypatch, capsys):
     monkeypatch.setattr(report, "run_cli", boom)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["budget", CI])
+
+
+def test_a_command_imports_only_its_own_module():
+    """`train` children start once per run of a sweep: building the parser must not import the
+    other commands' modules (pandas, scipy, the bench: seconds per run)."""
+    code = ("import sys\nfrom studylib.cli import main\n"
+            "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('pandas', 'scipy', 'studylib.study.sweep', 'studylib.tools.bench')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]", out
