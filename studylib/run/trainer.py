@@ -36,7 +36,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from studylib.config import Preset, override, run_document
+from studylib.config import ConfigError, Preset, override, run_document
 from studylib.nn.model import Decoder
 from studylib.nn.precision import autocast
 from studylib.run import checkpoint
@@ -50,6 +50,11 @@ from studylib.run.records import (SUMMARY_REQUIRED, RunningSums, StepResult, eva
                                   summary_record, train_record)
 from studylib.run.resources import check_run
 from studylib.run.rundir import RunDir, run_dir_for
+
+def _precision(amp_dtype) -> str:
+    """What a checkpoint records of its precision: ``bfloat16`` (autocast) or ``fp32``."""
+    return str(amp_dtype).replace("torch.", "") if amp_dtype else "fp32"
+
 
 class NonFiniteLossError(RuntimeError):
     """The training loss (or gradient norm) became NaN/inf; the last good checkpoint is kept."""
@@ -159,6 +164,12 @@ class Trainer:
         if found is None:
             return
         state, path = found
+        saved, now = state.get("amp"), _precision(self.amp_dtype)
+        if saved is not None and saved != now:  # train.amp: auto resolves per machine
+            raise ConfigError(
+                f"{self.rd.path}: its checkpoint (step {state['step']}) was trained in {saved}, but here "
+                f"train.amp={self.tcfg.amp} gives {now}; a run must not change precision midway. Resume "
+                f"it where {saved} is chosen, or delete the folder to retrain")
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.start, self.final = state["step"], state.get("final")
@@ -353,6 +364,7 @@ class Trainer:
             "rng": rng, "rng_ranks": all_rng,
             "data_position": self.sampler.data_position(step),
             "best": self.best, "clock": self.clock, "final": final_rec, "world_size": self.dist.world,
+            "amp": _precision(self.amp_dtype),
             "metrics": "".join(self.records),
         }
 

@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from _tiny import TINY_RAW, comparable, synthetic_data, tiny_preset
+from studylib.config import ConfigError
 from studylib.run import checkpoint as C
 from studylib.run import optim as O
 from studylib.run import trainer as T
@@ -223,6 +224,23 @@ def test_resume_in_process_equals_uninterrupted(tmp_path, data, monkeypatch, cap
     assert sa.keys() == sb.keys() and all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
 
 
+def test_a_resume_that_would_change_precision_is_refused(tmp_path, data, monkeypatch):
+    """`amp: auto` resolves per machine: a run checkpointed in fp32 must not go on in bf16 (and the
+    other way round) because the machine that resumes it has (no) native bf16."""
+    preset = tiny_preset(train={"max_steps": 10, "eval_every": 3, "amp": "auto"})
+    monkeypatch.setattr(T, "resolve_amp", lambda cfg, device: None)  # this "machine": fp32
+    res = RunDir(tmp_path / "res")
+    with monkeypatch.context() as mp:
+        _patch_forward(mp, after_calls=2 * 7 + 1, action="crash")  # dies in step 8 (ckpt at 6)
+        with pytest.raises(_Boom):
+            T.train_run(preset, "moe", 1, run_dir=res.path, progress=False, data=data)
+    assert C.load(res.checkpoints / C.LATEST)["amp"] == "fp32"
+    monkeypatch.setattr(T, "resolve_amp", lambda cfg, device: torch.bfloat16)  # another machine
+    with pytest.raises(ConfigError, match=r"trained in fp32, but here train.amp=auto gives bfloat16"):
+        T.train_run(preset, "moe", 1, run_dir=res.path, progress=False, data=data)
+    assert C.load(res.checkpoints / C.LATEST)["step"] == 6  # nothing written
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, data, monkeypatch):
     preset = tiny_preset(train={"eval_every": 2})
     with monkeypatch.context() as mp:
@@ -306,7 +324,6 @@ def test_summary_without_its_numbers_is_not_a_finished_run(tmp_path, data, capsy
 
 
 def test_impossible_batch_is_refused_before_the_model_exists(tmp_path, data, monkeypatch):
-    from studylib.config import ConfigError
     import studylib.nn.model as M
 
     monkeypatch.setattr(M.Decoder, "__init__", lambda *a, **k: pytest.fail("model built"))
