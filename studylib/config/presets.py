@@ -8,6 +8,7 @@ overrides (:func:`override`, the one implementation), and validates everything. 
 from __future__ import annotations
 
 import copy
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,25 +123,59 @@ def load_preset(path: str | os.PathLike, overrides: Overrides = None) -> Preset:
 Overrides = Union[None, Sequence[str], Mapping[str, Any]]
 
 
-def apply_overrides(raw: dict, overrides: Overrides) -> dict:
-    """A copy of the nested mapping ``raw`` with overrides applied: ``["a.b.c=value", ...]``
-    (each value parsed as YAML, as ``--set`` gives them) or ``{"a.b.c": value}``."""
-    raw = copy.deepcopy(raw)
+def override_pairs(overrides: Overrides, label: str = "--set") -> list[tuple[str, Any, str]]:
+    """``overrides`` as ``(dotted key, value, where)`` triples: a mapping ``{"a.b.c": value}`` as it
+    is, ``["a.b.c=value", ...]`` with each value parsed as YAML (as ``--set`` gives them); ``where``
+    names the item for errors (``label`` prefixes the string form's)."""
     if not overrides:
-        return raw
+        return []
     if isinstance(overrides, Mapping):
-        items = [(str(k), v, f"override {k!r}") for k, v in overrides.items()]
-    else:
-        items = []
-        for item in overrides:
-            if "=" not in item:
-                raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. train.max_steps=100")
-            key, value = item.split("=", 1)
-            try:
-                parsed = yaml.safe_load(value)
-            except yaml.YAMLError as e:
-                raise ConfigError(f"--set {item!r}: the value is not valid YAML ({_first_line(e)})") from None
-            items.append((key.strip(), parsed, f"--set {item!r}"))
+        return [(str(k), v, f"override {k!r}") for k, v in overrides.items()]
+    items = []
+    for item in overrides:
+        if not isinstance(item, str) or "=" not in item:
+            raise ConfigError(f"{label} {item!r}: not 'key.path=value'; expected key.path=value, "
+                              "e.g. train.max_steps=100")
+        key, value = item.split("=", 1)
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{label} {item!r}: the value is not valid YAML ({_first_line(e)})") from None
+        items.append((key.strip(), parsed, f"{label} {item!r}"))
+    return items
+
+
+def value_at(doc: Mapping, key: str, default: Any = None) -> Any:
+    """The value at the dotted ``key`` of a nested mapping (``default`` when it is not there)."""
+    node: Any = doc
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def variant_tag(overrides: Overrides, preset: Optional[Preset] = None) -> str:
+    """The name of a variant run's directory: its overrides as ``key=value``, sorted, joined by ``,``
+    (``{"train.lr": 0.001, "train.max_steps": 66}`` -> ``train.lr=0.001,train.max_steps=66``). With
+    ``preset`` (the preset *with* the overrides applied) each value is read back from it, so the
+    ``--set`` strings and the dict form of one variant give one name."""
+    pairs = override_pairs(overrides)
+    if not pairs:
+        raise ConfigError("variant_tag: no overrides")
+    resolved = to_dict(preset) if preset is not None else None
+    parts = []
+    for k, v, _ in sorted(pairs, key=lambda kv: kv[0]):
+        if resolved is not None:
+            v = value_at(resolved, k, v)
+        parts.append(f"{k}={v.strip() if isinstance(v, str) else json.dumps(v)}")
+    return ",".join(parts).replace("/", "_")
+
+
+def apply_overrides(raw: dict, overrides: Overrides) -> dict:
+    """A copy of the nested mapping ``raw`` with overrides applied (:func:`override_pairs`)."""
+    raw = copy.deepcopy(raw)
+    items = override_pairs(overrides)
     for key, value, where in items:
         parts = key.split(".")
         node = raw

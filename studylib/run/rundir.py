@@ -20,7 +20,7 @@ from typing import Any, Optional
 import yaml
 
 from studylib.config import (ConfigError, ModelConfig, Preset, model_from_dict, override, run_identity, same_run,
-                             to_dict)
+                             variant_tag)
 from studylib.run import checkpoint
 from studylib.run.dirlock import RunDirLocked, dir_lock  # noqa: F401  (RunDirLocked: raised by RunDir.lock)
 from studylib.run.files import atomic_open, write_atomic, write_json_atomic
@@ -64,27 +64,6 @@ def run_dir_for(preset: Preset, model: str, seed: int, root: str | os.PathLike |
     return base / f"seed{seed}"
 
 
-def variant_tag(overrides, preset: Optional[Preset] = None) -> str:
-    """The directory name of a variant: its overrides as ``key=value``, sorted, joined by ``,``
-    (``{"train.lr": 0.001, "train.max_steps": 66}`` -> ``train.lr=0.001,train.max_steps=66``). With
-    ``preset`` (the preset *with* the overrides applied) each value is read back from it, so the
-    ``--set`` strings and the dict form of one variant give one name."""
-    if not overrides:
-        raise ConfigError("variant_tag: no overrides")
-    items = (overrides.items() if hasattr(overrides, "items")
-             else (item.split("=", 1) for item in overrides))
-    resolved = to_dict(preset) if preset is not None else None
-    parts = []
-    for k, v in sorted(((str(k).strip(), v) for k, v in items)):
-        if resolved is not None:
-            node = resolved
-            for p in k.split("."):
-                node = node[p]
-            v = node
-        parts.append(f"{k}={v.strip() if isinstance(v, str) else json.dumps(v)}")
-    return ",".join(parts).replace("/", "_")
-
-
 @dataclass
 class LoadedRun:
     """A model rebuilt from a run directory (eval mode) with its tokenizer and where it came from."""
@@ -113,7 +92,7 @@ class RunDir:
         """The run directory of ``model`` x ``seed`` trained under ``preset`` + ``overrides``: the base
         run's own directory when the overrides leave that run's identity unchanged (the run is
         reused, not retrained), else ``runs/<model>/<tag>/seed<seed>`` (``tag`` defaults to
-        :func:`variant_tag` of the overrides)."""
+        :func:`studylib.config.variant_tag` of the overrides)."""
         if not overrides:
             return cls.of(preset, model, seed, root)
         varied = override(preset, overrides)

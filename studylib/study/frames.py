@@ -45,7 +45,8 @@ def load_metrics(run_dir, kind: Optional[str] = None) -> pd.DataFrame:
 
 def collect_runs(preset: Preset, models: Optional[Iterable[str]] = None,
                  seeds: Optional[Iterable[int]] = None, root=None, overrides=None, tag=None):
-    """One row per finished run (summary fields; ``params`` flattened to ``params_<key>``) of
+    """One row per finished run (summary fields; ``params`` and ``data`` flattened to
+    ``params_<key>`` / ``data_<key>``) of
     ``preset`` + ``overrides`` (a variant: :meth:`RunDir.variant`).
 
     Missing or unfinished runs are left out; ``df.attrs["missing"]`` lists their (model, seed).
@@ -58,8 +59,9 @@ def collect_runs(preset: Preset, models: Optional[Iterable[str]] = None,
                 missing.append((m, s))
                 continue
             row = {k: v for k, v in summ.items() if not isinstance(v, (dict, list))}
-            for k, v in (summ.get("params") or {}).items():
-                row[f"params_{k}"] = v
+            for section in ("params", "data"):
+                for k, v in (summ.get(section) or {}).items():
+                    row[f"{section}_{k}"] = v
             row["model"], row["seed"] = m, s
             rows.append(row)
     df = pd.DataFrame.from_records(rows)

@@ -9,12 +9,13 @@ YAML, like papermill's ``-y``) and written to ``outputs/<preset>/notebooks/NN_*.
 notebook stops the study with a message naming the notebook, the failing cell and the error (the
 partly executed notebook is kept). Then,
 unless ``--no-report``, the executed notebooks are stitched into ``outputs/<preset>/report.html``
-(code hidden, figures embedded). While a notebook runs, the terminal shows which runs train,
+(:mod:`studylib.study.report`: code hidden, figures embedded). While a notebook runs, the terminal shows which runs train,
 their step and ETA (:mod:`studylib.study.watch`); kernels talk over local IPC sockets.
 
 Notebooks call :func:`notebook_context` first: it finds the repository root (so a notebook runs
 from any working directory, e.g. nbval's, which is the notebook's folder), loads the preset,
-applies the ``seeds`` and ``overrides`` parameters (:func:`apply_parameters`: a seed sweep, or a
+applies the ``seeds`` and ``overrides`` parameters
+(:func:`studylib.study.parameters.apply_parameters`: a seed sweep, or a
 variant preset under its own derived name) and sets the plotting style. It does not change the
 working directory: every path it returns is absolute, resolved from the repository root.
 
@@ -25,8 +26,6 @@ Every notebook's parameters cell holds ``params``, ``jobs``, ``seeds = None`` an
 from __future__ import annotations
 
 import ast
-import copy
-import dataclasses
 import os
 import re
 import sys
@@ -38,12 +37,12 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
-from studylib.config import ConfigError, Preset, config_hash, load_preset, override, to_dict
-from studylib.config.args import seed_error
+from studylib.config import ConfigError, load_preset
 from studylib.run.rundir import outputs_root
+from studylib.study.parameters import apply_parameters
+from studylib.study.report import KERNEL, write_report
 from studylib.study.sweep import default_jobs
 
-KERNEL = "python3"
 NOTEBOOK_RE = re.compile(r"^(\d\d)_.+\.py$")
 
 
@@ -90,113 +89,6 @@ def find_notebooks(notebook_dir: os.PathLike, select: Optional[Sequence[str]] = 
 # --------------------------------------------------------------------------------------------
 # inside a notebook
 # --------------------------------------------------------------------------------------------
-_SEED_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
-
-
-def parse_seeds(value) -> Optional[list[int]]:
-    """The ``seeds`` parameter as a list of seeds, or None (keep the preset's): a list of ints, one
-    int, or a string: a range ``"1337-1346"`` (both ends included), a YAML list ``"[1, 2]"``, a
-    comma list ``"1,2,3"`` or one seed ``"1337"``. Raises :class:`ConfigError` naming what was
-    expected."""
-    what = ("seeds: expected a list of integer seeds, a range like '1337-1346', '[1, 2]' or '1,2,3'; "
-            f"got {value!r}")
-    if value is None:
-        return None
-    if isinstance(value, str):
-        m = _SEED_RANGE.match(value)
-        if m:
-            lo, hi = int(m.group(1)), int(m.group(2))
-            if hi < lo:
-                raise ConfigError(f"seeds: range {value!r} ends before it starts")
-            value = list(range(lo, hi + 1))
-        else:
-            try:
-                value = yaml.safe_load(value if "[" in value or "," not in value else f"[{value}]")
-            except yaml.YAMLError:
-                raise ConfigError(what) from None
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not value:
-        raise ConfigError(what)
-    for i, v in enumerate(value):
-        if seed_error(v, f"seeds[{i}]"):
-            raise ConfigError(seed_error(v, f"seeds[{i}]"))
-    if len(set(value)) != len(value):
-        raise ConfigError(f"seeds: {list(value)} repeats a seed")
-    return list(value)
-
-
-def parse_overrides(value) -> dict:
-    """The ``overrides`` parameter as ``{"section.key": value}``: a mapping, a list of
-    ``"key=value"`` strings (values parsed as YAML, as ``--set`` parses them), one such string, or a
-    string holding a YAML mapping / list (what ``papermill -p`` passes). None or empty: ``{}``."""
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        text = value.strip()
-        if not text:
-            return {}
-        if "=" in text and not text.startswith(("{", "[")):
-            value = [text]
-        else:
-            try:
-                value = yaml.safe_load(text)
-            except yaml.YAMLError:
-                value = None
-            if not isinstance(value, (Mapping, list)):
-                raise ConfigError(f"overrides: expected a mapping like {{'train.lr': 0.001}} or a list of "
-                                  f"'key=value' strings; got {text!r}")
-    if isinstance(value, Mapping):
-        return {str(k): v for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        out = {}
-        for item in value:
-            if not isinstance(item, str) or "=" not in item:
-                raise ConfigError(f"overrides: {item!r} is not 'key.path=value' (e.g. train.amp=off)")
-            key, text = item.split("=", 1)
-            try:
-                out[key.strip()] = yaml.safe_load(text)
-            except yaml.YAMLError:
-                raise ConfigError(f"overrides: the value of {item!r} is not valid YAML") from None
-        return out
-    raise ConfigError(f"overrides: expected a mapping or a list of 'key=value' strings; got {value!r}")
-
-
-def _described(preset: Preset) -> dict:
-    raw = to_dict(preset)
-    raw.pop("path", None)
-    return raw
-
-
-def _at(doc: Mapping, key: str, default):
-    """The value at the dotted ``key`` of a nested mapping (``default`` when it is not there)."""
-    node: Any = doc
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def apply_parameters(preset: Preset, seeds=None, overrides=None) -> tuple[Preset, dict]:
-    """``preset`` with the notebook parameters applied: ``overrides`` (:func:`parse_overrides`)
-    through :func:`studylib.config.override`, and ``seeds`` (:func:`parse_seeds`) in place of
-    ``preset.seeds``. When the overrides change anything, the preset gets a derived name
-    ``<name>-<hash of the overrides, 8 hex>`` (unless they set ``name`` themselves), so its outputs
-    and run directories never mix with the base preset's. Returns (preset, the parsed overrides)."""
-    ov = parse_overrides(overrides)
-    out = override(preset, ov) if ov else preset
-    if ov and "name" not in ov and _described(out) != _described(preset):
-        # the hash of what the overrides resolve to, so "train.amp=off" and {"train.amp": False} agree
-        desc = _described(out)
-        resolved = {k: _at(desc, k, v) for k, v in ov.items()}
-        out = dataclasses.replace(out, name=f"{preset.name}-{config_hash(resolved)[:8]}")
-    chosen = parse_seeds(seeds)
-    if chosen is not None:
-        out = dataclasses.replace(out, seeds=tuple(chosen))
-    return out, ov
-
-
 def notebook_context(params: str, jobs: Optional[int] = None, seeds=None, overrides=None) -> SimpleNamespace:
     """What every notebook needs first: ``root`` (the repository), ``preset`` (``params``, a
     path relative to the root or absolute, with ``seeds`` and ``overrides`` applied by
@@ -402,67 +294,6 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     echo(f"study {preset.name!r} finished in {total:.1f} s: "
          + ", ".join(f"{k.split('_')[0]} {v:.1f} s" for k, v in times.items()))
     return {"notebooks": times, "report": report_path, "total_s": total}
-
-
-# --------------------------------------------------------------------------------------------
-# the HTML report
-# --------------------------------------------------------------------------------------------
-_WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-
-
-def _clean_outputs(outputs: list) -> list:
-    """Report copy of a cell's outputs: no stderr streams (progress bars, warnings) and no
-    widget views (their state is not saved)."""
-    out = []
-    for o in outputs:
-        if o.get("output_type") == "stream" and o.get("name") == "stderr":
-            continue
-        if o.get("output_type") in ("display_data", "execute_result") and _WIDGET_MIME in o.get("data", {}):
-            continue
-        out.append(o)
-    return out
-
-
-def merge_notebooks(paths: Sequence[os.PathLike], title: str = "Study report"):
-    """One notebook holding the cells of all ``paths`` (a heading and contents list first)."""
-    import nbformat
-    from nbformat.v4 import new_markdown_cell, new_notebook
-
-    merged = new_notebook()
-    merged.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Python 3", "language": "python"}
-    toc = [f"# {title}", "", f"Generated {time.strftime('%Y-%m-%d %H:%M')}.", ""]
-    body = []
-    for n, p in enumerate(paths):
-        nb = nbformat.read(str(p), as_version=4)
-        anchor = f"nb-{n}"
-        toc.append(f"{n + 1}. [{Path(p).stem}](#{anchor})")
-        body.append(new_markdown_cell(f'<a id="{anchor}"></a>\n\n---\n\n*Notebook `{Path(p).name}`*'))
-        for cell in nb.cells:
-            c = copy.deepcopy(cell)
-            if c.cell_type == "code":
-                tags = c.metadata.get("tags", [])
-                if "injected-parameters" in tags or "parameters" in tags:
-                    continue
-                c.outputs = _clean_outputs(c.get("outputs", []))
-            body.append(c)
-    merged.cells = [new_markdown_cell("\n".join(toc))] + body
-    for i, c in enumerate(merged.cells):
-        c["id"] = f"cell-{i}"
-    return merged
-
-
-def write_report(paths: Sequence[os.PathLike], out_path: os.PathLike, title: str = "Study report",
-                 hide_code: bool = True) -> Path:
-    """Export the executed notebooks as one self-contained HTML file (figures embedded)."""
-    from nbconvert import HTMLExporter
-
-    nb = merge_notebooks(paths, title)
-    exporter = HTMLExporter(exclude_input=hide_code, exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(body, encoding="utf-8")
-    return out_path
 
 
 # --------------------------------------------------------------------------------------------

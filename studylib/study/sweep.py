@@ -163,7 +163,7 @@ def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[
     trained under ``preset`` + ``overrides``, training whatever is missing (see the module
     docstring). A variant's runs live in ``runs/<model>/<tag>/seed<seed>`` unless the overrides
     leave a run's identity unchanged (then the preset's own run is reused); ``tag`` defaults to
-    :func:`~studylib.run.rundir.variant_tag` of the overrides. ``jobs=None``: ``study.jobs``."""
+    :func:`~studylib.config.variant_tag` of the overrides. ``jobs=None``: ``study.jobs``."""
     base, preset = preset, override(preset, overrides)
     models = _unique(models)
     seeds = _unique(seeds if seeds is not None else preset.seeds)

@@ -15,6 +15,7 @@ from _tiny import tiny_preset, tiny_raw
 from studylib.config import ConfigError, override, run_document
 from studylib.run.rundir import RunDir
 from studylib.study import budget_map as bm
+from studylib.study import crossing
 
 T975_2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2): the 95% paired-t factor for n = 3
 
@@ -173,7 +174,7 @@ def test_gap_frame_pairs_by_seed_and_signs_both_gaps_dense_minus_moe():
 # zero crossings
 # --------------------------------------------------------------------------------------------
 def test_crossing_interpolates_in_log_tokens_and_its_band_interval():
-    (c,) = bm.crossings([10, 1], [0.02, -0.02], [0.01, -0.03], [0.03, -0.01])  # unsorted on purpose
+    (c,) = crossing.crossings([10, 1], [0.02, -0.02], [0.01, -0.03], [0.03, -0.01])  # unsorted on purpose
     assert c.x == pytest.approx(10 ** 0.5) and c.between == (1.0, 10.0) and c.rising
     # the CI band includes zero between where the upper bound (-0.01 -> 0.03) and the lower bound
     # (-0.03 -> 0.01) cross zero: log10 x = 0.25 and 0.75
@@ -182,13 +183,13 @@ def test_crossing_interpolates_in_log_tokens_and_its_band_interval():
 
 
 def test_crossing_with_a_band_open_at_both_edges_and_a_falling_gap():
-    (c,) = bm.crossings([1, 100], [0.02, -0.01], [-0.01, -0.03], [0.05, 0.01])
+    (c,) = crossing.crossings([1, 100], [0.02, -0.01], [-0.01, -0.03], [0.05, 0.01])
     assert c.x == pytest.approx(10 ** (2 * 0.02 / 0.03)) and not c.rising
     assert (c.x_low, c.x_high) == pytest.approx((1.0, 100.0)) and c.low_open and c.high_open
 
 
 def test_crossing_picks_the_bracketing_pair_among_several_budgets():
-    (c,) = bm.crossings([1, 10, 100, 1000], [-0.05, -0.01, 0.03, 0.04], [-0.06, -0.02, 0.02, 0.03],
+    (c,) = crossing.crossings([1, 10, 100, 1000], [-0.05, -0.01, 0.03, 0.04], [-0.06, -0.02, 0.02, 0.03],
                         [-0.04, 0.0, 0.04, 0.05])
     assert c.between == (10.0, 100.0) and c.x == pytest.approx(10 ** 1.25)
     # band: upper bound touches 0 at x = 10; lower bound crosses at log10 x = 1 + 0.02/0.04 = 1.5
@@ -196,13 +197,13 @@ def test_crossing_picks_the_bracketing_pair_among_several_budgets():
 
 
 def test_no_crossing_and_no_interval_without_seeds():
-    assert bm.crossings([1, 10, 100], [0.01, 0.02, 0.05], [-0.01, 0.0, 0.04], [0.03, 0.04, 0.06]) == []
-    (c,) = bm.crossings([1, 10], [-0.02, 0.02], [np.nan, np.nan], [np.nan, np.nan])  # one seed
+    assert crossing.crossings([1, 10, 100], [0.01, 0.02, 0.05], [-0.01, 0.0, 0.04], [0.03, 0.04, 0.06]) == []
+    (c,) = crossing.crossings([1, 10], [-0.02, 0.02], [np.nan, np.nan], [np.nan, np.nan])  # one seed
     assert c.x == pytest.approx(10 ** 0.5) and math.isnan(c.x_low) and math.isnan(c.x_high)
 
 
 def test_two_sign_changes_are_two_crossings():
-    cs = bm.crossings([1, 10, 100], [-0.01, 0.01, -0.01], [-0.02, 0.0, -0.02], [0.0, 0.02, 0.0])
+    cs = crossing.crossings([1, 10, 100], [-0.01, 0.01, -0.01], [-0.02, 0.0, -0.02], [0.0, 0.02, 0.0])
     assert [c.x for c in cs] == pytest.approx([10 ** 0.5, 10 ** 1.5]) and [c.rising for c in cs] == [True, False]
 
 
@@ -217,10 +218,10 @@ def _one_gap(per_seed_values: dict, x=(1.0, 10.0, 100.0)) -> pd.DataFrame:
 def test_slope_per_decade_is_fitted_per_seed_then_paired():
     # seed 1: -0.01 + 0.01 u, seed 2: -0.02 + 0.02 u, seed 3: -0.03 + 0.03 u  (u = log10 tokens/param)
     ps = _one_gap({1: [-0.01, 0.0, 0.01], 2: [-0.02, 0.0, 0.02], 3: [-0.03, 0.0, 0.03]})
-    s = bm.seed_slopes(ps)
+    s = crossing.seed_slopes(ps)
     assert s["slope"].tolist() == pytest.approx([0.01, 0.02, 0.03])
     assert s["intercept"].tolist() == pytest.approx([-0.01, -0.02, -0.03])
-    tr = bm.trend(ps)
+    tr = crossing.trend(ps)
     half = T975_2 * 0.01 / math.sqrt(3)
     assert tr.slope.mean == pytest.approx(0.02) and tr.slope.std == pytest.approx(0.01) and tr.slope.n == 3
     assert (tr.slope.ci_low, tr.slope.ci_high) == pytest.approx((0.02 - half, 0.02 + half))
@@ -230,9 +231,9 @@ def test_slope_per_decade_is_fitted_per_seed_then_paired():
 
 def test_slope_of_a_noisy_seed_by_hand():
     # least squares through (0, 0.00), (1, 0.03), (2, 0.03): slope 0.015, intercept 0.005
-    s = bm.seed_slopes(_one_gap({7: [0.0, 0.03, 0.03]}))
+    s = crossing.seed_slopes(_one_gap({7: [0.0, 0.03, 0.03]}))
     assert s["slope"].tolist() == pytest.approx([0.015]) and s["intercept"].tolist() == pytest.approx([0.005])
-    assert bm.trend(_one_gap({7: [0.1]}, x=(5.0,))) is None  # one budget: no slope
+    assert crossing.trend(_one_gap({7: [0.1]}, x=(5.0,))) is None  # one budget: no slope
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import yaml
 
 from _tiny import tiny_raw
 from studylib.study import notebooks as study
+from studylib.study import parameters, report
 from studylib.cli import main
 
 HEADER = textwrap.dedent("""\
@@ -169,7 +170,7 @@ def test_merge_notebooks_drops_parameters_and_stderr(repo):
     ])
     p = repo / "x.ipynb"
     nbformat.write(nb, str(p))
-    merged = study.merge_notebooks([p, p], title="T")
+    merged = report.merge_notebooks([p, p], title="T")
     code = [c for c in merged.cells if c.cell_type == "code"]
     assert len(code) == 2 and all(len(c.outputs) == 1 for c in code)
     assert len({c["id"] for c in merged.cells}) == len(merged.cells)
@@ -207,44 +208,44 @@ def test_importing_plots_leaves_matplotlib_alone():
 # seeds / overrides: the parameters every notebook takes
 # --------------------------------------------------------------------------------------------
 def test_parse_seeds_forms_and_errors():
-    assert study.parse_seeds(None) is None
-    assert study.parse_seeds("1337-1346") == list(range(1337, 1347))
-    assert study.parse_seeds("[1, 2]") == study.parse_seeds("1,2") == study.parse_seeds([1, 2]) == [1, 2]
-    assert study.parse_seeds(7) == study.parse_seeds("7") == [7]
+    assert parameters.parse_seeds(None) is None
+    assert parameters.parse_seeds("1337-1346") == list(range(1337, 1347))
+    assert parameters.parse_seeds("[1, 2]") == parameters.parse_seeds("1,2") == parameters.parse_seeds([1, 2]) == [1, 2]
+    assert parameters.parse_seeds(7) == parameters.parse_seeds("7") == [7]
     for bad, msg in (("5-3", "ends before it starts"), ("[1, 1]", "repeats"), ("abc", "expected a list"),
                      ([1.5], r"seeds\[0\]: expected an integer seed"), ([], "expected a list"), (True, "expected")):
         with pytest.raises(study.ConfigError, match=msg):
-            study.parse_seeds(bad)
+            parameters.parse_seeds(bad)
 
 
 def test_parse_overrides_forms_and_errors():
     want = {"train.amp": "off", "train.lr": 0.001}
-    assert study.parse_overrides(want) == want
-    assert study.parse_overrides('{"train.amp": "off", "train.lr": 0.001}') == want  # papermill -p: a string
-    assert study.parse_overrides(["train.amp=off", "train.lr=0.001"]) == {"train.amp": False, "train.lr": 0.001}
-    assert study.parse_overrides("train.max_steps=3") == {"train.max_steps": 3}
-    assert study.parse_overrides(None) == study.parse_overrides("") == {}
+    assert parameters.parse_overrides(want) == want
+    assert parameters.parse_overrides('{"train.amp": "off", "train.lr": 0.001}') == want  # papermill -p: a string
+    assert parameters.parse_overrides(["train.amp=off", "train.lr=0.001"]) == {"train.amp": False, "train.lr": 0.001}
+    assert parameters.parse_overrides("train.max_steps=3") == {"train.max_steps": 3}
+    assert parameters.parse_overrides(None) == parameters.parse_overrides("") == {}
     with pytest.raises(study.ConfigError, match="not 'key.path=value'"):
-        study.parse_overrides(["train.amp"])
+        parameters.parse_overrides(["train.amp"])
     with pytest.raises(study.ConfigError, match="expected a mapping"):
-        study.parse_overrides("42")
+        parameters.parse_overrides("42")
 
 
 def test_apply_parameters_derives_a_name_only_when_something_changes():
     base = study.load_preset(Path(__file__).parents[2] / "params" / "ci.yaml")
     assert base.train.max_steps != 3
-    short, ov = study.apply_parameters(base, "1-3", {"train.max_steps": 3})
+    short, ov = parameters.apply_parameters(base, "1-3", {"train.max_steps": 3})
     assert short.train.max_steps == 3 and short.seeds == (1, 2, 3) and ov == {"train.max_steps": 3}
     assert short.name.startswith("ci-") and len(short.name) == len("ci-") + 8
     # the same change written as --set strings (values parsed as YAML) resolves to the same name
-    assert study.apply_parameters(base, None, ["train.max_steps=3"])[0].name == short.name
-    assert study.apply_parameters(base, None, '{"train.max_steps": 3}')[0].name == short.name
-    assert study.apply_parameters(base, None, {"train.max_steps": 3, "train.lr": 0.001})[0].name != short.name
-    same, _ = study.apply_parameters(base, None, {"train.lr": base.train.lr})  # changes nothing
+    assert parameters.apply_parameters(base, None, ["train.max_steps=3"])[0].name == short.name
+    assert parameters.apply_parameters(base, None, '{"train.max_steps": 3}')[0].name == short.name
+    assert parameters.apply_parameters(base, None, {"train.max_steps": 3, "train.lr": 0.001})[0].name != short.name
+    same, _ = parameters.apply_parameters(base, None, {"train.lr": base.train.lr})  # changes nothing
     assert same.name == "ci" and same.seeds == base.seeds
-    assert study.apply_parameters(base, [5], None)[0] == study.apply_parameters(base, "5", {})[0]
+    assert parameters.apply_parameters(base, [5], None)[0] == parameters.apply_parameters(base, "5", {})[0]
     with pytest.raises(study.ConfigError, match="train"):
-        study.apply_parameters(base, None, {"train.nonsense": 1})
+        parameters.apply_parameters(base, None, {"train.nonsense": 1})
 
 
 def test_notebook_context_applies_seeds_and_overrides(repo, monkeypatch, capsys):
@@ -268,7 +269,7 @@ def test_study_p_and_plain_papermill_give_the_same_parameters(repo, monkeypatch)
     rc = main(["study", "--params", "params/t.yaml", "--notebooks", "03", "--no-report", "--no-progress",
                "-p", "seeds", "1337-1339", "-p", "overrides", '{"train.amp": "off", "train.max_steps": 3}'])
     assert rc == 0
-    name = study.apply_parameters(study.load_preset(repo / "params" / "t.yaml"), None,
+    name = parameters.apply_parameters(study.load_preset(repo / "params" / "t.yaml"), None,
                                   {"train.amp": "off", "train.max_steps": 3})[0].name
     via_study = nbformat.read(str(repo / "outputs" / name / "notebooks" / "03_show.ipynb"), as_version=4)
     bindir = Path(sys.executable).parent

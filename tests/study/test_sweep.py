@@ -88,8 +88,7 @@ def test_budget_of_a_fraction_of_an_epoch_counts_the_training_windows(monkeypatc
     monkeypatch.setattr("studylib.run.data.load_data", lambda *a, **k: data)
     p = tiny_preset(train={"max_steps": None})
     per_step = p.train.batch_size * p.train.grad_accum
-    assert sweep.epoch_steps(p) == -(-len(data.train_idx) // per_step) or \
-        sweep.epoch_steps(p) == len(data.train_idx) // per_step  # floor today; ceil once #10 lands
+    assert sweep.epoch_steps(p) == -(-len(data.train_idx) // per_step)  # the last partial batch is kept
     assert sweep.budget_overrides(p, 3.0) == {"train.max_steps": round(3 * sweep.epoch_steps(p))}
     with pytest.raises(ConfigError, match="epochs"):
         sweep.budget_overrides(p, 0)
