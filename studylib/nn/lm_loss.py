@@ -8,12 +8,13 @@ them by the incoming gradient, so the logits matmul is not recomputed and peak m
 chunk of logits instead of N x V (in fp32 that is 1 GB for 16 x 512 tokens at vocab 30k).
 Under autocast the two matmuls run in the autocast dtype, the softmax in fp32.
 
-Speed (CPU): a chunk's logits come from one matmul (``chunk`` rows, default 2,048: large enough
-for the matmul peak), and the fp32 softmax then walks them in blocks of ``rows`` rows sized to the
-last-level cache (:func:`auto_rows`), with one exp pass, writing the gradient back over the
-logits. Measured on the paper MoE head (8,192 x 256 -> 30,008, bf16 autocast, forward + backward,
-2 cores, 32 MB L3): 0.72 s, against 1.22 s for the earlier logsumexp + second-exp version with
-2,048-row fp32 chunks and 1.32 s for ``F.linear`` + ``F.cross_entropy``.
+Speed (CPU): a chunk's logits come from one matmul (``chunk`` rows, :func:`auto_chunk`), and the
+fp32 softmax then walks them in blocks of ``rows`` rows sized to the last-level cache
+(:func:`auto_rows`), with one exp pass, writing the gradient back over the logits. Measured on the
+paper MoE head (8,192 x 256 -> 30,008, bf16 autocast, forward + backward, 2 cores, 32 MB L3):
+0.72 s, against 1.22 s for the earlier logsumexp + second-exp version with 2,048-row fp32 chunks
+and 1.32 s for ``F.linear`` + ``F.cross_entropy``. Without grad mode (evaluation) only the loss is
+computed: one matmul per chunk instead of three.
 
 Shape legend: N rows (tokens), D model width, V vocab, C rows in a chunk.
 """
@@ -26,11 +27,13 @@ from studylib.nn.precision import compute_dtype
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h_ND, w_VD, targets_N, chunk: int, rows: int, ignore_index: int, dt):
+    def forward(ctx, h_ND, w_VD, targets_N, chunk: int, rows: int, ignore_index: int, dt, grad_mode: bool):
         N = h_ND.shape[0]
         valid_N = targets_N != ignore_index
         n_valid = valid_N.sum().clamp_min(1).to(torch.float32)
-        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        # forward runs with grad mode off: whether a backward can come is the caller's grad mode
+        # (an evaluation under torch.no_grad of parameters that require grad needs no gradients)
+        need_grad = grad_mode and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
         h_c, w_c = h_ND.to(dt), w_VD.to(dt)
         loss = torch.zeros((), dtype=torch.float32, device=h_ND.device)
         grad_h = torch.empty_like(h_ND) if need_grad else None
@@ -55,7 +58,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = grad_h * grad_out.to(grad_h.dtype) if ctx.needs_input_grad[0] else None
         gw = grad_w * grad_out.to(grad_w.dtype) if ctx.needs_input_grad[1] else None
-        return gh, gw, None, None, None, None, None
+        return gh, gw, None, None, None, None, None, None
 
 
 def _softmax_grad_(logits_RV, tgt_R, ok_R, n_valid, need_grad: bool) -> torch.Tensor:
@@ -88,16 +91,34 @@ def auto_rows(vocab: int) -> int:
     return max(64, min(8192, 1 << (rows.bit_length() - 1)))
 
 
+SMALL_BLOCK_BYTES = 2 * 2**20  # fp32 logits block of a narrow head: stays in the L2/L3 slice of one core
+
+
+def auto_chunk(vocab: int, dim: int) -> int:
+    """Rows per logits matmul. A wide head (``dim >= 128``) is compute-bound: 2,048 rows, enough
+    for the matmul peak and few accumulations of the weight gradient (paper head 4,096 x 256 ->
+    30,008, fp32 forward + backward, 1 thread of the AVX2 EPYC: 2.52 s at 2,048 rows, 3.01 s at
+    256, 3.42 s at 128). A narrow head writes far more logits than it reads inputs, so a block
+    that stays in cache wins: the largest power of two (64..2,048) whose fp32 logits fit
+    :data:`SMALL_BLOCK_BYTES` (``cpu`` head 1,024 x 32 -> 3,750, same machine: 128 rows, forward +
+    backward 25 ms against 32 ms at 2,048 rows; forward only 13 ms against 18 ms)."""
+    if dim >= 128:
+        return 2048
+    rows = max(1, SMALL_BLOCK_BYTES // (4 * vocab))
+    return max(64, min(2048, 1 << (rows.bit_length() - 1)))
+
+
 def linear_cross_entropy(h_ND: torch.Tensor, w_VD: torch.Tensor, targets_N: torch.Tensor,
-                         chunk: int = 2048, ignore_index: int = -100,
+                         chunk: int | None = None, ignore_index: int = -100,
                          rows: int | None = None) -> torch.Tensor:
     """Mean cross-entropy of ``h @ w.T`` against ``targets`` without materialising all logits.
 
-    ``chunk``: rows per logits matmul; ``rows``: rows per fp32 softmax block (default
-    :func:`auto_rows`). Measured (paper MoE head, 8192 x 256 -> 30,008, bf16, fwd+bwd, 2 cores,
-    32 MB L3): see the module docstring.
+    ``chunk``: rows per logits matmul (default :func:`auto_chunk`); ``rows``: rows per fp32
+    softmax block (default :func:`auto_rows`). Measured: see the module docstring.
     """
     dt = compute_dtype(h_ND)
+    chunk = chunk or auto_chunk(*w_VD.shape)
     rows = min(rows or auto_rows(w_VD.shape[0]), chunk)
     with torch.autocast(h_ND.device.type, enabled=False):
-        return _LinearCrossEntropy.apply(h_ND, w_VD, targets_N, chunk, rows, ignore_index, dt)
+        return _LinearCrossEntropy.apply(h_ND, w_VD, targets_N, chunk, rows, ignore_index, dt,
+                                         torch.is_grad_enabled())

@@ -42,7 +42,7 @@ from studylib.study.crossing import Crossing, Trend, crossings, trend
 from studylib.study.frames import collect_runs
 from studylib.study.paper import PAPER_ABLATION_TOKENS, PAPER_GAPS, PAPER_HEADLINE_TOKENS
 from studylib.study.stats import Paired, paired
-from studylib.study.sweep import budget_overrides, ensure_runs
+from studylib.study.sweep import Grid, budget_overrides, ensure_grids
 from studylib.study.tables import fmt_count
 
 KEY = "study.token_budget"
@@ -192,15 +192,14 @@ def _with_budget(df: pd.DataFrame, trio: Trio, e: float) -> pd.DataFrame:
 
 
 def train_budgets(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], budget_map: dict,
-                  jobs: Optional[int] = None, progress: bool = True, ensure=ensure_runs) -> pd.DataFrame:
+                  jobs: Optional[int] = None, progress: bool = True) -> pd.DataFrame:
     """Summaries (``collect_runs`` rows plus ``size``, ``epochs``, ``train_targets``) of every
-    trio x budget x seed, training the missing runs (``ensure_runs``; finished ones are reused)."""
-    frames = []
-    for t in trios:
-        for e in t.epochs:
-            df = ensure(preset, list(t.models), list(seeds), jobs=jobs, overrides=budget_map[e], progress=progress)
-            frames.append(_with_budget(df, t, e))
-    return pd.concat(frames, ignore_index=True)
+    trio x budget x seed, training the missing runs in one queue (:func:`ensure_grids`; finished
+    ones are reused)."""
+    cells = [(t, e) for t in trios for e in t.epochs]
+    frames = ensure_grids(preset, [Grid(list(t.models), list(seeds), budget_map[e]) for t, e in cells],
+                          jobs=jobs, progress=progress)
+    return pd.concat([_with_budget(df, t, e) for df, (t, e) in zip(frames, cells)], ignore_index=True)
 
 
 def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], str]:

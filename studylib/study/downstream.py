@@ -1,11 +1,17 @@
 """Downstream evaluation of many runs: the local lm-eval suite (:mod:`studylib.run.lm_eval_tasks`)
 on every model x seed, one row per run, and the paired per-seed gaps between models
 (:func:`studylib.study.stats.paired`). Results already written for a run's latest step are reused.
+
+Measured on the 2-core CPU (cpu preset, 202 validation stories per run): an evaluation in a fresh
+process spends ~3.5 s importing, ~3 s loading the export, ~1.5 s bootstrapping stderrs and 3.4-5.6 s
+in the model; nine took 63-65 s in one process (notebook 10: 202 s before lm-eval's built-in task
+index was skipped, :func:`studylib.run.lm_eval_tasks.task_manager`). Two 1-thread worker processes
+took 56-60 s: not worth a process pool, so the runs are evaluated one after the other.
 """
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Optional, Sequence
 
 import pandas as pd
 
@@ -23,14 +29,30 @@ METRICS = (
 )
 
 
-def evaluate_run(rd: RunDir, max_docs: int = 500, batch_size: int = 16) -> dict:
-    """The run's local-suite results (reused when written for its latest step)."""
+class DownstreamError(RuntimeError):
+    """The lm-eval evaluation of one run failed; the message names the run directory."""
+
+
+def cached_results(rd: RunDir) -> Optional[dict]:
+    """The run's local-suite results when already written for its latest step, else None."""
     path = rd.path / lm_eval_tasks.EVAL_DIR / "results.json"
     if path.is_file():
         old = json.loads(path.read_text())
         if old.get("step") == rd.latest_step() and set(lm_eval_tasks.LOCAL_TASKS) <= set(old["results"]):
             return old
-    return lm_eval_tasks.evaluate(rd.path, lm_eval_tasks.LOCAL_TASKS, max_docs=max_docs, batch_size=batch_size)
+    return None
+
+
+def evaluate_run(rd: RunDir, max_docs: int = 500, batch_size: int = 16) -> dict:
+    """The run's local-suite results (reused when written for its latest step); a failure raises
+    :class:`DownstreamError` naming the run directory."""
+    old = cached_results(rd)
+    if old is not None:
+        return old
+    try:
+        return lm_eval_tasks.evaluate(rd.path, lm_eval_tasks.LOCAL_TASKS, max_docs=max_docs, batch_size=batch_size)
+    except Exception as e:
+        raise DownstreamError(f"downstream evaluation of {rd.path} failed: {type(e).__name__}: {e}") from e
 
 
 def downstream_frame(preset: Preset, models: Sequence[str], seeds: Sequence[int], **kw) -> pd.DataFrame:

@@ -41,7 +41,7 @@ import pandas as pd
 from studylib.config import ConfigError, Preset
 from studylib.run.rundir import RunDir
 from studylib.study.stats import paired
-from studylib.study.sweep import budget_overrides, ensure_runs
+from studylib.study.sweep import Grid, budget_overrides, ensure_grids
 from studylib.study.text import gap_phrase
 
 DEFAULT_TOLERANCE = 0.01  # nats: the largest mean cost of an lr that still counts as "flat"
@@ -136,14 +136,14 @@ def ensure_sweep(preset: Preset, models: Sequence[str], spec: SweepSpec, jobs: O
     run (the summaries of :func:`studylib.study.sweep.ensure_runs`) with columns ``lr`` and
     ``reused`` (True where the run is the preset's own run directory, e.g. the headline run)."""
     budget = budget_overrides(preset, spec.epochs)
-    frames = []
-    for lr in spec.lrs:
-        ov = run_overrides(preset, spec, lr, budget)
-        df = ensure_runs(preset, models, spec.seeds, jobs=jobs, overrides=ov, progress=progress)
-        reused = [RunDir.variant(preset, m, s, ov).path == RunDir.of(preset, m, s).path
+    grids = [Grid(list(models), list(spec.seeds), run_overrides(preset, spec, lr, budget)) for lr in spec.lrs]
+    frames = ensure_grids(preset, grids, jobs=jobs, progress=progress)  # one queue for every lr
+    out = []
+    for lr, g, df in zip(spec.lrs, grids, frames):
+        reused = [RunDir.variant(preset, m, s, g.overrides).path == RunDir.of(preset, m, s).path
                   for m, s in zip(df["model"], df["seed"])]
-        frames.append(df.assign(lr=lr, reused=reused))
-    return pd.concat(frames, ignore_index=True)
+        out.append(df.assign(lr=lr, reused=reused))
+    return pd.concat(out, ignore_index=True)
 
 
 # --------------------------------------------------------------------------------------------

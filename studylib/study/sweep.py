@@ -5,21 +5,25 @@
 * a finished run (``summary.json`` with ``finished: true`` and the same config hash) is reused;
   a run directory holding a *different* configuration is an error raised before anything trains;
 * the data (tokenizer + token cache) is prepared once, up front, in this process, so parallel
-  children never race to build the cache;
-* ``jobs == 1`` trains in this process (one run after the other); ``jobs > 1`` runs
-  ``python -m studylib train ... --no-progress`` subprocesses, ``jobs`` at a time (at most one
-  per missing run), each with ``cores // jobs`` torch/OpenMP threads and, when several GPUs are
-  visible, its own GPU (``CUDA_VISIBLE_DEVICES`` round-robin over the job slots). Each child's
-  stdout/stderr goes to ``<run_dir>/train.log``. Each child leads its own process group (a
-  terminal's Ctrl-C reaches this process, which stops them) and gets SIGTERM from the kernel if
-  this process dies, even by SIGKILL (``PR_SET_PDEATHSIG``), so none outlives the sweep;
+  workers never race to build the cache;
+* ``jobs == 1`` trains in this process (one run after the other); ``jobs > 1`` starts ``jobs``
+  training workers (``python -m studylib train-worker``, :mod:`studylib.study.worker`; at most one
+  per missing run) and hands each the next missing run as it becomes free. A worker trains run
+  after run in one process (saving the ~4 s a fresh process spends importing torch before each
+  run) with ``cores // jobs`` torch/OpenMP threads and, when several GPUs are visible, its own GPU
+  (``CUDA_VISIBLE_DEVICES`` round-robin over the job slots). Each run's output goes to
+  ``<run_dir>/train.log``. Each worker leads its own process group (a terminal's Ctrl-C reaches
+  this process, which stops them) and gets SIGTERM from the kernel if this process dies, even by
+  SIGKILL (``PR_SET_PDEATHSIG``), so none outlives the sweep;
 * one overall progress bar (``tqdm.auto``) counts runs;
-* a failed run stops the sweep (the other children are stopped; they resume later from their
+* a failed run (or a worker that dies) stops the sweep (the other workers are stopped; they resume later from their
   last checkpoint) with an error naming the model, the seed, the log file and its last lines.
 """
 from __future__ import annotations
 
+import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -31,10 +35,11 @@ from typing import Iterable, Optional, Sequence
 import yaml
 
 from studylib.config import ConfigError, Preset, load_preset, override, run_document, to_dict
+from studylib.config.presets import Overrides
 from studylib.run.rundir import RunDir
 from studylib.study.frames import collect_runs
+from studylib.study.worker import LOG_FILE
 
-LOG_FILE = "train.log"
 
 
 class SweepError(RuntimeError):
@@ -86,10 +91,17 @@ class _Job:
     model: str
     seed: int
     run_dir: Path
-    proc: Optional[subprocess.Popen] = None
-    log: Optional[object] = None
-    slot: int = 0
-    t0: float = 0.0
+    overrides: Overrides = None
+
+
+@dataclass
+class _Worker:
+    """One job slot: a ``studylib train-worker`` process and the job it is training (if any)."""
+
+    slot: int
+    proc: subprocess.Popen
+    errlog: Path
+    job: Optional[_Job] = None
 
 
 def plan_runs(preset: Preset, models: Sequence[str], seeds: Sequence[int], overrides=None,
@@ -129,10 +141,9 @@ def _child_params_file(preset: Preset, tmpdir: str) -> str:
     return str(path)
 
 
-def train_command(params_file: str, model: str, seed: int, run_dir: Path, threads: int) -> list[str]:
-    return [sys.executable, "-m", "studylib", "train", "--params", params_file, "--model", model,
-            "--seed", str(seed), "--run-dir", str(run_dir), "--no-progress",
-            "--set", f"train.num_threads={threads}"]
+def worker_command(params_file: str, threads: int) -> list[str]:
+    """The command line of one job slot's training worker (:mod:`studylib.study.worker`)."""
+    return [sys.executable, "-m", "studylib", "train-worker", "--params", params_file, "--threads", str(threads)]
 
 
 def epoch_steps(preset: Preset) -> int:
@@ -157,6 +168,17 @@ def budget_overrides(preset: Preset, epochs: float) -> dict:
     return {"train.max_steps": max(1, round(epochs * epoch_steps(preset)))}
 
 
+@dataclass(frozen=True)
+class Grid:
+    """One group of runs for :func:`ensure_grids`: ``models x seeds`` (default: the preset's
+    seeds) of the preset + ``overrides``, in ``runs/<model>/<tag>/`` (see :func:`ensure_runs`)."""
+
+    models: Sequence[str]
+    seeds: Optional[Sequence[int]] = None
+    overrides: Overrides = None
+    tag: Optional[str] = None
+
+
 def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[int]] = None,
                 jobs: Optional[int] = None, overrides=None, progress: bool = True, tag: Optional[str] = None):
     """Summaries (one row per run, as :func:`studylib.study.frames.collect_runs`) of ``models x seeds``
@@ -164,70 +186,123 @@ def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[
     docstring). A variant's runs live in ``runs/<model>/<tag>/seed<seed>`` unless the overrides
     leave a run's identity unchanged (then the preset's own run is reused); ``tag`` defaults to
     :func:`~studylib.config.variant_tag` of the overrides. ``jobs=None``: ``study.jobs``."""
-    base, preset = preset, override(preset, overrides)
-    models = _unique(models)
-    seeds = _unique(seeds if seeds is not None else preset.seeds)
-    if not models or not seeds:
-        raise ConfigError("ensure_runs: give at least one model and one seed")
+    return ensure_grids(preset, [Grid(models, seeds, overrides, tag)], jobs=jobs, progress=progress)[0]
+
+
+def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = None,
+                 progress: bool = True) -> list:
+    """:func:`ensure_runs` of several grids (e.g. budgets or learning rates) at once: one frame per
+    grid, in order. Their missing runs share one queue, longest first (optimizer steps x training
+    FLOPs per token), so a job slot idles only at the very end, not at the end of every grid."""
     jobs = default_jobs(preset) if jobs is None else int(jobs)
     if jobs < 1:
         raise ConfigError(f"ensure_runs: jobs must be >= 1, got {jobs}")
-    finished, missing = plan_runs(base, models, seeds, overrides, tag)
+    plans, total, missing = [], 0, []
+    for g in grids:
+        models = _unique(g.models)
+        seeds = _unique(g.seeds if g.seeds is not None else override(preset, g.overrides).seeds)
+        if not models or not seeds:
+            raise ConfigError("ensure_runs: give at least one model and one seed")
+        finished, todo = plan_runs(preset, models, seeds, g.overrides, g.tag)
+        plans.append((g, models, seeds))
+        total += len(finished) + len(todo)
+        missing += [_Job(m, s, Path(rd), g.overrides) for m, s, rd in todo if Path(rd) not in
+                    {j.run_dir for j in missing}]
     if missing:
         from tqdm.auto import tqdm
 
-        from studylib.run.data import load_data
-
-        data = load_data(preset.data, progress=progress)  # once, before any child starts
-        bar = tqdm(total=len(finished) + len(missing), initial=len(finished), unit="run",
-                   desc=f"{preset.name} runs", disable=not progress, dynamic_ncols=True)
+        datas = _load_datas(preset, missing, progress)  # once, before any worker starts
+        missing.sort(key=lambda j: -_cost(preset, j, datas))
+        bar = tqdm(total=total, initial=total - len(missing), unit="run", desc=f"{preset.name} runs",
+                   disable=not progress, dynamic_ncols=True)
         try:
             if jobs == 1:
-                _train_in_process(preset, missing, data, bar, progress)
+                _train_in_process(preset, missing, datas, bar, progress)
             else:
                 _train_parallel(preset, missing, min(jobs, len(missing)), bar)
         finally:
             bar.close()
-    df = collect_runs(base, models, seeds, overrides=overrides, tag=tag)
-    if df.attrs.get("missing"):
-        raise SweepError(f"runs still missing after the sweep: {df.attrs['missing']}")
-    return df
+    frames = []
+    for g, models, seeds in plans:
+        df = collect_runs(preset, models, seeds, overrides=g.overrides, tag=g.tag)
+        if df.attrs.get("missing"):
+            raise SweepError(f"runs still missing after the sweep: {df.attrs['missing']}")
+        frames.append(df)
+    return frames
 
 
-def _train_in_process(preset, missing, data, bar, progress) -> None:
+def _load_datas(preset: Preset, jobs: Sequence[_Job], progress: bool) -> list:
+    """``[(data config, TokenData)]``: each distinct data section among the jobs, loaded (built
+    on first use) in this process."""
+    from studylib.run.data import load_data
+
+    datas = []
+    for j in jobs:
+        cfg = override(preset, j.overrides).data
+        if all(cfg != c for c, _ in datas):
+            datas.append((cfg, load_data(cfg, progress=progress)))
+    return datas
+
+
+def _data_for(cfg, datas):
+    return next(d for c, d in datas if c == cfg)
+
+
+def _cost(preset: Preset, job: _Job, datas) -> float:
+    """A job's expected training cost for the queue order: optimizer steps x FLOPs per token."""
+    from studylib.config.accounting import train_flops_per_token
+    from studylib.run.optim import total_steps_for
+
+    p = override(preset, job.overrides)
+    steps = total_steps_for(p.train, len(_data_for(p.data, datas).train_idx))
+    return steps * train_flops_per_token(p.model_config(job.model), p.data.context)
+
+
+def _train_in_process(preset, missing, datas, bar, progress) -> None:
     from studylib.run.trainer import train_run
 
-    for m, s, rd in missing:
-        bar.set_postfix_str(f"{m} seed{s}")
+    for job in missing:
+        bar.set_postfix_str(f"{job.model} seed{job.seed}")
+        p = override(preset, job.overrides)
         try:
-            train_run(preset, m, s, run_dir=rd, progress=progress, data=data)
+            train_run(p, job.model, job.seed, run_dir=job.run_dir, progress=progress, data=_data_for(p.data, datas))
         except Exception as e:
-            raise SweepError(f"training {m} seed {s} failed ({rd}): {type(e).__name__}: {e}") from e
+            raise SweepError(f"training {job.model} seed {job.seed} failed ({job.run_dir}): "
+                             f"{type(e).__name__}: {e}") from e
         bar.update(1)
 
 
-def _start(job: _Job, params_file: str, threads: int, gpus: int) -> None:
-    """Launch ``job``'s training child (its output appended to ``<run_dir>/train.log``)."""
+def _start_worker(slot: int, params_file: str, threads: int, gpus: int, tmpdir: str) -> _Worker:
+    """Launch job slot ``slot``'s worker (its own stderr, before and between runs, goes to a file
+    in ``tmpdir``; each run's output goes to the run's own log)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     if gpus > 1:
-        env["CUDA_VISIBLE_DEVICES"] = str(job.slot % gpus)
-    job.run_dir.mkdir(parents=True, exist_ok=True)
-    job.log = open(job.run_dir / LOG_FILE, "a")
-    cmd = train_command(params_file, job.model, job.seed, job.run_dir, threads)
-    job.log.write(f"$ {' '.join(cmd)}\n")
-    job.log.flush()
-    job.t0 = time.perf_counter()
-    job.proc = subprocess.Popen(cmd, stdout=job.log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=die_with_parent)
+        env["CUDA_VISIBLE_DEVICES"] = str(slot % gpus)
+    errlog = Path(tmpdir) / f"worker{slot}.log"
+    with open(errlog, "w") as err:
+        proc = subprocess.Popen(worker_command(params_file, threads), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, env=env, text=True, bufsize=1, start_new_session=True,
+                                preexec_fn=die_with_parent)
+    return _Worker(slot, proc, errlog)
+
+
+def _assign(worker: _Worker, job: _Job) -> None:
+    worker.job = job
+    req = {"model": job.model, "seed": job.seed, "run_dir": str(job.run_dir), "overrides": job.overrides}
+    try:
+        worker.proc.stdin.write(json.dumps(req) + "\n")
+        worker.proc.stdin.flush()
+    except (BrokenPipeError, OSError):
+        pass  # the worker is gone: its reply pipe reports end-of-file, handled as a crash
 
 
 _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the forked child
-    """``preexec_fn`` of a training child: the kernel sends it SIGTERM when this process dies,
-    however it dies (SIGKILL included), so no child trains on unseen after a killed sweep; it
-    resumes from its last checkpoint on the next sweep. Linux only (elsewhere a no-op)."""
+    """``preexec_fn`` of a training worker: the kernel sends it SIGTERM when this process dies,
+    however it dies (SIGKILL included), so no worker trains on unseen after a killed sweep; its
+    run resumes from its last checkpoint on the next sweep. Linux only (elsewhere a no-op)."""
     import ctypes
     import signal
 
@@ -238,65 +313,78 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the forked child
         pass
 
 
-def _check_finished(job: _Job, rc: int) -> None:
-    """Raise :class:`SweepError` (naming the model, seed and log) unless ``job`` ended well."""
-    if rc != 0 or not RunDir(job.run_dir).finished():
-        log = job.run_dir / LOG_FILE
-        raise SweepError(f"training {job.model} seed {job.seed} failed (exit code {rc}); its log is "
+def _collect(worker: _Worker) -> _Job:
+    """Read ``worker``'s reply to its job; raise :class:`SweepError` (naming the model, seed and
+    log) unless the run finished."""
+    job, line = worker.job, worker.proc.stdout.readline()
+    worker.job = None
+    log = job.run_dir / LOG_FILE
+    if not line:  # the worker died mid-run (killed, out of memory, a crash in native code)
+        rc = worker.proc.wait()
+        raise SweepError(f"training {job.model} seed {job.seed} failed: its worker process exited with code {rc}; "
+                         f"its log is {log}. Last lines:\n{_log_tail(log)}\nWorker:\n{_log_tail(worker.errlog, 5)}")
+    reply = json.loads(line)
+    if not reply.get("ok"):
+        raise SweepError(f"training {job.model} seed {job.seed} failed ({reply.get('error')}); its log is {log}. "
+                         f"Last lines:\n{_log_tail(log)}")
+    if not RunDir(job.run_dir).finished():
+        raise SweepError(f"training {job.model} seed {job.seed} ended without a finished summary; its log is "
                          f"{log}. Last lines:\n{_log_tail(log)}")
+    return job
 
 
-def _stop(running: list) -> None:
-    """A failure or an interrupt: stop the other children and their own children (each leads
-    its own process group), wait for them (they resume later), and close their logs."""
+def _stop(workers: list) -> None:
+    """The end, a failure or an interrupt: close the workers' request pipes (an idle worker
+    exits), stop the busy ones and their own children (each leads its own process group; their
+    runs resume later from the last checkpoint), and wait for all of them."""
     import signal
 
-    for job in running:
-        if job.proc is not None and job.proc.poll() is None:
+    for w in workers:
+        try:
+            w.proc.stdin.close()
+        except OSError:
+            pass
+        if w.job is not None and w.proc.poll() is None:
             try:
-                os.killpg(job.proc.pid, signal.SIGTERM)
+                os.killpg(w.proc.pid, signal.SIGTERM)
             except (ProcessLookupError, PermissionError):
-                job.proc.terminate()
-    for job in running:
-        if job.proc is not None:
-            try:
-                job.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                job.proc.kill()
-                job.proc.wait()
-        if job.log is not None and not job.log.closed:
-            job.log.close()
+                w.proc.terminate()
+    for w in workers:
+        try:
+            w.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            w.proc.kill()
+            w.proc.wait()
+        w.proc.stdout.close()
 
 
 def _train_parallel(preset, missing, slots: int, bar) -> None:
     threads = max(1, available_cores() // slots)
     gpus = _gpu_count()
-    queue = [_Job(m, s, Path(rd)) for m, s, rd in missing]
-    running: list[_Job] = []
-    free = list(range(slots))
+    queue = list(missing)
+    workers: list[_Worker] = []
     shown = ""
     with tempfile.TemporaryDirectory(prefix="studylib-sweep-") as tmp:
         params_file = _child_params_file(preset, tmp)
         try:
-            while queue or running:
-                while queue and free:
-                    job = queue.pop(0)
-                    job.slot = free.pop(0)
-                    _start(job, params_file, threads, gpus)
-                    running.append(job)
-                now = ", ".join(f"{j.model} s{j.seed}" for j in running)
+            workers = [_start_worker(slot, params_file, threads, gpus, tmp) for slot in range(slots)]
+            while queue or any(w.job for w in workers):
+                for w in workers:
+                    if w.job is None and queue:
+                        _assign(w, queue.pop(0))
+                busy = [w for w in workers if w.job is not None]
+                now = ", ".join(f"{w.job.model} s{w.job.seed}" for w in busy)
                 if now != shown:
                     bar.set_postfix_str(now)
                     shown = now
-                time.sleep(0.2)
-                for job in [j for j in running if j.proc.poll() is not None]:
-                    running.remove(job)
-                    job.log.close()
-                    free.append(job.slot)
-                    _check_finished(job, job.proc.returncode)
-                    bar.update(1)
+                ready, _, _ = select.select([w.proc.stdout for w in busy], [], [], 1.0)
+                for w in busy:
+                    if w.proc.stdout in ready:
+                        _collect(w)
+                        bar.update(1)
         finally:
-            _stop(running)
+            _stop(workers)
 
 
-__all__ = ["ensure_runs", "plan_runs", "budget_overrides", "epoch_steps", "SweepError", "available_cores", "default_jobs", "LOG_FILE"]
+__all__ = ["ensure_runs", "ensure_grids", "Grid", "plan_runs", "budget_overrides", "epoch_steps", "worker_command", "SweepError",
+           "available_cores", "default_jobs", "LOG_FILE"]

@@ -1,7 +1,7 @@
 """What the terminal shows while a notebook trains: the runs in flight, their step and an ETA.
 
 :class:`RunWatcher` polls the run directories of a preset (``<outputs>/<preset>/runs/<model>/
-seed<N>/``) from a background thread while papermill executes a notebook. A run is *in flight*
+seed<N>/`` and variants' ``runs/<model>/<tag>/seed<N>/``) from a background thread while papermill executes a notebook. A run is *in flight*
 when its ``metrics.jsonl`` changed since the watcher started and it has no finished summary; its
 step is the last record's (read with :meth:`studylib.run.rundir.RunDir.read_metrics`), its total
 ``train.max_steps`` of its ``config.yaml``, its ETA the step rate seen so far.
@@ -40,7 +40,7 @@ class RunWatcher:
         """(name, step, total steps or None, ETA seconds or None) of each run in flight."""
         out = []
         now = time.time()
-        for metrics in sorted(self.root.glob("*/*/metrics.jsonl")):
+        for metrics in sorted([*self.root.glob("*/*/metrics.jsonl"), *self.root.glob("*/*/*/metrics.jsonl")]):
             try:
                 if metrics.stat().st_mtime < self.t0:
                     continue
@@ -51,7 +51,7 @@ class RunWatcher:
                 continue
             recs = rd.read_metrics()
             step = max((int(r.get("step") or 0) for r in recs), default=0)
-            name = f"{metrics.parent.parent.name} {metrics.parent.name}"
+            name = " ".join(metrics.parent.relative_to(self.root).parts)
             t_first, s_first = self.first.setdefault(name, (now, step))
             total = self._total(rd)
             rate = (step - s_first) / (now - t_first) if now > t_first else 0.0

@@ -65,3 +65,37 @@ def test_auto_rows_fit_the_cache_budget_and_blocks_match_reference():
         torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(gh, gh_ref, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(gw, gw_ref, rtol=1e-5, atol=1e-6)
+
+
+class _CountMatmuls(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.mm = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.mm += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+        return func(*args, **(kwargs or {}))
+
+
+def test_evaluation_of_parameters_that_require_grad_computes_no_gradients():
+    """Under torch.no_grad (evaluation) the head does one logits matmul per chunk, not three,
+    even though the model's weights require grad."""
+    h = torch.randn(12, 8, requires_grad=True)
+    w = torch.randn(11, 8, requires_grad=True)
+    t = torch.randint(0, 11, (12,))
+    with torch.no_grad(), _CountMatmuls() as count:
+        loss = linear_cross_entropy(h, w, t, chunk=4)
+    assert count.mm == 3  # 3 chunks x 1 matmul
+    torch.testing.assert_close(loss, F.cross_entropy(h.detach() @ w.detach().T, t))
+    with _CountMatmuls() as count:
+        linear_cross_entropy(h, w, t, chunk=4)
+    assert count.mm == 9  # with grad mode: the gradients are computed while the chunk is at hand
+
+
+def test_auto_chunk_keeps_wide_heads_large_and_narrow_heads_in_cache():
+    from studylib.nn.lm_loss import SMALL_BLOCK_BYTES, auto_chunk
+
+    assert auto_chunk(30008, 256) == 2048 and auto_chunk(3750, 32) == 128 and auto_chunk(384, 48) == 1024
+    for v in (101, 3750, 30008, 10**6):
+        c = auto_chunk(v, 32)
+        assert 64 <= c <= 2048 and c & (c - 1) == 0 and (c == 64 or c * v * 4 <= SMALL_BLOCK_BYTES)

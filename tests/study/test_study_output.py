@@ -28,10 +28,12 @@ def test_watcher_lists_runs_in_flight_with_step_and_eta(tmp_path):
     w.t0 = time.time() - 1
     a = _run(tmp_path, "moe", 1, [10])
     _run(tmp_path, "moe", 2, [3], max_steps=None)
+    _run(tmp_path / "moe", "lowlr", 1, [4], max_steps=8)  # a variant: runs/<model>/<tag>/seed<N>
     w.first["moe seed1"] = (time.time() - 10, 0)  # 10 steps in 10 s: 90 to go -> ~1m30s
     w.poll()
     assert len(lines) == 1
     assert "moe seed1 10/100 eta 1m30s" in lines[0] and "moe seed2 step 3" in lines[0]
+    assert "moe lowlr seed1 4/8" in lines[0]
     assert "dense" not in lines[0] and old.finished()
     w.poll()
     assert len(lines) == 1  # nothing changed: nothing printed
