@@ -8,8 +8,8 @@ them by the incoming gradient, so the logits matmul is not recomputed and peak m
 chunk of logits instead of N x V (in fp32 that is 1 GB for 16 x 512 tokens at vocab 30k).
 Under autocast the two matmuls run in the autocast dtype, the softmax in fp32.
 
-Speed (CPU): a chunk's logits come from one matmul (``chunk`` rows, :func:`auto_chunk`), and the
-fp32 softmax then walks them in blocks of ``rows`` rows sized to the last-level cache
+Speed (CPU): a chunk's logits come from one matmul (``chunk`` rows, default 2,048: large enough
+for the matmul peak), and the fp32 softmax then walks them in blocks of ``rows`` rows sized to the last-level cache
 (:func:`auto_rows`), with one exp pass, writing the gradient back over the logits. Measured on the
 paper MoE head (8,192 x 256 -> 30,008, bf16 autocast, forward + backward, 2 cores, 32 MB L3):
 0.72 s, against 1.22 s for the earlier logsumexp + second-exp version with 2,048-row fp32 chunks
@@ -91,33 +91,16 @@ def auto_rows(vocab: int) -> int:
     return max(64, min(8192, 1 << (rows.bit_length() - 1)))
 
 
-SMALL_BLOCK_BYTES = 2 * 2**20  # fp32 logits block of a narrow head: stays in the L2/L3 slice of one core
-
-
-def auto_chunk(vocab: int, dim: int) -> int:
-    """Rows per logits matmul. A wide head (``dim >= 128``) is compute-bound: 2,048 rows, enough
-    for the matmul peak and few accumulations of the weight gradient (paper head 4,096 x 256 ->
-    30,008, fp32 forward + backward, 1 thread of the AVX2 EPYC: 2.52 s at 2,048 rows, 3.01 s at
-    256, 3.42 s at 128). A narrow head writes far more logits than it reads inputs, so a block
-    that stays in cache wins: the largest power of two (64..2,048) whose fp32 logits fit
-    :data:`SMALL_BLOCK_BYTES` (``cpu`` head 1,024 x 32 -> 3,750, same machine: 128 rows, forward +
-    backward 25 ms against 32 ms at 2,048 rows; forward only 13 ms against 18 ms)."""
-    if dim >= 128:
-        return 2048
-    rows = max(1, SMALL_BLOCK_BYTES // (4 * vocab))
-    return max(64, min(2048, 1 << (rows.bit_length() - 1)))
-
-
 def linear_cross_entropy(h_ND: torch.Tensor, w_VD: torch.Tensor, targets_N: torch.Tensor,
-                         chunk: int | None = None, ignore_index: int = -100,
+                         chunk: int = 2048, ignore_index: int = -100,
                          rows: int | None = None) -> torch.Tensor:
     """Mean cross-entropy of ``h @ w.T`` against ``targets`` without materialising all logits.
 
-    ``chunk``: rows per logits matmul (default :func:`auto_chunk`); ``rows``: rows per fp32
-    softmax block (default :func:`auto_rows`). Measured: see the module docstring.
+    ``chunk``: rows per logits matmul; ``rows``: rows per fp32 softmax block (default
+    :func:`auto_rows`). Measured (paper MoE head, 8192 x 256 -> 30,008, bf16, fwd+bwd, 2 cores,
+    32 MB L3): see the module docstring.
     """
     dt = compute_dtype(h_ND)
-    chunk = chunk or auto_chunk(*w_VD.shape)
     rows = min(rows or auto_rows(w_VD.shape[0]), chunk)
     with torch.autocast(h_ND.device.type, enabled=False):
         return _LinearCrossEntropy.apply(h_ND, w_VD, targets_N, chunk, rows, ignore_index, dt,

@@ -90,12 +90,3 @@ def test_evaluation_of_parameters_that_require_grad_computes_no_gradients():
     with _CountMatmuls() as count:
         linear_cross_entropy(h, w, t, chunk=4)
     assert count.mm == 9  # with grad mode: the gradients are computed while the chunk is at hand
-
-
-def test_auto_chunk_keeps_wide_heads_large_and_narrow_heads_in_cache():
-    from studylib.nn.lm_loss import SMALL_BLOCK_BYTES, auto_chunk
-
-    assert auto_chunk(30008, 256) == 2048 and auto_chunk(3750, 32) == 128 and auto_chunk(384, 48) == 1024
-    for v in (101, 3750, 30008, 10**6):
-        c = auto_chunk(v, 32)
-        assert 64 <= c <= 2048 and c & (c - 1) == 0 and (c == 64 or c * v * 4 <= SMALL_BLOCK_BYTES)
