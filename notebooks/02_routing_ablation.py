@@ -55,18 +55,19 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from studylib.run.rundir import RunDir
-from studylib.study import frames, paper, plots, routing, text
+from studylib.study import frames, paper, plan, plots, routing, text
 from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import budget_overrides, ensure_runs
+from studylib.study.sweep import ensure_grid
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
 variants = study["ablation"]
 reference = study.get("reference_moe", "moe_top2_z")
 assert reference in variants, f"study.ablation must include the reference MoE {reference!r}"
-epochs = float(study.get("ablation_epochs", 1.0))
-budget = budget_overrides(preset, epochs)
-summaries = ensure_runs(preset, variants, seeds, jobs=ctx.jobs, overrides=budget)
+epochs = plan.study_epochs(preset, "ablation_epochs")
+grid = plan.ablation_grid(preset)  # study.ablation x seeds at `epochs` (`studylib study` trains it up front)
+budget = grid.overrides
+summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
 run_dirs = {m: {s: RunDir.variant(preset, m, s, budget) for s in seeds} for m in variants}
 assert summaries["tokens"].nunique() == 1, "every variant must see the same number of tokens"
 tokens = int(summaries["tokens"].iloc[0])

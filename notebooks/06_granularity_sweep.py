@@ -44,17 +44,18 @@ from IPython.display import Markdown, display
 
 from studylib import config as budget
 from studylib.run.rundir import RunDir
-from studylib.study import frames, paper, plots, probes, routing, tables, text
+from studylib.study import frames, paper, plan, plots, probes, routing, tables, text
 from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import budget_overrides, ensure_runs
+from studylib.study.sweep import ensure_grid
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
 models = study["granularity"]
 K = {m: preset.model_config(m).ffn.num_experts for m in models}
-epochs = float(study.get("granularity_epochs", 1.0))
-sweep_budget = budget_overrides(preset, epochs)
-summaries = ensure_runs(preset, models, seeds, jobs=ctx.jobs, overrides=sweep_budget)
+epochs = plan.study_epochs(preset, "granularity_epochs")
+grid = plan.granularity_grid(preset)  # study.granularity x seeds at `epochs` (`studylib study` trains it up front)
+sweep_budget = grid.overrides
+summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
 run_dirs = {m: {s: RunDir.variant(preset, m, s, sweep_budget) for s in seeds} for m in models}
 first = {m: by_seed[seeds[0]] for m, by_seed in run_dirs.items()}  # the probes' runs
 n_probe = study.get("probe_windows", 64)

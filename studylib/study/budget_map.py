@@ -197,9 +197,13 @@ def train_budgets(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], b
     trio x budget x seed, training the missing runs in one queue (:func:`ensure_grids`; finished
     ones are reused)."""
     cells = [(t, e) for t in trios for e in t.epochs]
-    frames = ensure_grids(preset, [Grid(list(t.models), list(seeds), budget_map[e]) for t, e in cells],
-                          jobs=jobs, progress=progress)
+    frames = ensure_grids(preset, budget_grids(trios, seeds, budget_map), jobs=jobs, progress=progress)
     return pd.concat([_with_budget(df, t, e) for df, (t, e) in zip(frames, cells)], ignore_index=True)
+
+
+def budget_grids(trios: Sequence[Trio], seeds: Sequence[int], budget_map: dict) -> list[Grid]:
+    """One :class:`~studylib.study.sweep.Grid` per trio x budget (trio order, then epochs)."""
+    return [Grid(list(t.models), list(seeds), budget_map[e]) for t in trios for e in t.epochs]
 
 
 def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], str]:
@@ -403,5 +407,5 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
 
 __all__ = ["KEY", "GAPS", "PAPER_POINT", "PAPER_TOKENS_PER_PARAM", "PAPER_BUDGET_TOKENS", "PAPER_ACTIVE_PARAMS",
            "PAPER_EPOCH_TOKENS", "Trio", "budget_trios", "active_params", "size_label", "budgets", "run_plan",
-           "train_budgets", "paper_preset_points", "gap_frame", "gap_table", "gap_sentences", "paper_sentence",
+           "train_budgets", "budget_grids", "paper_preset_points", "gap_frame", "gap_table", "gap_sentences", "paper_sentence",
            "display_table"]

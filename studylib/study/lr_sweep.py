@@ -130,13 +130,18 @@ def run_overrides(preset: Preset, spec: SweepSpec, lr: float, budget: Optional[d
     return {**lr_overrides(preset, lr), **budget}
 
 
+def sweep_grids(preset: Preset, models: Sequence[str], spec: SweepSpec) -> list[Grid]:
+    """The sweep's runs, one :class:`~studylib.study.sweep.Grid` per lr of ``spec.lrs``."""
+    budget = budget_overrides(preset, spec.epochs)
+    return [Grid(list(models), list(spec.seeds), run_overrides(preset, spec, lr, budget)) for lr in spec.lrs]
+
+
 def ensure_sweep(preset: Preset, models: Sequence[str], spec: SweepSpec, jobs: Optional[int] = None,
                  progress: bool = True) -> pd.DataFrame:
     """Train what is missing of ``models`` x ``spec.lrs`` x ``spec.seeds`` and return one row per
     run (the summaries of :func:`studylib.study.sweep.ensure_runs`) with columns ``lr`` and
     ``reused`` (True where the run is the preset's own run directory, e.g. the headline run)."""
-    budget = budget_overrides(preset, spec.epochs)
-    grids = [Grid(list(models), list(spec.seeds), run_overrides(preset, spec, lr, budget)) for lr in spec.lrs]
+    grids = sweep_grids(preset, models, spec)
     frames = ensure_grids(preset, grids, jobs=jobs, progress=progress)  # one queue for every lr
     out = []
     for lr, g, df in zip(spec.lrs, grids, frames):
@@ -358,4 +363,4 @@ def verdict(costs: pd.DataFrame, rule: Rule, ranks: dict) -> str:
 
 
 __all__ = ["DEFAULT_TOLERANCE", "SweepSpec", "Rule", "sweep_spec", "lr_overrides", "run_overrides",
-           "ensure_sweep", "loss_table", "best_lrs", "lr_costs", "decide", "ranking_check", "verdict"]
+           "sweep_grids", "ensure_sweep", "loss_table", "best_lrs", "lr_costs", "decide", "ranking_check", "verdict"]

@@ -284,6 +284,7 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
          + (f"; parameters {extra}" if extra else ""))
     per_notebook = {py: {"params": param_arg, "jobs": jobs, **{k: v for k, v in extra.items() if k in declared[py]}}
                     for py in nbs}
+    runs_s = train_study_runs(preset, nbs, jobs, root, progress, echo)
     times = _execute_all(nbs, out / "notebooks", per_notebook, root, timeout, progress, echo, t_start)
     report_path = None
     if report:
@@ -291,9 +292,34 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
         report_path = write_report(executed, out / "report.html", title=f"Dense vs MoE study: preset {preset.name}")
         echo(f"report: {report_path}")
     total = time.perf_counter() - t_start
-    echo(f"study {preset.name!r} finished in {total:.1f} s: "
+    echo(f"study {preset.name!r} finished in {total:.1f} s: runs {runs_s:.1f} s, "
          + ", ".join(f"{k.split('_')[0]} {v:.1f} s" for k, v in times.items()))
-    return {"notebooks": times, "report": report_path, "total_s": total}
+    return {"notebooks": times, "runs_s": runs_s, "report": report_path, "total_s": total}
+
+
+def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Path, progress: bool, echo) -> float:
+    """Train the runs of the selected notebooks (:func:`studylib.study.plan.study_grids`) in one
+    queue before any notebook executes (from the repository root, as the notebooks run); the
+    seconds it took. A failed run is a :class:`StudyError` naming the run and its log."""
+    import contextlib
+
+    from studylib.study.plan import study_grids
+    from studylib.study.sweep import SweepError, ensure_grids
+
+    t0 = time.perf_counter()
+    with contextlib.chdir(root):
+        grids = study_grids(preset, [py.stem for py in nbs])
+        if not grids:
+            return 0.0
+        echo(f"training the runs of {len(grids)} grid(s) in one queue, longest first, "
+             f"{jobs or default_jobs(preset)} at a time; the notebooks then read them")
+        try:
+            ensure_grids(preset, grids, jobs=jobs, progress=progress)
+        except SweepError as e:
+            raise StudyError(str(e)) from e
+    took = time.perf_counter() - t0
+    echo(f"runs ready in {took:.1f} s")
+    return took
 
 
 # --------------------------------------------------------------------------------------------

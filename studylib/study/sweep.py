@@ -189,6 +189,11 @@ def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[
     return ensure_grids(preset, [Grid(models, seeds, overrides, tag)], jobs=jobs, progress=progress)[0]
 
 
+def ensure_grid(preset: Preset, grid: Grid, jobs: Optional[int] = None, progress: bool = True):
+    """:func:`ensure_runs` of one :class:`Grid`."""
+    return ensure_grids(preset, [grid], jobs=jobs, progress=progress)[0]
+
+
 def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = None,
                  progress: bool = True) -> list:
     """:func:`ensure_runs` of several grids (e.g. budgets or learning rates) at once: one frame per
@@ -197,7 +202,7 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
     jobs = default_jobs(preset) if jobs is None else int(jobs)
     if jobs < 1:
         raise ConfigError(f"ensure_runs: jobs must be >= 1, got {jobs}")
-    plans, total, missing = [], 0, []
+    plans, runs, missing = [], set(), []
     for g in grids:
         models = _unique(g.models)
         seeds = _unique(g.seeds if g.seeds is not None else override(preset, g.overrides).seeds)
@@ -205,9 +210,10 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
             raise ConfigError("ensure_runs: give at least one model and one seed")
         finished, todo = plan_runs(preset, models, seeds, g.overrides, g.tag)
         plans.append((g, models, seeds))
-        total += len(finished) + len(todo)
-        missing += [_Job(m, s, Path(rd), g.overrides) for m, s, rd in todo if Path(rd) not in
-                    {j.run_dir for j in missing}]
+        runs |= {Path(rd) for _, _, rd in finished}
+        missing += [_Job(m, s, Path(rd), g.overrides) for m, s, rd in todo if Path(rd) not in runs]
+        runs |= {Path(rd) for _, _, rd in todo}  # a run two grids share is trained once
+    total = len(runs)
     if missing:
         from tqdm.auto import tqdm
 
@@ -386,5 +392,5 @@ def _train_parallel(preset, missing, slots: int, bar) -> None:
             _stop(workers)
 
 
-__all__ = ["ensure_runs", "ensure_grids", "Grid", "plan_runs", "budget_overrides", "epoch_steps", "worker_command", "SweepError",
+__all__ = ["ensure_runs", "ensure_grid", "ensure_grids", "Grid", "plan_runs", "budget_overrides", "epoch_steps", "worker_command", "SweepError",
            "available_cores", "default_jobs", "LOG_FILE"]

@@ -1,0 +1,95 @@
+"""The training runs of the study, one function per notebook that trains, and all of them at once.
+
+The notebooks whose runs have a budget of their own get them from the function here or from their
+module (:func:`studylib.study.budget_map.budget_grids`, :func:`studylib.study.lr_sweep.sweep_grids`);
+the others train ``study.<list> x seeds`` at the preset's budget, as the grids here do. So the plan
+and the notebooks name the same run directories (tests/study/test_plan.py). ``studylib study`` trains :func:`study_grids` of the
+selected notebooks in ONE queue (:func:`studylib.study.sweep.ensure_grids`, longest runs first)
+before it executes them; each notebook then finds its runs finished and reads them. Run alone
+(JupyterLab, plain papermill), a notebook trains its own runs as before.
+
+Why: notebook by notebook, a job slot sat idle at the end of every sweep whose run count is odd
+(9 headline runs, 3 iso-width runs, ...). Measured on the 2-core AVX2 machine, ``cpu`` preset: the
+notebooks' training cells took 1,583 s for 1,455 s of runs per slot.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from studylib.config import ConfigError, Preset
+from studylib.study.sweep import Grid, budget_overrides
+
+
+def study_list(preset: Preset, key: str) -> list:
+    """``study.<key>``: a non-empty list of model names of the preset."""
+    v = preset.study.get(key)
+    if not isinstance(v, (list, tuple)) or not v:
+        raise ConfigError(f"study.{key}: expected a non-empty list of model names of preset {preset.name!r}, "
+                          f"got {v!r}")
+    return list(v)
+
+
+def study_epochs(preset: Preset, key: str) -> float:
+    """``study.<key>`` (a budget in units of the preset's schedule; default 1.0)."""
+    v = preset.study.get(key, 1.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ConfigError(f"study.{key}: expected a number of epochs > 0, got {v!r}")
+    return float(v)
+
+
+def headline_grid(preset: Preset) -> Grid:
+    """Notebooks 03, 04, 10: the headline trio at the preset's budget, every seed."""
+    return Grid(study_list(preset, "headline"), list(preset.seeds))
+
+
+def ablation_grid(preset: Preset) -> Grid:
+    """Notebook 02: the routing variants at ``study.ablation_epochs``."""
+    return Grid(study_list(preset, "ablation"), list(preset.seeds),
+                budget_overrides(preset, study_epochs(preset, "ablation_epochs")))
+
+
+def granularity_grid(preset: Preset) -> Grid:
+    """Notebook 06: the soft-MoE K sweep at ``study.granularity_epochs``."""
+    return Grid(study_list(preset, "granularity"), list(preset.seeds),
+                budget_overrides(preset, study_epochs(preset, "granularity_epochs")))
+
+
+def iso_width_grid(preset: Preset) -> Grid:
+    """Notebook 07: the iso-width pair at the preset's budget."""
+    return Grid(study_list(preset, "iso_width"), list(preset.seeds))
+
+
+def _budget_grids(preset: Preset) -> list[Grid]:
+    from studylib.study import budget_map as bm
+
+    trios = bm.budget_trios(preset)
+    return bm.budget_grids(trios, preset.seeds, bm.budgets(preset, trios))
+
+
+def _lr_grids(preset: Preset) -> list[Grid]:
+    from studylib.study import lr_sweep
+
+    return lr_sweep.sweep_grids(preset, study_list(preset, "headline"), lr_sweep.sweep_spec(preset))
+
+
+#: notebook (file stem) -> its grids
+NOTEBOOK_GRIDS: dict[str, Callable[[Preset], list[Grid]]] = {
+    "02_routing_ablation": lambda p: [ablation_grid(p)],
+    "03_headline_sweep": lambda p: [headline_grid(p)],
+    "04_routing_diagnostics": lambda p: [headline_grid(p)],
+    "06_granularity_sweep": lambda p: [granularity_grid(p)],
+    "07_iso_width": lambda p: [iso_width_grid(p)],
+    "09_token_budget": _budget_grids,
+    "10_downstream": lambda p: [headline_grid(p)],
+    "11_learning_rate": _lr_grids,
+}
+
+
+def study_grids(preset: Preset, notebooks: Sequence[str]) -> list[Grid]:
+    """The grids of the named notebooks (file stems like ``03_headline_sweep``); a notebook that
+    trains nothing, or that this plan does not know, adds none (it trains its own runs)."""
+    return [g for name in notebooks for g in NOTEBOOK_GRIDS.get(name, lambda p: [])(preset)]
+
+
+__all__ = ["study_grids", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid",
+           "study_epochs", "study_list", "NOTEBOOK_GRIDS"]
