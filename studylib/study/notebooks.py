@@ -176,6 +176,14 @@ def ipc_kernel_manager():
         def _private_ipc_path(self):
             return os.path.join(tempfile.mkdtemp(prefix="studylib-kernel-"), "kernel-ipc")
 
+        async def cleanup_resources(self, restart: bool = False) -> None:
+            await super().cleanup_resources(restart=restart)
+            if not restart:  # the sockets are gone: the private folder goes too
+                try:
+                    os.rmdir(os.path.dirname(self.ip))
+                except OSError:
+                    pass
+
     return IPCKernelManager
 
 

@@ -59,7 +59,12 @@ def test_watcher_without_a_terminal_prints_one_line_per_change_of_the_runs(tmp_p
         time.sleep(0.05)
 
 
-def test_notebook_kernel_uses_ipc_without_the_tcp_warning(tmp_path, capfd):
+def test_notebook_kernel_uses_ipc_without_the_tcp_warning(tmp_path, capfd, monkeypatch):
+    import tempfile
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))  # where the kernel's socket folder goes
     py = tmp_path / "01_t.py"
     py.write_text('# %% tags=["parameters"]\nx = 1\n# %%\nprint(x + 1)\n')
     out = tmp_path / "out.ipynb"
@@ -67,3 +72,4 @@ def test_notebook_kernel_uses_ipc_without_the_tcp_warning(tmp_path, capfd):
     nb = json.loads(out.read_text())
     assert "42" in "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
     assert "without encryption" not in capfd.readouterr().err
+    assert not list(private.glob("studylib-kernel-*"))  # the socket folder is removed with the kernel
