@@ -57,6 +57,24 @@ def synthetic_data(n_windows: int = 400, context: int = CONTEXT, vocab: int = VO
                          val_idx=np.sort(perm[:val]).astype(np.int64), vocab_size=vocab)
 
 
+STORY_WORDS = ("once upon a time there was little girl named Lily she liked to play with her red ball in the "
+               "park one day Tom said let's go and they ran fast happy sad big dog cat tree sun").split()
+
+
+def write_stories(data_dir: Path, n: int, seed: int = 0) -> Path:
+    """``n`` synthetic stories in ``data_dir/train.txt`` (separated as TinyStories is); most end
+    "... and they were happy." (a learnable last word), the rest in a random word."""
+    import random
+
+    rng = random.Random(seed)
+    stories = [" ".join(rng.choice(STORY_WORDS) for _ in range(rng.randint(4, 10))).capitalize()
+               + (" and they were happy." if rng.random() < 0.7 else f" {rng.choice(STORY_WORDS)}.")
+               for _ in range(n)]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "train.txt").write_text("\n<|endoftext|>\n".join(stories) + "\n")
+    return data_dir
+
+
 TINY_RAW = {
     "name": "tiny",
     "data": {"source": "local", "vocab_size": VOCAB, "context": CONTEXT},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 
 import pytest
 import torch
@@ -12,28 +11,18 @@ import torch
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
-from _tiny import tiny_preset  # noqa: E402
+from _tiny import tiny_preset, write_stories  # noqa: E402
 
 from studylib.config import ConfigError  # noqa: E402
 from studylib.run import lm_eval_tasks as le  # noqa: E402
 from studylib.run.rundir import RunDir  # noqa: E402
 from studylib.run.trainer import train_run  # noqa: E402
 
-WORDS = ("once upon a time there was little girl named Lily she liked to play with her red ball in the "
-         "park one day Tom said let's go and they ran fast happy sad big dog cat tree sun").split()
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A tiny run trained through the real data path on local synthetic stories."""
     root = tmp_path_factory.mktemp("lmeval")
-    rng = random.Random(0)
-    # most stories end "... they were happy." (a learnable last word), the rest in a random word
-    stories = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))).capitalize()
-               + (" and they were happy." if rng.random() < 0.7 else f" {rng.choice(WORDS)}.")
-               for _ in range(1200)]
-    (root / "data").mkdir()
-    (root / "data" / "train.txt").write_text("\n<|endoftext|>\n".join(stories) + "\n")
+    write_stories(root / "data", 1200)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("STUDYLIB_DATA_DIR", str(root / "data"))
         mp.setenv("STUDYLIB_CACHE_DIR", str(root / "cache"))

@@ -37,28 +37,17 @@ def test_verdicts_are_worded_from_the_ci_and_the_metric_direction():
 
 # --- evaluating the runs ---------------------------------------------------------------------
 
-WORDS = ("once upon a time there was little girl named Lily she liked to play with her red ball in the "
-         "park one day Tom said let's go and they ran fast happy sad big dog cat tree sun").split()
-
-
 @pytest.fixture(scope="module")
 def tiny_runs(tmp_path_factory):
     """(root, {(model, seed): trained run dir}): two tiny runs trained on local synthetic stories."""
     pytest.importorskip("lm_eval")
-    import random
-
     import torch
-    from _tiny import tiny_preset
+    from _tiny import tiny_preset, write_stories
 
     from studylib.run.trainer import train_run
 
     root = tmp_path_factory.mktemp("downstream")
-    rng = random.Random(0)
-    stories = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))).capitalize()
-               + (" and they were happy." if rng.random() < 0.7 else f" {rng.choice(WORDS)}.")
-               for _ in range(600)]
-    (root / "data").mkdir()
-    (root / "data" / "train.txt").write_text("\n<|endoftext|>\n".join(stories) + "\n")
+    write_stories(root / "data", 600)
     with pytest.MonkeyPatch.context() as mp:
         for k, v in {"STUDYLIB_DATA_DIR": root / "data", "STUDYLIB_CACHE_DIR": root / "cache",
                      "HF_HUB_OFFLINE": 1, "HF_DATASETS_OFFLINE": 1}.items():
