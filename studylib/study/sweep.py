@@ -119,7 +119,7 @@ def plan_runs(preset: Preset, models: Sequence[str], seeds: Sequence[int], overr
 
 
 def _child_params_file(preset: Preset, tmpdir: str) -> str:
-    """A preset file the children can load to get exactly ``preset``: its own file when that
+    """A preset file the workers can load to get exactly ``preset``: its own file when that
     still describes it, else a resolved copy written to ``tmpdir``."""
     if preset.path and Path(preset.path).is_file():
         try:
