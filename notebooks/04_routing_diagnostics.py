@@ -39,14 +39,14 @@ import math
 
 from IPython.display import Markdown, display
 
-from studylib.study import frames, paper, plots, routing
+from studylib.study import frames, paper, plan, plots, routing
 from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import ensure_runs
+from studylib.study.sweep import ensure_grid
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
-moe = study.get("reference_moe", study["headline"][1])
-ensure_runs(preset, [moe], seeds, jobs=ctx.jobs)  # reuses notebook 03's runs
+moe = plan.reference_moe(preset)
+ensure_grid(preset, plan.reference_grid(preset), jobs=ctx.jobs)  # reuses notebook 03's runs
 cfg = preset.model_config(moe)
 E, k = cfg.ffn.num_experts, cfg.ffn.top_k
 rf = frames.routing_frames(preset, moe, seeds)

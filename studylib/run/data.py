@@ -355,6 +355,23 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64)
 
 
+class DataMemo:
+    """:func:`load_data` once per distinct data section in this process (a sweep's runs and a
+    training worker's runs share their data)."""
+
+    def __init__(self, progress: bool = True):
+        self.progress = progress
+        self._loaded: list = []  # [(DataConfig, TokenData)]
+
+    def get(self, cfg: DataConfig) -> TokenData:
+        for c, data in self._loaded:
+            if c == cfg:
+                return data
+        data = load_data(cfg, progress=self.progress)
+        self._loaded.append((cfg, data))
+        return data
+
+
 def load_data(cfg: DataConfig, progress: bool = True) -> TokenData:
     """The stages of the module doc in order: stories, split by story, tokenizer (training stories),
     token file, windows per side; the tokenizer and token file come from ``cfg.cache_dir`` when

@@ -10,7 +10,8 @@ before it executes them; each notebook then finds its runs finished and reads th
 
 Why: notebook by notebook, a job slot sat idle at the end of every sweep whose run count is odd
 (9 headline runs, 3 iso-width runs, ...). Measured on the 2-core AVX2 machine, ``cpu`` preset: the
-notebooks' training cells took 1,583 s for 1,455 s of runs per slot.
+notebooks' training cells took about 1,590 s for 1,455 s of runs per slot; in one queue, 1,685 s for
+1,674 s (a slower hour of the same machine).
 """
 from __future__ import annotations
 
@@ -38,8 +39,18 @@ def study_epochs(preset: Preset, key: str) -> float:
 
 
 def headline_grid(preset: Preset) -> Grid:
-    """Notebooks 03, 04, 10: the headline trio at the preset's budget, every seed."""
+    """Notebooks 03 and 10: the headline trio at the preset's budget, every seed."""
     return Grid(study_list(preset, "headline"), list(preset.seeds))
+
+
+def reference_moe(preset: Preset) -> str:
+    """``study.reference_moe``, else the headline's MoE (its second model)."""
+    return preset.study.get("reference_moe") or study_list(preset, "headline")[1]
+
+
+def reference_grid(preset: Preset) -> Grid:
+    """Notebook 04: the reference MoE at the preset's budget (a headline run)."""
+    return Grid([reference_moe(preset)], list(preset.seeds))
 
 
 def ablation_grid(preset: Preset) -> Grid:
@@ -76,7 +87,7 @@ def _lr_grids(preset: Preset) -> list[Grid]:
 NOTEBOOK_GRIDS: dict[str, Callable[[Preset], list[Grid]]] = {
     "02_routing_ablation": lambda p: [ablation_grid(p)],
     "03_headline_sweep": lambda p: [headline_grid(p)],
-    "04_routing_diagnostics": lambda p: [headline_grid(p)],
+    "04_routing_diagnostics": lambda p: [reference_grid(p)],
     "06_granularity_sweep": lambda p: [granularity_grid(p)],
     "07_iso_width": lambda p: [iso_width_grid(p)],
     "09_token_budget": _budget_grids,
@@ -91,5 +102,5 @@ def study_grids(preset: Preset, notebooks: Sequence[str]) -> list[Grid]:
     return [g for name in notebooks for g in NOTEBOOK_GRIDS.get(name, lambda p: [])(preset)]
 
 
-__all__ = ["study_grids", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid",
+__all__ = ["study_grids", "reference_moe", "reference_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid",
            "study_epochs", "study_list", "NOTEBOOK_GRIDS"]

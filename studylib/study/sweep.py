@@ -97,7 +97,6 @@ class _Job:
 class _Worker:
     """One job slot: a ``studylib train-worker`` process and the job it is training (if any)."""
 
-    slot: int
     proc: subprocess.Popen
     errlog: Path
     job: Optional[_Job] = None
@@ -216,7 +215,11 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
     if missing:
         from tqdm.auto import tqdm
 
-        datas = _load_datas(preset, missing, progress)  # once, before any worker starts
+        from studylib.run.data import DataMemo
+
+        datas = DataMemo(progress)
+        for j in missing:  # once, before any worker starts
+            datas.get(override(preset, j.overrides).data)
         missing.sort(key=lambda j: -_cost(preset, j, datas))
         bar = tqdm(total=total, initial=total - len(missing), unit="run", desc=f"{preset.name} runs",
                    disable=not progress, dynamic_ncols=True)
@@ -236,30 +239,13 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
     return frames
 
 
-def _load_datas(preset: Preset, jobs: Sequence[_Job], progress: bool) -> list:
-    """``[(data config, TokenData)]``: each distinct data section among the jobs, loaded (built
-    on first use) in this process."""
-    from studylib.run.data import load_data
-
-    datas = []
-    for j in jobs:
-        cfg = override(preset, j.overrides).data
-        if all(cfg != c for c, _ in datas):
-            datas.append((cfg, load_data(cfg, progress=progress)))
-    return datas
-
-
-def _data_for(cfg, datas):
-    return next(d for c, d in datas if c == cfg)
-
-
 def _cost(preset: Preset, job: _Job, datas) -> float:
     """A job's expected training cost for the queue order: optimizer steps x FLOPs per token."""
     from studylib.config.accounting import train_flops_per_token
     from studylib.run.optim import total_steps_for
 
     p = override(preset, job.overrides)
-    steps = total_steps_for(p.train, len(_data_for(p.data, datas).train_idx))
+    steps = total_steps_for(p.train, len(datas.get(p.data).train_idx))
     return steps * train_flops_per_token(p.model_config(job.model), p.data.context)
 
 
@@ -270,7 +256,7 @@ def _train_in_process(preset, missing, datas, bar, progress) -> None:
         bar.set_postfix_str(f"{job.model} seed{job.seed}")
         p = override(preset, job.overrides)
         try:
-            train_run(p, job.model, job.seed, run_dir=job.run_dir, progress=progress, data=_data_for(p.data, datas))
+            train_run(p, job.model, job.seed, run_dir=job.run_dir, progress=progress, data=datas.get(p.data))
         except Exception as e:
             raise SweepError(f"training {job.model} seed {job.seed} failed ({job.run_dir}): "
                              f"{type(e).__name__}: {e}") from e
@@ -288,7 +274,7 @@ def _start_worker(slot: int, params_file: str, threads: int, gpus: int, tmpdir: 
         proc = subprocess.Popen(worker_command(params_file, threads), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=err, env=env, text=True, bufsize=1, start_new_session=True,
                                 preexec_fn=die_with_parent)
-    return _Worker(slot, proc, errlog)
+    return _Worker(proc, errlog)
 
 
 def _assign(worker: _Worker, job: _Job) -> None:
@@ -318,7 +304,7 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the forked child
         pass
 
 
-def _collect(worker: _Worker) -> _Job:
+def _collect(worker: _Worker) -> None:
     """Read ``worker``'s reply to its job; raise :class:`SweepError` (naming the model, seed and
     log) unless the run finished."""
     job, line = worker.job, worker.proc.stdout.readline()
@@ -335,7 +321,6 @@ def _collect(worker: _Worker) -> _Job:
     if not RunDir(job.run_dir).finished():
         raise SweepError(f"training {job.model} seed {job.seed} ended without a finished summary; its log is "
                          f"{log}. Last lines:\n{_log_tail(log)}")
-    return job
 
 
 def _stop(workers: list) -> None:

@@ -43,19 +43,15 @@ def add_cli(parser) -> None:
 
 def run_cli(args) -> int:
     from studylib.config import load_preset, override
-    from studylib.run.data import load_data
+    from studylib.run.data import DataMemo
     from studylib.run.trainer import train_run
 
     preset = load_preset(args.params, [f"train.num_threads={args.threads}"] if args.threads > 0 else [])
-    datas: list = []  # [(data config, TokenData)]
+    datas = DataMemo(progress=False)
 
     def train(model: str, seed: int, run_dir: Path, overrides: Optional[Overrides] = None) -> dict:
         p = override(preset, overrides)
-        data = next((d for c, d in datas if c == p.data), None)
-        if data is None:
-            data = load_data(p.data, progress=False)
-            datas.append((p.data, data))
-        return train_run(p, model, seed, run_dir=run_dir, progress=False, data=data)
+        return train_run(p, model, seed, run_dir=run_dir, progress=False, data=datas.get(p.data))
 
     return serve(train)
 

@@ -431,3 +431,18 @@ def test_prepare_data_cli_json(tmp_path, monkeypatch, capsys):
            f"{s['val_targets']:,} target tokens" in out
     assert main(["prepare-data", "--params", str(p), "--set", "data.vocab_size=40000"]) == 2
     assert "data.vocab_size=40000" in capsys.readouterr().err
+
+
+def test_data_memo_loads_each_data_section_once(monkeypatch):
+    import dataclasses
+
+    from studylib.config import DataConfig
+    from studylib.run import data as D
+
+    loads = []
+    monkeypatch.setattr(D, "load_data", lambda cfg, progress=True: loads.append(cfg) or object())
+    memo = D.DataMemo(progress=False)
+    a, b = DataConfig(), dataclasses.replace(DataConfig(), context=65)
+    first = memo.get(a)
+    assert memo.get(dataclasses.replace(a)) is first  # an equal section: the same data, not reloaded
+    assert memo.get(b) is not first and loads == [a, b]
