@@ -2,6 +2,7 @@
 # jupyter:
 #   jupytext:
 #     formats: py:percent
+#     notebook_metadata_filter: studylib
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -9,6 +10,8 @@
 #     display_name: Python 3
 #     language: python
 #     name: python3
+#   studylib:
+#     run_alone: true
 # ---
 
 # %% [markdown]
@@ -19,6 +22,11 @@
 # parameters, but stores twice the FFN. Both are trained identically, with **every seed** of the
 # preset, and compared paired by seed (dense − MoE per seed: mean, 95% CI; resolved only when the CI
 # excludes 0). Seed 002 reports one run each: "Dense has the lower loss at every checkpoint".
+#
+# **Budget.** `study.iso_width_epochs` (default 1) times the preset's schedule, as runs of their own
+# (their own warmup and cosine to their own end); the budget used is printed below. The `cpu`
+# preset trains the pair for a quarter of its headline budget (the time limit: see its header);
+# `params/cpu_full.yaml` trains it for the full budget.
 #
 # Seed 002 also measured greedy decoding speed: batch 1, 32-token prompt, 64 new tokens, 5 timed
 # trials after 2 warm-ups, **without a KV cache**, and found the MoE 3.1x slower than dense. Here
@@ -36,20 +44,23 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 from IPython.display import Markdown, display
 
 from studylib.run.dist import resolve_device
-from studylib.study import frames, paper, plots, tables, text
+from studylib.study import frames, paper, plan, plots, tables, text
 from studylib.study.notebooks import notebook_context
 from studylib.tools import bench
-from studylib.study.sweep import ensure_runs
+from studylib.study.sweep import ensure_grid
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
 dense, moe = study["iso_width"]
-summaries = ensure_runs(preset, [dense, moe], seeds, jobs=ctx.jobs)
+epochs = plan.study_epochs(preset, "iso_width_epochs")
+grid = plan.iso_width_grid(preset)  # the pair x seeds at `epochs` (`studylib study` trains it up front)
+summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
 acct = tables.accounting_frame([preset.model_config(m) for m in (dense, moe)])
 assert acct.loc[moe, "d_model"] == acct.loc[dense, "d_model"]
 assert acct.loc[moe, "ffn_active"] == acct.loc[dense, "ffn_total"], "the MoE's active FFN must equal the dense FFN"
 tokens = int(summaries["tokens"].iloc[0])
-print(f"{dense} vs {moe}, seeds {seeds}, {tokens:,} target tokens each")
+print(f"{dense} vs {moe}, seeds {seeds}, {epochs:g} x the preset's schedule: "
+      f"{int(summaries['steps'].iloc[0]):,} optimizer steps, {tokens:,} target tokens each")
 
 # %% [markdown]
 # ## Losses (mean ± std over seeds) and the paired gap
@@ -68,7 +79,7 @@ fig = plots.intervals(gap, title=f"Iso-width: best val loss, dense − MoE ({len
                       xlabel="gap (nats); > 0: the MoE is better", outdir=out, name="iso_width_gap")
 
 # %%
-metrics = frames.collect_metrics(preset, [dense, moe], seeds)
+metrics = frames.collect_metrics(preset, [dense, moe], seeds, overrides=grid.overrides)
 fig = plots.val_curves(metrics, order=[dense, moe], title=f"Iso-width: validation loss ({len(seeds)} seeds)",
                        outdir=out, name="iso_width_val_loss")
 

@@ -20,7 +20,9 @@
 # (`study.lr_sweep.lrs`, at least 3 values including the preset's) with the first
 # `study.lr_sweep.seeds` seeds of the preset; `min_lr` keeps the preset's ratio to `lr` (1/10).
 # Everything else is the preset's recipe; the budget is `study.lr_sweep.epochs` times the preset's
-# schedule (at 1, the runs at the preset's own lr **are** the headline runs, reused).
+# schedule (at 1, the runs at the preset's own lr **are** the headline runs, reused). The `cpu`
+# preset sweeps at a quarter of the headline budget (its time limit), where the best lr tends to be
+# larger than at the full budget; `params/cpu_full.yaml` sweeps at the headline budget.
 #
 # **The rule, computed below.** A model's *best lr* is the grid lr with the lowest mean best
 # validation loss. The *cost* of another lr is its loss minus the best lr's, **paired by seed**
@@ -95,7 +97,7 @@ ranks = lr_sweep.ranking_check(runs, spec.preset_lr, rule.best)
 plots.save_table(ranks["pairs"], "lr_sweep_ranking", out, index=False)
 display(ranks["pairs"][["setting", "a", "b", "lr_a", "lr_b", "mean", "ci_low", "ci_high", "n", "resolved"]])
 display(Markdown(
-    lr_sweep.verdict(costs, rule, ranks) + "\n\n"
+    lr_sweep.verdict(costs, rule, ranks) + "\n\n" + lr_sweep.budget_caveat(spec) + "\n\n"
     + text.limits(len(spec.seeds), tokens[0], "The grid has "
                   f"{len(spec.lrs)} points: the optimum between them, beyond the grid's ends, and the best lr "
                   "for another budget, warmup or batch size are not measured; the best lr's mean is the lowest "

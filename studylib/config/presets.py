@@ -1,6 +1,7 @@
 """Presets: a YAML file (``params/*.yaml``) with the sections ``data``, ``train``, ``model``
 (defaults shared by every model), ``models`` (named variants: a partial model config, or a
-``derive`` rule solved by :mod:`studylib.config.derive`), ``seeds`` and ``study`` (notebook knobs).
+``derive`` rule solved by :mod:`studylib.config.derive`), ``seeds`` and ``study`` (notebook knobs);
+optionally ``extends: base.yaml`` (:func:`read_preset_file`).
 
 Loading applies the environment (``STUDYLIB_DATA_DIR``, ``STUDYLIB_CACHE_DIR``) and ``--set``
 overrides (:func:`override`, the one implementation), and validates everything. Torch-free.
@@ -107,7 +108,16 @@ def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
 
 
 def load_preset(path: str | os.PathLike, overrides: Overrides = None) -> Preset:
-    """Load a preset YAML file, apply ``key.sub=value`` overrides, validate everything."""
+    """Load a preset YAML file (following ``extends``: :func:`read_preset_file`), apply
+    ``key.sub=value`` overrides, validate everything."""
+    return preset_from_dict(apply_overrides(read_preset_file(path), overrides), str(path))
+
+
+def read_preset_file(path: str | os.PathLike, _chain: tuple = ()) -> dict:
+    """The raw mapping of a preset file. ``extends: other.yaml`` (a path relative to this file)
+    starts from that preset's mapping and merges this file's keys into it: mappings key by key,
+    everything else (lists, numbers, strings) replaced. So a longer variant of a preset states
+    only what it changes (``params/cpu_full.yaml``)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: preset file not found (presets live in params/*.yaml)")
@@ -117,7 +127,22 @@ def load_preset(path: str | os.PathLike, overrides: Overrides = None) -> Preset:
         raise ConfigError(f"{path}: not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {_first_line(e)}") from None
-    return preset_from_dict(apply_overrides(raw or {}, overrides), str(path))
+    raw = raw or {}
+    if not isinstance(raw, dict) or "extends" not in raw:
+        return raw
+    raw = dict(raw)
+    base = raw.pop("extends")
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: extends: expected the path of another preset file (relative to this "
+                          f"one), got {base!r}")
+    base_path = (path.parent / base).resolve()
+    chain = (*_chain, path.resolve())
+    if base_path in chain:
+        cycle = " -> ".join(p.name for p in (*chain, base_path))
+        raise ConfigError(f"{path}: extends: the presets extend each other in a cycle ({cycle})")
+    if not base_path.is_file():
+        raise ConfigError(f"{path}: extends: {base!r} not found (looked for {base_path})")
+    return deep_merge(read_preset_file(base_path, chain), raw)
 
 
 Overrides = Union[None, Sequence[str], Mapping[str, Any]]

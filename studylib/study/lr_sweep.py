@@ -115,11 +115,13 @@ def sweep_spec(preset: Preset) -> SweepSpec:
 
 
 def lr_overrides(preset: Preset, lr: float) -> dict:
-    """``train.lr`` and ``train.min_lr`` for one grid lr: ``min_lr`` keeps the preset's ratio to
-    ``lr``; at the preset's own lr both are the preset's exact values (so its runs are reused)."""
+    """``train.lr`` and ``train.min_lr`` for one grid lr (``min_lr`` keeps the preset's ratio to
+    ``lr``); none at the preset's own lr, so the runs there are the preset's own runs at the
+    sweep's budget, in the same directories as every other grid's at that budget (the headline
+    runs at one epoch; at a shorter budget, e.g. the routing ablation's reference MoE)."""
     t = preset.train
     if lr == t.lr:
-        return {"train.lr": t.lr, "train.min_lr": t.min_lr}
+        return {}
     return {"train.lr": lr, "train.min_lr": lr * (t.min_lr / t.lr)}
 
 
@@ -310,6 +312,19 @@ def _cost_phrase(row, tolerance: float) -> str:
     return f"{row['mean']:+.4f}{ci}: {where} (tolerance {tolerance:g} nats)"
 
 
+def budget_caveat(spec: SweepSpec) -> str:
+    """What a sweep at a budget other than the headline's (``spec.epochs != 1``) does not show;
+    empty at the headline budget."""
+    if spec.epochs == 1:
+        return ""
+    longer = "longer" if spec.epochs < 1 else "shorter"
+    return (f"**Budget:** this sweep trained {spec.epochs:g} × the headline budget, so its rule is the rule at "
+            f"that budget. The headline runs train {1 / spec.epochs:g} times {longer}, and the best lr of a "
+            f"schedule tends to {'fall' if spec.epochs < 1 else 'rise'} as it gets {longer}: a best lr above "
+            "the preset's here does not show that the headline runs should use it. A preset with "
+            "`study.lr_sweep.epochs: 1` sweeps at the headline budget (for `cpu`: `params/cpu_full.yaml`).")
+
+
 def verdict(costs: pd.DataFrame, rule: Rule, ranks: dict) -> str:
     """The rule and the fairness check in sentences, computed from :func:`lr_costs`,
     :func:`decide` and :func:`ranking_check`."""
@@ -362,5 +377,5 @@ def verdict(costs: pd.DataFrame, rule: Rule, ranks: dict) -> str:
     return "\n\n".join(out) + "\n\n" + "\n".join(lines)
 
 
-__all__ = ["DEFAULT_TOLERANCE", "SweepSpec", "Rule", "sweep_spec", "lr_overrides", "run_overrides",
+__all__ = ["DEFAULT_TOLERANCE", "SweepSpec", "Rule", "budget_caveat", "sweep_spec", "lr_overrides", "run_overrides",
            "sweep_grids", "ensure_sweep", "loss_table", "best_lrs", "lr_costs", "decide", "ranking_check", "verdict"]

@@ -1,16 +1,29 @@
-"""Run the study: execute the notebooks in order with papermill, then one HTML report.
+"""Run the study: train its runs, execute the notebooks with papermill, then one HTML report.
 
-``python -m studylib study --params params/cpu.yaml [--notebooks 01 03] [--jobs N] [--no-report]
-[--timeout S] [-p NAME VALUE ...]``: each ``notebooks/NN_*.py`` (Jupytext ``py:percent``) is
-converted to a notebook, executed with papermill (kernel ``python3``, working directory = the
-repository root, parameters ``params`` and ``jobs`` injected after the cell tagged ``parameters``,
-plus each ``-p NAME VALUE`` whose NAME that notebook's parameters cell declares; VALUE is parsed as
-YAML, like papermill's ``-y``) and written to ``outputs/<preset>/notebooks/NN_*.ipynb``. A failing
-notebook stops the study with a message naming the notebook, the failing cell and the error (the
-partly executed notebook is kept). Then,
-unless ``--no-report``, the executed notebooks are stitched into ``outputs/<preset>/report.html``
-(:mod:`studylib.study.report`: code hidden, figures embedded). While a notebook runs, the terminal shows which runs train,
-their step and ETA (:mod:`studylib.study.watch`); kernels talk over local IPC sockets.
+``python -m studylib study --params params/cpu.yaml [--notebooks 01 03] [--jobs N] [--notebook-jobs N]
+[--no-report] [--timeout S] [-p NAME VALUE ...]``: first the runs the selected notebooks read are
+trained in one queue (:func:`train_study_runs`, ``--jobs`` processes). Then the notebook phase:
+each ``notebooks/NN_*.py`` (Jupytext ``py:percent``) is converted to a notebook, executed with
+papermill (kernel ``python3``, working directory = the repository root, parameters ``params`` and
+``jobs`` injected after the cell tagged ``parameters``, plus each ``-p NAME VALUE`` whose NAME that
+notebook's parameters cell declares; VALUE is parsed as YAML, like papermill's ``-y``) and written
+to ``outputs/<preset>/notebooks/NN_*.ipynb``.
+
+Up to ``--notebook-jobs`` notebooks execute at a time (default: 2, or 1 on a one-core machine),
+each in its own kernel, started by a worker thread in file order. Most notebooks are a kernel
+start, imports and plotting on one core, so two at a time roughly halve this phase on two cores.
+A notebook that times something (its Jupytext header holds ``studylib: {run_alone: true}``, e.g.
+05_throughput's benchmarks) runs alone: it starts once the running notebooks have finished, and
+nothing starts beside it. The terminal shows one line when a notebook starts and one when it
+finishes; papermill's per-cell progress bar only with ``--notebook-jobs 1``.
+
+A failing notebook stops the study: nothing new starts, the running notebooks finish, and the
+first failure in file order is raised with a message naming the notebook, the failing cell and the
+error (the partly executed notebook is kept). Ctrl+C ends the running kernels. Then, unless
+``--no-report``, the executed notebooks are stitched into ``outputs/<preset>/report.html``
+(:mod:`studylib.study.report`: code hidden, figures embedded). While the notebooks run, the
+terminal shows which runs train, their step and ETA (:mod:`studylib.study.watch`); kernels talk
+over local IPC sockets, each in its own private folder.
 
 Notebooks call :func:`notebook_context` first: it finds the repository root (so a notebook runs
 from any working directory, e.g. nbval's, which is the notebook's folder), loads the preset,
@@ -28,8 +41,10 @@ from __future__ import annotations
 import ast
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,7 +56,7 @@ from studylib.config import ConfigError, load_preset
 from studylib.run.rundir import outputs_root
 from studylib.study.parameters import apply_parameters
 from studylib.study.report import KERNEL, write_report
-from studylib.study.sweep import default_jobs
+from studylib.study.sweep import available_cores, default_jobs
 
 NOTEBOOK_RE = re.compile(r"^(\d\d)_.+\.py$")
 
@@ -188,13 +203,18 @@ def ipc_kernel_manager():
 
 
 def execute_notebook(py_path: os.PathLike, out_path: os.PathLike, parameters: dict, cwd: os.PathLike,
-                     timeout: Optional[float] = None, progress: bool = True) -> float:
-    """Convert and execute one notebook; returns seconds. Raises :class:`StudyError` on failure."""
+                     timeout: Optional[float] = None, progress: bool = True, kernel_manager_class=None) -> float:
+    """Convert and execute one notebook; returns seconds. Raises :class:`StudyError` on failure.
+
+    The kernel starts in ``cwd``; the process's own working directory is left alone (papermill's
+    ``cwd`` would change it for the whole process, which notebooks executing in other threads
+    share). ``kernel_manager_class``: default :func:`ipc_kernel_manager`. Safe to call from
+    several threads at once: each thread runs its kernel in its own event loop."""
     import nbformat
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
-    py_path, out_path = Path(py_path), Path(out_path)
+    py_path, out_path = Path(py_path), Path(out_path).resolve()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     nb = to_ipynb(py_path)
     t0 = time.perf_counter()
@@ -202,15 +222,73 @@ def execute_notebook(py_path: os.PathLike, out_path: os.PathLike, parameters: di
         src = Path(tmp) / (py_path.stem + ".ipynb")
         nbformat.write(nb, str(src))
         try:
+            # resources.metadata.path: nbclient starts the kernel there
             pm.execute_notebook(str(src), str(out_path), parameters=parameters, kernel_name=KERNEL,
-                                cwd=str(cwd), progress_bar=progress, execution_timeout=timeout,
-                                log_output=False, kernel_manager_class=ipc_kernel_manager())
+                                resources={"metadata": {"path": str(Path(cwd).resolve())}},
+                                progress_bar=progress, execution_timeout=timeout, log_output=False,
+                                kernel_manager_class=kernel_manager_class or ipc_kernel_manager())
         except PapermillExecutionError as e:
             raise StudyError(_failure_message(py_path.name, e, out_path)) from None
         except Exception as e:  # kernel died, timeout, bad notebook ...
             raise StudyError(f"notebook {py_path.name} failed: {type(e).__name__}: {e}\n"
                              f"  the partly executed notebook is {out_path}") from None
     return time.perf_counter() - t0
+
+
+def run_alone(py_path: os.PathLike) -> bool:
+    """Whether a notebook must execute with no other notebook's kernel beside it: its Jupytext
+    header holds ``studylib: {run_alone: true}`` (a notebook that times things, which a second
+    kernel on the same cores would slow down). Anything else under ``studylib`` is a
+    :class:`ConfigError` naming the file."""
+    import jupytext
+
+    meta = jupytext.read(str(py_path)).metadata.get("studylib", {})
+    if not isinstance(meta, dict) or set(meta) - {"run_alone"} \
+            or not isinstance(meta.get("run_alone", False), bool):
+        raise ConfigError(f"{py_path}: header metadata studylib: expected {{run_alone: true}} or "
+                          f"{{run_alone: false}}, got {meta!r}")
+    return meta.get("run_alone", False)
+
+
+class _Kernels:
+    """The kernels of the notebooks executing now, by process group, so that Ctrl+C can end them:
+    a worker thread waits on its kernel inside its own event loop, and only the kernel's end ends
+    that wait early. ``manager_class`` is :func:`ipc_kernel_manager`'s class, recording its kernel
+    from start to clean-up."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._groups: set = set()
+        kernels, base = self, ipc_kernel_manager()
+
+        class TrackedKernelManager(base):
+            async def start_kernel(self, **kw):
+                await super().start_kernel(**kw)
+                self._studylib_pgid = getattr(self.provisioner, "pgid", None)
+                kernels._update(add=self._studylib_pgid)
+
+            async def cleanup_resources(self, restart: bool = False) -> None:
+                if not restart:
+                    kernels._update(discard=getattr(self, "_studylib_pgid", None))
+                await super().cleanup_resources(restart=restart)
+
+        self.manager_class = TrackedKernelManager
+
+    def _update(self, add=None, discard=None) -> None:
+        with self._lock:
+            if add:
+                self._groups.add(add)
+            self._groups.discard(discard)
+
+    def stop(self) -> None:
+        """SIGTERM to each running kernel's process group (the kernel and what it started)."""
+        with self._lock:
+            groups = sorted(self._groups)
+        for pgid in groups:
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _study_params(params: str, root: Path) -> tuple:
@@ -227,22 +305,62 @@ def _study_params(params: str, root: Path) -> tuple:
         return preset, str(abs_params.resolve())
 
 
+def _may_start(alone: bool, running_alone: Sequence[bool], notebook_jobs: int) -> bool:
+    """Whether the next notebook (``alone``: it runs alone) may start beside the running ones."""
+    if not running_alone:
+        return True
+    return len(running_alone) < notebook_jobs and not alone and not any(running_alone)
+
+
 def _execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path, timeout, progress,
-                 echo, t_start: float) -> dict:
-    """Execute ``nbs`` in order into ``nb_out`` (``parameters``: ``{notebook: its parameters}``);
-    ``{stem: seconds}``."""
+                 echo, t_start: float, notebook_jobs: int = 1, alone: Optional[Mapping[Path, bool]] = None) -> dict:
+    """Execute ``nbs`` into ``nb_out`` (``parameters``: ``{notebook: its parameters}``), at most
+    ``notebook_jobs`` at a time, each from a worker thread, started in file order; a notebook with
+    ``alone[notebook]`` (default :func:`run_alone`) waits for the running ones to finish and runs
+    with nothing beside it. After a failure nothing new starts; once the running ones have
+    finished, the first failure in file order is raised. ``{stem: seconds}`` in file order."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
     from studylib.study.watch import RunWatcher
 
+    alone = dict(alone) if alone is not None else {py: run_alone(py) for py in nbs}
+    bar = progress and notebook_jobs == 1  # interleaved progress bars are unreadable
+    n, todo = len(nbs), list(enumerate(nbs, 1))
     times: dict = {}
-    tty = progress and sys.stderr.isatty()
-    for i, py in enumerate(nbs, 1):
-        echo(f"[{i}/{len(nbs)}] {py.name} ...")
-        with RunWatcher(nb_out.parent / "runs", echo, tty=tty):  # runs in flight, step, ETA
-            times[py.stem] = execute_notebook(py, nb_out / (py.stem + ".ipynb"), parameters[py], root, timeout,
-                                              progress)
-        echo(f"[{i}/{len(nbs)}] {py.name} done in {times[py.stem]:.1f} s "
-             f"(total {time.perf_counter() - t_start:.1f} s)")
-    return times
+    failed: dict = {}  # file position -> StudyError
+    running: dict = {}  # future -> (file position, notebook)
+    kernels = _Kernels()
+    pool = ThreadPoolExecutor(max_workers=notebook_jobs, thread_name_prefix="studylib-notebook")
+    try:
+        with RunWatcher(nb_out.parent / "runs", echo, tty=progress and sys.stderr.isatty()):  # runs, step, ETA
+            while running or (todo and not failed):
+                while todo and not failed and _may_start(alone[todo[0][1]], [alone[py] for _, py in running.values()],
+                                                         notebook_jobs):
+                    i, py = todo.pop(0)
+                    echo(f"[{i}/{n}] {py.name} ..." + (" (alone)" if alone[py] and notebook_jobs > 1 else ""))
+                    fut = pool.submit(execute_notebook, py, nb_out / (py.stem + ".ipynb"), parameters[py], root,
+                                      timeout, bar, kernels.manager_class)
+                    running[fut] = (i, py)
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in sorted(done, key=lambda f: running[f][0]):
+                    i, py = running.pop(fut)
+                    try:
+                        times[py.stem] = fut.result()
+                    except Exception as e:  # a StudyError (execute_notebook wraps what fails in papermill)
+                        failed[i] = e
+                        echo(f"[{i}/{n}] {py.name} failed" + (f"; waiting for {len(running)} running notebook(s) to "
+                                                              "finish" if running else ""))
+                        continue
+                    echo(f"[{i}/{n}] {py.name} done in {times[py.stem]:.1f} s "
+                         f"(total {time.perf_counter() - t_start:.1f} s)")
+    except BaseException:  # Ctrl+C (or a bug here): end the kernels, so that their threads end too
+        kernels.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if failed:
+        raise failed[min(failed)]
+    return {py.stem: times[py.stem] for py in nbs}
 
 
 def _check_parameters(nbs: Sequence[Path], parameters: Mapping[str, Any], jobs) -> tuple[dict, dict, Any]:
@@ -269,9 +387,11 @@ def _check_parameters(nbs: Sequence[Path], parameters: Mapping[str, Any], jobs) 
 def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Optional[int] = None,
               report: bool = True, timeout: Optional[float] = None, notebook_dir: Optional[os.PathLike] = None,
               root: Optional[os.PathLike] = None, progress: bool = True, echo=None,
-              parameters: Optional[Mapping[str, Any]] = None) -> dict:
-    """Execute the selected notebooks in order (see the module docstring); returns
-    ``{"notebooks": {name: seconds}, "report": path or None, "total_s": seconds}``.
+              parameters: Optional[Mapping[str, Any]] = None, notebook_jobs: Optional[int] = None) -> dict:
+    """Train the selected notebooks' runs, then execute the notebooks, ``notebook_jobs`` at a time
+    (default: ``min(2, available cores)``; see the module docstring); returns
+    ``{"notebooks": {name: seconds} in file order, "runs_s": seconds, "report": path or None,
+    "total_s": seconds}``.
 
     ``parameters`` (``-p NAME VALUE``): passed to each notebook whose parameters cell declares
     NAME; a NAME no selected notebook declares is an error naming the allowed ones. ``seeds`` and
@@ -286,6 +406,8 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     if not nbs:
         raise ConfigError(f"no notebooks (NN_*.py) in {nb_dir}")
     declared, extra, jobs = _check_parameters(nbs, parameters, jobs)
+    notebook_jobs = _check_notebook_jobs(notebook_jobs)
+    alone = {py: run_alone(py) for py in nbs}  # a bad header fails before any run trains
     preset, ov = apply_parameters(preset, extra.get("seeds"), extra.get("overrides"))
     out = root / outputs_root(preset) / preset.name  # where notebook_context puts it too
     echo(f"study {preset.name!r}: {len(nbs)} notebook(s) -> {out / 'notebooks'}"
@@ -293,7 +415,11 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     per_notebook = {py: {"params": param_arg, "jobs": jobs, **{k: v for k, v in extra.items() if k in declared[py]}}
                     for py in nbs}
     runs_s = train_study_runs(preset, nbs, jobs, root, progress, echo)
-    times = _execute_all(nbs, out / "notebooks", per_notebook, root, timeout, progress, echo, t_start)
+    lone = [py.name.split("_")[0] for py in nbs if alone[py]]
+    echo(f"notebooks: {min(notebook_jobs, len(nbs))} at a time"
+         + (f"; {', '.join(lone)} alone (run_alone in the header)" if lone and notebook_jobs > 1 else ""))
+    times = _execute_all(nbs, out / "notebooks", per_notebook, root, timeout, progress, echo, t_start,
+                         notebook_jobs, alone)
     report_path = None
     if report:
         executed = [out / "notebooks" / (stem + ".ipynb") for stem in times]
@@ -303,6 +429,16 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     echo(f"study {preset.name!r} finished in {total:.1f} s: runs {runs_s:.1f} s, "
          + ", ".join(f"{k.split('_')[0]} {v:.1f} s" for k, v in times.items()))
     return {"notebooks": times, "runs_s": runs_s, "report": report_path, "total_s": total}
+
+
+def _check_notebook_jobs(notebook_jobs) -> int:
+    """``notebook_jobs``, or its default ``min(2, available cores)``; not a positive integer: a
+    :class:`ConfigError`."""
+    if notebook_jobs is None:
+        return min(2, available_cores())
+    if isinstance(notebook_jobs, bool) or not isinstance(notebook_jobs, int) or notebook_jobs < 1:
+        raise ConfigError(f"notebook_jobs: must be a positive integer, got {notebook_jobs!r}")
+    return notebook_jobs
 
 
 def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Path, progress: bool, echo) -> float:
@@ -341,10 +477,14 @@ def add_cli(parser) -> None:
                         help="only these notebooks (numbers like 01 03, or names); default: all")
     parser.add_argument("--jobs", type=T.positive_int, default=None,
                         help="parallel training processes (default: the preset's study.jobs)")
+    parser.add_argument("--notebook-jobs", type=T.positive_int, default=None, metavar="N",
+                        help="notebooks executed at a time, after the runs trained (default: 2, or 1 on one "
+                             "core); a notebook marked run_alone in its header always runs alone")
     parser.add_argument("--no-report", action="store_true", help="skip outputs/<preset>/report.html")
     parser.add_argument("--timeout", type=T.positive_float, default=None, metavar="S",
                         help="per-cell execution timeout in seconds (default: none)")
-    parser.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars (papermill's per-cell bar shows with --notebook-jobs 1 only)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="a notebook parameter, repeatable; VALUE is parsed as YAML (as papermill -y). "
                              "Every notebook takes seeds (e.g. 1337-1346 or [1,2]) and overrides "
@@ -369,7 +509,8 @@ def run_cli(args) -> int:
         raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
     try:
         run_study(args.params, args.notebooks, args.jobs, report=not args.no_report, timeout=args.timeout,
-                  progress=not args.no_progress, parameters=cli_parameters(args.parameter))
+                  progress=not args.no_progress, parameters=cli_parameters(args.parameter),
+                  notebook_jobs=args.notebook_jobs)
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -66,8 +66,9 @@ def granularity_grid(preset: Preset) -> Grid:
 
 
 def iso_width_grid(preset: Preset) -> Grid:
-    """Notebook 07: the iso-width pair at the preset's budget."""
-    return Grid(study_list(preset, "iso_width"), list(preset.seeds))
+    """Notebook 07: the iso-width pair at ``study.iso_width_epochs``."""
+    return Grid(study_list(preset, "iso_width"), list(preset.seeds),
+                budget_overrides(preset, study_epochs(preset, "iso_width_epochs")))
 
 
 def _budget_grids(preset: Preset) -> list[Grid]:

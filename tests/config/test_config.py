@@ -108,7 +108,7 @@ def test_overrides_and_env(tmp_path, monkeypatch):
         load_preset(tmp_path / "nope.yaml")
 
 
-@pytest.mark.parametrize("name", ["paper", "cpu", "ci"])
+@pytest.mark.parametrize("name", ["paper", "cpu", "cpu_full", "ci"])
 def test_shipped_presets_resolve_every_model(name):
     path = ROOT / "params" / f"{name}.yaml"
     if not path.exists():
@@ -145,3 +145,49 @@ def test_expert_init_option():
     assert p.model_config("m").expert_init == "normal" and p.model_config("f").expert_init == "fan_in"
     assert "expert_init" not in run_identity(p, p.model_config("m"), "m", 1)["model"]
     assert run_identity(p, p.model_config("f"), "f", 1)["model"]["expert_init"] == "fan_in"
+
+
+def test_extends_merges_mappings_and_replaces_the_rest(tmp_path):
+    """A preset that ``extends`` another starts from it: mappings merge key by key, lists and
+    scalars are replaced, and the child's relative paths (extends, data_dir) are its own."""
+    params = tmp_path / "params"
+    (params / "more").mkdir(parents=True)
+    (params / "base.yaml").write_text(yaml.safe_dump({
+        "name": "base", "seeds": [1, 2, 3], "train": {"lr": 1e-2, "max_steps": 10},
+        "models": {"m": {"d_model": 32, "n_heads": 2, "n_kv_heads": 1}},
+        "study": {"lr_sweep": {"lrs": [1e-3, 1e-2, 1e-1], "seeds": 2, "epochs": 0.25}, "trios": [1, 2]}}))
+    (params / "more" / "long.yaml").write_text(yaml.safe_dump({
+        "extends": "../base.yaml", "name": "long", "seeds": [7, 8], "train": {"max_steps": 40},
+        "study": {"lr_sweep": {"epochs": 1.0}, "trios": [3]}}))
+    base, long = load_preset(params / "base.yaml"), load_preset(params / "more" / "long.yaml")
+    assert (long.name, long.seeds, long.train.max_steps, long.train.lr) == ("long", (7, 8), 40, 1e-2)
+    assert long.study == {"lr_sweep": {"lrs": [1e-3, 1e-2, 1e-1], "seeds": 2, "epochs": 1.0}, "trios": [3]}
+    assert long.models == base.models and base.train.max_steps == 10
+
+
+def test_extends_errors_name_the_file_and_what_was_expected(tmp_path):
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\nname: a\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\nname: b\n")
+    with pytest.raises(ConfigError, match=r"b\.yaml: extends: the presets extend each other in a cycle "
+                                          r"\(a\.yaml -> b\.yaml -> a\.yaml\)"):
+        load_preset(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: nope.yaml\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: extends: 'nope\.yaml' not found"):
+        load_preset(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("extends: [a.yaml]\n")
+    with pytest.raises(ConfigError, match=r"d\.yaml: extends: expected the path of another preset file"):
+        load_preset(tmp_path / "d.yaml")
+
+
+def test_cpu_full_is_cpu_with_longer_study_budgets_only():
+    """params/cpu_full.yaml trains the same models with the same recipe, data and seeds as cpu; only
+    its name and study budgets differ (so its header's claim holds)."""
+    cpu, full = load_preset(ROOT / "params" / "cpu.yaml"), load_preset(ROOT / "params" / "cpu_full.yaml")
+    assert (full.data, full.train, full.model, full.models, full.seeds) == \
+        (cpu.data, cpu.train, cpu.model, cpu.models, cpu.seeds)
+    assert full.name == "cpu_full" != cpu.name
+    changed = {k for k in set(cpu.study) | set(full.study) if cpu.study.get(k) != full.study.get(k)}
+    assert changed == {"ablation_epochs", "granularity_epochs", "iso_width_epochs", "lr_sweep", "token_budget"}
+    for k in ("ablation_epochs", "granularity_epochs", "iso_width_epochs"):
+        assert cpu.study[k] < full.study[k] == 1.0
+    assert full.study["lr_sweep"] == {**cpu.study["lr_sweep"], "epochs": 1.0}

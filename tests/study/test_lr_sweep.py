@@ -133,7 +133,7 @@ def test_sweep_spec_reads_and_checks_the_knob():
 
 def test_lr_overrides_keep_the_min_lr_ratio_and_the_preset_values_exactly():
     p = _preset({"lrs": list(LRS), "seeds": 2, "epochs": 1})
-    assert L.lr_overrides(p, p.train.lr) == {"train.lr": p.train.lr, "train.min_lr": p.train.min_lr}
+    assert L.lr_overrides(p, p.train.lr) == {}
     ov = L.lr_overrides(p, 1e-2)
     assert ov["train.lr"] == 1e-2 and ov["train.min_lr"] == pytest.approx(1e-3)
 
@@ -165,3 +165,29 @@ def test_ensure_sweep_reuses_the_preset_runs_at_its_own_lr(tmp_path, monkeypatch
     assert (df["best_val_loss"] == 3.0 + df["lr"]).all()
     base = RunDir.of(p, "dense", 1).path
     assert base in dirs and base.parent.name == "dense"
+
+
+def test_a_shorter_sweep_shares_the_preset_lr_runs_with_other_grids_of_its_budget(tmp_path, monkeypatch):
+    """At a quarter budget the sweep's runs at the preset's lr are the same directories as any
+    other grid's at that budget (e.g. the routing ablation's reference MoE): trained once."""
+    from studylib.study.sweep import budget_overrides
+
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
+    p = tiny_preset(study={"headline": ["dense", "moe"], "lr_sweep": {"lrs": list(LRS), "seeds": 2, "epochs": 0.25}},
+                    train={"lr": 3e-3, "min_lr": 3e-4, "max_steps": 40}, seeds=[1, 2, 3])
+    spec = L.sweep_spec(p)
+    quarter = budget_overrides(p, 0.25)
+    assert quarter == {"train.max_steps": 10}
+    for m in ("dense", "moe"):
+        own = RunDir.variant(p, m, 1, L.run_overrides(p, spec, p.train.lr)).path
+        assert own == RunDir.variant(p, m, 1, quarter).path != RunDir.of(p, m, 1).path
+        other = RunDir.variant(p, m, 1, L.run_overrides(p, spec, 1e-2)).path
+        assert other not in (own, RunDir.of(p, m, 1).path)
+
+
+def test_budget_caveat_only_away_from_the_headline_budget():
+    full = L.sweep_spec(_preset({"lrs": list(LRS), "seeds": 2, "epochs": 1}))
+    quarter = L.sweep_spec(_preset({"lrs": list(LRS), "seeds": 2, "epochs": 0.25}))
+    assert L.budget_caveat(full) == ""
+    note = L.budget_caveat(quarter)
+    assert "0.25 × the headline budget" in note and "4 times longer" in note and "tends to fall" in note

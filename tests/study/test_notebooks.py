@@ -205,6 +205,205 @@ def test_importing_plots_leaves_matplotlib_alone():
 
 
 # --------------------------------------------------------------------------------------------
+# the notebook phase: several notebooks at a time, run-alone notebooks, failures
+# --------------------------------------------------------------------------------------------
+def _timed(name: str, *, wait_for=(), sleep=0.0, fail=False, alone=False) -> str:
+    """A notebook that writes ``stamps/<name>.start`` when its cell starts, waits (at most 30 s)
+    until the notebooks ``wait_for`` have started, sleeps ``sleep`` s, writes ``stamps/<name>.end``
+    (wall-clock times), then raises if ``fail``. ``alone``: marked run_alone in its header."""
+    header = HEADER[:-len("# ---\n")] + ("#   studylib:\n#     run_alone: true\n" if alone else "") + "# ---\n"
+    return header + textwrap.dedent(f"""\
+
+        # %% tags=["parameters"]
+        params = "params/other.yaml"
+        jobs = None
+
+        # %%
+        import pathlib, time
+        stamps = pathlib.Path("stamps")  # the kernel runs in the repository root
+        stamps.mkdir(exist_ok=True)
+        (stamps / "{name}.start").write_text(repr(time.time()))
+        deadline = time.time() + 30
+        while time.time() < deadline and not all((stamps / (p + ".start")).exists() for p in {list(wait_for)!r}):
+            time.sleep(0.05)
+        time.sleep({sleep})
+        (stamps / "{name}.end").write_text(repr(time.time()))
+        if {fail}:
+            raise RuntimeError("{name} broke")
+        """)
+
+
+def _write_timed(repo, **notebooks) -> None:
+    """Replace the repository's notebooks by ``{stem: _timed source}``."""
+    for old in (repo / "notebooks").glob("*.py"):
+        old.unlink()
+    for stem, source in notebooks.items():
+        (repo / "notebooks" / (stem + ".py")).write_text(source)
+
+
+def _stamps(repo) -> dict:
+    """``{notebook: (start, end or None)}`` from the stamps its cell wrote."""
+    out = {}
+    for start in sorted((repo / "stamps").glob("*.start")):
+        end = start.with_suffix(".end")
+        out[start.stem] = (float(start.read_text()), float(end.read_text()) if end.exists() else None)
+    return out
+
+
+def _overlap(a, b) -> bool:
+    return max(a[0], b[0]) < min(a[1], b[1])
+
+
+def _study(repo, lines, **kw):
+    return study.run_study(str(repo / "params" / "t.yaml"), jobs=3, root=repo, report=False, progress=False,
+                           echo=lines.append, **kw)
+
+
+def test_two_notebooks_run_at_once_and_times_stay_in_file_order(repo, monkeypatch, tmp_path_factory):
+    """notebook_jobs=2: two kernels at once (their cells overlap: each waits for the other to
+    start); 01 finishes after 02, yet ``times`` and the report order stay in file order; the
+    process's working directory is left alone."""
+    elsewhere = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(elsewhere)
+    _write_timed(repo, **{"01_a": _timed("01_a", wait_for=["02_b"], sleep=2.0),
+                          "02_b": _timed("02_b", wait_for=["01_a"]),
+                          "03_c": _timed("03_c")})
+    lines = []
+    res = _study(repo, lines, notebook_jobs=2)
+    st = _stamps(repo)
+    assert _overlap(st["01_a"], st["02_b"]), st
+    assert st["02_b"][1] < st["01_a"][1] and st["02_b"][1] <= st["03_c"][0]  # 03 waits for a free kernel
+    assert list(res["notebooks"]) == ["01_a", "02_b", "03_c"]
+    done = [ln.split()[1] for ln in lines if " done in " in ln]
+    assert done[0] == "02_b.py" and sorted(done) == ["01_a.py", "02_b.py", "03_c.py"], lines  # out of file order
+    assert [ln for ln in lines if ln.endswith(" ...")] == ["[1/3] 01_a.py ...", "[2/3] 02_b.py ...",
+                                                           "[3/3] 03_c.py ..."]
+    assert os.getcwd() == str(elsewhere)
+
+
+def test_a_run_alone_notebook_overlaps_no_other(repo):
+    """03 is marked run_alone: it starts after 01 and 02 have finished, and 04 starts after it."""
+    _write_timed(repo, **{"01_a": _timed("01_a", wait_for=["02_b"], sleep=1.0),
+                          "02_b": _timed("02_b", wait_for=["01_a"], sleep=1.0),
+                          "03_alone": _timed("03_alone", sleep=1.5, alone=True),
+                          "04_d": _timed("04_d", sleep=1.0),
+                          "05_e": _timed("05_e", sleep=1.0)})
+    lines = []
+    res = _study(repo, lines, notebook_jobs=2)
+    st = _stamps(repo)
+    assert set(st) == {"01_a", "02_b", "03_alone", "04_d", "05_e"}
+    assert _overlap(st["01_a"], st["02_b"])
+    for other in ("01_a", "02_b", "04_d", "05_e"):
+        assert not _overlap(st["03_alone"], st[other]), (other, st)
+    assert list(res["notebooks"]) == ["01_a", "02_b", "03_alone", "04_d", "05_e"]
+    assert "[3/5] 03_alone.py ... (alone)" in lines and "notebooks: 2 at a time; 03 alone (run_alone in the header)" \
+        in lines
+
+
+def test_the_timing_notebooks_are_marked_run_alone():
+    """The real notebooks: those that time things (05 benchmarks, 07 times greedy decoding)."""
+    nbs = study.find_notebooks(Path(__file__).parents[2] / "notebooks")
+    assert [p.name for p in nbs if study.run_alone(p)] == ["05_throughput.py", "07_iso_width.py"]
+
+
+def test_run_alone_header_errors_name_the_file(repo):
+    bad = repo / "notebooks" / "04_bad.py"
+    bad.write_text(_timed("x").replace("# ---\n\n", "#   studylib:\n#     run_alone: yes please\n# ---\n\n", 1))
+    with pytest.raises(study.ConfigError, match=r"04_bad.py: header metadata studylib: expected \{run_alone: true\}"):
+        study.run_alone(bad)
+    with pytest.raises(study.ConfigError, match="04_bad.py"):  # before any run trains or kernel starts
+        study.run_study(str(repo / "params" / "t.yaml"), root=repo, report=False, progress=False,
+                        echo=lambda m: None)
+    assert not (repo / "outputs" / "t" / "notebooks").exists()
+
+
+def test_after_a_failure_nothing_new_starts_and_the_first_failure_in_file_order_is_raised(repo):
+    # 01 fails at once; 02 runs alone, so it waits for 01, whose failure is then known: 02 and 03 never start
+    _write_timed(repo, **{"01_fail": _timed("01_fail", fail=True),
+                          "02_alone": _timed("02_alone", alone=True),
+                          "03_c": _timed("03_c")})
+    lines = []
+    with pytest.raises(study.StudyError, match=r"notebook 01_fail.py failed in cell .*RuntimeError: 01_fail broke"):
+        _study(repo, lines, notebook_jobs=2)
+    assert set(_stamps(repo)) == {"01_fail"}
+    assert not (repo / "outputs" / "t" / "notebooks" / "02_alone.ipynb").exists()
+    assert "[1/3] 01_fail.py failed" in lines and not any(ln.startswith(("[2/3]", "[3/3]")) for ln in lines)
+
+    # 01 and 02 run together and both fail, 02 first (01 sleeps on): 02's failure stops 03 from
+    # starting, 01 runs to its end, and the error is 01's, the first in file order
+    (repo / "stamps").rename(repo / "stamps-1")
+    _write_timed(repo, **{"01_late": _timed("01_late", wait_for=["02_early"], sleep=2.0, fail=True),
+                          "02_early": _timed("02_early", wait_for=["01_late"], fail=True),
+                          "03_c": _timed("03_c")})
+    with pytest.raises(study.StudyError, match="notebook 01_late.py failed in cell") as ei:
+        _study(repo, [], notebook_jobs=2)
+    assert str(ei.value).startswith("notebook 01_late.py") and "02_early.ipynb" not in str(ei.value)
+    st = _stamps(repo)
+    assert set(st) == {"01_late", "02_early"} and st["01_late"][1] > st["02_early"][1]  # both ran to their end
+
+
+def test_notebook_jobs_1_runs_one_after_another_with_the_progress_bar(repo, monkeypatch, capsys):
+    """``--notebook-jobs 1``: the old sequential behaviour (papermill's per-cell bar on); with 2,
+    no bar (interleaved bars are unreadable)."""
+    monkeypatch.chdir(repo)
+    _write_timed(repo, **{"01_a": _timed("01_a", sleep=0.5), "02_b": _timed("02_b", sleep=0.5),
+                          "03_c": _timed("03_c", sleep=0.5)})
+    assert main(["study", "--params", "params/t.yaml", "--no-report", "--notebook-jobs", "1"]) == 0
+    st = _stamps(repo)
+    assert st["01_a"][1] <= st["02_b"][0] and st["02_b"][1] <= st["03_c"][0], st
+    out, err = capsys.readouterr()
+    assert "notebooks: 1 at a time" in out and "Executing" in err  # the bar (tqdm on stderr)
+    assert [ln.split()[1] for ln in out.splitlines() if " done in " in ln] == ["01_a.py", "02_b.py", "03_c.py"]
+
+    assert main(["study", "--params", "params/t.yaml", "--no-report", "--notebook-jobs", "2",
+                 "--notebooks", "01", "02"]) == 0
+    out, err = capsys.readouterr()
+    assert "notebooks: 2 at a time" in out and "Executing" not in err
+    with pytest.raises(SystemExit):
+        main(["study", "--params", "params/t.yaml", "--notebook-jobs", "0"])
+    assert "argument --notebook-jobs: expected a positive integer, got '0'" in capsys.readouterr().err
+    with pytest.raises(study.ConfigError, match="notebook_jobs: must be a positive integer, got 0"):
+        study.run_study("params/t.yaml", root=repo, notebook_jobs=0, echo=lambda m: None)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_running_kernels(repo):
+    """SIGINT to ``studylib study`` while two notebooks sleep: it exits within seconds, not once the
+    notebooks end, and their kernels are gone."""
+    import signal
+    import time
+
+    sleeper = _timed("x", sleep=120).replace('(stamps / "x.start").write_text(repr(time.time()))',
+                                            '(stamps / f"{__import__(\'os\').getpid()}.start").write_text("0")')
+    _write_timed(repo, **{"01_a": sleeper, "02_b": sleeper})
+    proc = subprocess.Popen([sys.executable, "-m", "studylib", "study", "--params", "params/t.yaml", "--no-report",
+                             "--notebook-jobs", "2"], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.time() + 60
+        while len(list((repo / "stamps").glob("*.start"))) < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        kernels = [int(p.stem) for p in (repo / "stamps").glob("*.start")]
+        assert len(kernels) == 2 and all(_alive(k) for k in kernels)
+        t0 = time.time()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert time.time() - t0 < 30 and proc.returncode != 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(1)
+    assert not any(_alive(k) for k in kernels), out
+
+# --------------------------------------------------------------------------------------------
 # seeds / overrides: the parameters every notebook takes
 # --------------------------------------------------------------------------------------------
 def test_parse_seeds_forms_and_errors():

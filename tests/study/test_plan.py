@@ -35,10 +35,11 @@ def _fake_train_run(calls):
 
 
 def test_the_ci_plan_trains_each_run_once(tmp_path, monkeypatch):
-    """params/ci.yaml, 2 seeds, max_steps 12. Per seed: headline 3; ablation 5 at 6 steps; K sweep 4
-    at 6 steps; iso-width +1 (moe_iso); token budget: the headline trio at 6 steps +2 (its MoE
-    is the ablation's) and at 12 steps +0, the small trio at 6 and 12 steps +6; lr sweep: 3
-    models x 2 other lrs +6 (1e-2 is the headline). 27 runs per seed."""
+    """params/ci.yaml, 2 seeds, max_steps 12. Per seed: headline 3 (12 steps); ablation 5 at 6
+    steps; K sweep 4 at 6 steps; iso-width at 6 steps +2 (moe_iso, dense_active); token budget: the
+    headline trio at 6 steps +1 (dense_total; the others are the ablation's and iso-width's) and at
+    12 steps +0, the small trio at 6 and 12 steps +6; lr sweep at 6 steps: the preset's lr +0 (the
+    6-step runs above), 3 models x 2 other lrs +6. 27 runs per seed."""
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
     monkeypatch.chdir(ROOT)
     calls = []
