@@ -39,7 +39,7 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from studylib import config as budget
-from studylib.study import paper, plots, tables
+from studylib.study import paper, plan, plots, tables
 from studylib.study.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds, overrides)
@@ -77,7 +77,7 @@ acct[["d_model", "heads", "ffn", "display"]]
 # same tolerances (in the `paper` preset they are the paper's typed-in widths).
 
 # %%
-ref = preset.model_config(study.get("reference_moe", moe))
+ref = preset.model_config(plan.reference_moe(preset))
 matches = {t: budget.match_dense(ref, t) for t in ("active", "total")}
 solver = pd.DataFrame([m.as_dict() for m in matches.values()]).set_index("target")
 plots.save_table(solver, "budget_solver", out)

@@ -62,7 +62,7 @@ from studylib.study.sweep import ensure_grid
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
 variants = study["ablation"]
-reference = study.get("reference_moe", "moe_top2_z")
+reference = plan.reference_moe(preset)
 assert reference in variants, f"study.ablation must include the reference MoE {reference!r}"
 epochs = plan.study_epochs(preset, "ablation_epochs")
 grid = plan.ablation_grid(preset)  # study.ablation x seeds at `epochs` (`studylib study` trains it up front)

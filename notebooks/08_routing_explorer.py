@@ -54,7 +54,7 @@ import pandas as pd
 from IPython.display import Image, Markdown, display
 
 from studylib.run.rundir import RunDir
-from studylib.study import plots
+from studylib.study import plan, plots
 from studylib.study.notebooks import notebook_context
 from studylib.study.sweep import ensure_runs
 from studylib.tools import explorer as explore
@@ -65,14 +65,13 @@ preset, study, out = ctx.preset, ctx.study, ctx.out
 # %% [markdown]
 # ## A run to explore
 #
-# With `run = None` this is the preset's reference MoE (`study.reference_moe`), first seed. If it
-# does not exist yet it is trained here (with a snapshot at every evaluation, for the checkpoint
-# slider); a finished run is reused as it is.
+# With `run = None` this is the preset's reference MoE (`study.reference_moe`, else the headline's
+# MoE), first seed. If it does not exist yet it is trained here (with a snapshot at every
+# evaluation, for the checkpoint slider); a finished run is reused as it is.
 
 # %%
 if run is None:
-    ref = study.get("reference_moe") or next(m for m in preset.model_names()
-                                              if preset.model_config(m).ffn.kind == "moe")
+    ref = plan.reference_moe(preset)
     ensure_runs(preset, [ref], [ctx.first_seed], jobs=1, overrides={"train.keep_checkpoints": True})
     run = RunDir.of(preset, ref, ctx.first_seed).path
 run = (ctx.root / run).resolve()  # a relative `run` is relative to the repository root

@@ -317,12 +317,13 @@ def budget_caveat(spec: SweepSpec) -> str:
     empty at the headline budget."""
     if spec.epochs == 1:
         return ""
-    longer = "longer" if spec.epochs < 1 else "shorter"
+    longer = spec.epochs < 1
     return (f"**Budget:** this sweep trained {spec.epochs:g} × the headline budget, so its rule is the rule at "
-            f"that budget. The headline runs train {1 / spec.epochs:g} times {longer}, and the best lr of a "
-            f"schedule tends to {'fall' if spec.epochs < 1 else 'rise'} as it gets {longer}: a best lr above "
-            "the preset's here does not show that the headline runs should use it. A preset with "
-            "`study.lr_sweep.epochs: 1` sweeps at the headline budget (for `cpu`: `params/cpu_full.yaml`).")
+            f"that budget. The headline budget is {1 / spec.epochs:g} times this one, and the best lr of a "
+            f"schedule tends to fall as the schedule "
+            f"gets longer, so the headline budget's best lr may be {'lower' if longer else 'higher'} than the "
+            "best here: this sweep does not measure it. A preset with `study.lr_sweep.epochs: 1` sweeps at the "
+            "headline budget (for `cpu`: `params/cpu_full.yaml`).")
 
 
 def verdict(costs: pd.DataFrame, rule: Rule, ranks: dict) -> str:

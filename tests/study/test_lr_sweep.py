@@ -190,4 +190,6 @@ def test_budget_caveat_only_away_from_the_headline_budget():
     quarter = L.sweep_spec(_preset({"lrs": list(LRS), "seeds": 2, "epochs": 0.25}))
     assert L.budget_caveat(full) == ""
     note = L.budget_caveat(quarter)
-    assert "0.25 × the headline budget" in note and "4 times longer" in note and "tends to fall" in note
+    assert "0.25 × the headline budget" in note and "headline budget is 4 times this one" in note and "may be lower" in note
+    double = L.budget_caveat(L.sweep_spec(_preset({"lrs": list(LRS), "seeds": 2, "epochs": 2})))
+    assert "is 0.5 times this one" in double and "may be higher" in double
