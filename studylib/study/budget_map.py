@@ -309,12 +309,16 @@ def _ci(p: Paired) -> str:
     return f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]"
 
 
-def _crossing_text(c: Crossing) -> str:
+def _crossing_text(c: Crossing, band: bool = True) -> str:
+    """One crossing in words; ``band=False``: its CI band was already given (a band that holds
+    two crossings is named once)."""
     how = "the MoE overtakes the dense model" if c.rising else "the dense model overtakes the MoE"
     s = (f"crosses zero at {_x(c.x)} tokens/param ({how} going up in tokens; interpolated in "
          f"log10 tokens/param between the budgets at {_x(c.between[0])} and {_x(c.between[1])})")
     if math.isnan(c.x_low):
         return s + "; no uncertainty with fewer than two seeds"
+    if not band:
+        return s + ", inside the same 95% CI band"
     lo = f"{_x(c.x_low)}" + (" (the lower edge of the measured range: it may lie below)" if c.low_open else "")
     hi = f"{_x(c.x_high)}" + (" (the upper edge of the measured range: it may lie above)" if c.high_open else "")
     return s + f"; the 95% CI band includes zero from {lo} to {hi}"
@@ -365,7 +369,9 @@ def gap_sentences(table: pd.DataFrame, per_seed: pd.DataFrame, gap: str, pooled:
         head = (f"{label[0].upper()}{label[1:]}, {name}, {len(t)} budgets over "
                 f"{_x(x.min())}-{_x(x.max())} tokens/param: ")
         if cs:
-            s = head + "it " + "; it also ".join(_crossing_text(c) for c in cs) + "."
+            bands = [(c.x_low, c.x_high) for c in cs]
+            s = head + "it " + "; it also ".join(_crossing_text(c, band=b not in bands[:i])
+                                                  for i, (c, b) in enumerate(zip(cs, bands))) + "."
         else:
             sign = "positive (the MoE is better)" if mean[0] > 0 else "negative (the dense model is better)"
             s = head + f"it does not cross zero within the measured range; every budget's mean is {sign}."

@@ -261,6 +261,17 @@ def test_sentences_state_the_crossing_the_resolved_count_and_the_trend():
     assert "not resolved (the CI includes 0), so no extrapolation" in tot
 
 
+def test_two_crossings_in_one_ci_band_name_the_band_once():
+    """The gap's mean changes sign twice while every budget's CI includes 0: one band holds both
+    crossings, and the sentence gives it once."""
+    table, ps = _table({(0.1, 100): {"active": [-0.03, -0.01, 0.01], "total": [0.0, 0.0, 0.0]},
+                        (1.0, 1000): {"active": [0.01, 0.03, 0.05], "total": [0.0, 0.0, 0.0]},
+                        (10.0, 10000): {"active": [-0.05, -0.01, 0.03], "total": [0.0, 0.0, 0.0]}})
+    (act,) = bm.gap_sentences(table, ps, "active")
+    assert act.count("crosses zero at") == 2 and act.count("the 95% CI band includes zero from") == 1
+    assert "inside the same 95% CI band" in act
+
+
 def test_extrapolation_beyond_the_measured_range_is_labelled():
     table, ps = _table({(0.1, 100): {"active": [-0.05, -0.051, -0.049], "total": [-0.05, -0.04, -0.06]},
                         (1.0, 1000): {"active": [-0.03, -0.032, -0.028], "total": [-0.05, -0.04, -0.06]}})
