@@ -63,10 +63,7 @@ display(Markdown(
     f"**Grid:** lr {', '.join(f'{lr:.3g}' for lr in spec.lrs)} (preset: {spec.preset_lr:.3g}, "
     f"min_lr = lr × {preset.train.min_lr / preset.train.lr:g}) × {models} × seeds {list(spec.seeds)}: "
     f"{len(runs)} runs of {int(steps[0]):,} optimizer steps ({int(tokens[0]):,} target tokens; "
-    f"{spec.epochs:g} × the preset's schedule)"
-    + (f"; {reused} of them are the preset's own runs, reused." if spec.epochs == 1 else
-       "; the runs at the preset's lr are the preset's runs at this budget, shared with any other notebook's "
-       "runs of that budget (e.g. the routing ablation's reference MoE).")))
+    f"{spec.epochs:g} × the preset's schedule); " + lr_sweep.reuse_sentence(spec, reused)))
 
 # %% [markdown]
 # ## Best validation loss per model and lr

@@ -317,13 +317,21 @@ def budget_caveat(spec: SweepSpec) -> str:
     empty at the headline budget."""
     if spec.epochs == 1:
         return ""
-    longer = spec.epochs < 1
+    way = "lower" if spec.epochs < 1 else "higher"
     return (f"**Budget:** this sweep trained {spec.epochs:g} × the headline budget, so its rule is the rule at "
             f"that budget. The headline budget is {1 / spec.epochs:g} times this one, and the best lr of a "
-            f"schedule tends to fall as the schedule "
-            f"gets longer, so the headline budget's best lr may be {'lower' if longer else 'higher'} than the "
-            "best here: this sweep does not measure it. A preset with `study.lr_sweep.epochs: 1` sweeps at the "
-            "headline budget (for `cpu`: `params/cpu_full.yaml`).")
+            f"schedule tends to fall as the schedule gets longer, so the headline budget's best lr may be {way} "
+            "than the best here: this sweep does not measure it. A preset with `study.lr_sweep.epochs: 1` "
+            "sweeps at the headline budget (for `cpu`: `params/cpu_full.yaml`).")
+
+
+def reuse_sentence(spec: SweepSpec, reused: int) -> str:
+    """Which of the sweep's runs are other notebooks' runs: ``reused`` headline runs at the
+    headline budget; at another budget, the preset-lr runs of that budget."""
+    if spec.epochs == 1:
+        return f"{reused} of them are the preset's own runs, reused."
+    return ("the runs at the preset's lr are the preset's runs at this budget, shared with any other notebook's "
+            "runs of that budget (e.g. the routing ablation's reference MoE).")
 
 
 def verdict(costs: pd.DataFrame, rule: Rule, ranks: dict) -> str:
@@ -378,5 +386,5 @@ def verdict(costs: pd.DataFrame, rule: Rule, ranks: dict) -> str:
     return "\n\n".join(out) + "\n\n" + "\n".join(lines)
 
 
-__all__ = ["DEFAULT_TOLERANCE", "SweepSpec", "Rule", "budget_caveat", "sweep_spec", "lr_overrides", "run_overrides",
+__all__ = ["DEFAULT_TOLERANCE", "SweepSpec", "Rule", "budget_caveat", "reuse_sentence", "sweep_spec", "lr_overrides", "run_overrides",
            "sweep_grids", "ensure_sweep", "loss_table", "best_lrs", "lr_costs", "decide", "ranking_check", "verdict"]

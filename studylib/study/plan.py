@@ -2,9 +2,10 @@
 
 The notebooks whose runs have a budget of their own get them from the function here or from their
 module (:func:`studylib.study.budget_map.budget_grids`, :func:`studylib.study.lr_sweep.sweep_grids`);
-the others train ``study.<list> x seeds`` at the preset's budget, as the grids here do. So the plan
-and the notebooks name the same run directories (tests/study/test_plan.py). ``studylib study`` trains :func:`study_grids` of the
-selected notebooks in ONE queue (:func:`studylib.study.sweep.ensure_grids`, longest runs first)
+the others train ``study.<list> x seeds`` at the preset's budget or at ``study.<name>_epochs``,
+as the grids here do. So the plan and the notebooks name the same run directories
+(tests/study/test_plan.py). ``studylib study`` trains :func:`study_grids` of the selected notebooks
+in ONE queue (:func:`studylib.study.sweep.ensure_grids`, longest runs first)
 before it executes them; each notebook then finds its runs finished and reads them. Run alone
 (JupyterLab, plain papermill), a notebook trains its own runs as before.
 

@@ -193,3 +193,10 @@ def test_budget_caveat_only_away_from_the_headline_budget():
     assert "0.25 × the headline budget" in note and "headline budget is 4 times this one" in note and "may be lower" in note
     double = L.budget_caveat(L.sweep_spec(_preset({"lrs": list(LRS), "seeds": 2, "epochs": 2})))
     assert "is 0.5 times this one" in double and "may be higher" in double
+
+
+def test_reuse_sentence_names_the_headline_runs_only_at_the_headline_budget():
+    full = L.sweep_spec(_preset({"lrs": list(LRS), "seeds": 2, "epochs": 1}))
+    quarter = L.sweep_spec(_preset({"lrs": list(LRS), "seeds": 2, "epochs": 0.25}))
+    assert L.reuse_sentence(full, 4) == "4 of them are the preset's own runs, reused."
+    assert "shared with any other notebook's runs of that budget" in L.reuse_sentence(quarter, 0)

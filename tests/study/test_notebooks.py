@@ -265,7 +265,9 @@ def test_two_notebooks_run_at_once_and_times_stay_in_file_order(repo, monkeypatc
     process's working directory is left alone."""
     elsewhere = tmp_path_factory.mktemp("cwd")
     monkeypatch.chdir(elsewhere)
-    _write_timed(repo, **{"01_a": _timed("01_a", wait_for=["02_b"], sleep=2.0),
+    # 01 outlives 02 by 5 s after its cell: enough for 02's kernel to shut down first on a busy
+    # machine (2 s was not, once in four runs)
+    _write_timed(repo, **{"01_a": _timed("01_a", wait_for=["02_b"], sleep=5.0),
                           "02_b": _timed("02_b", wait_for=["01_a"]),
                           "03_c": _timed("03_c")})
     lines = []

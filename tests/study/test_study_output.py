@@ -6,7 +6,7 @@ import json
 import time
 
 from studylib.run.rundir import RunDir
-from studylib.study.notebooks import execute_notebook
+from studylib.study.execute import execute_notebook
 from studylib.study.watch import RunWatcher
 
 
