@@ -66,6 +66,7 @@ reference = plan.reference_moe(preset)
 assert reference in variants, f"study.ablation must include the reference MoE {reference!r}"
 epochs = plan.study_epochs(preset, "ablation_epochs")
 grid = plan.ablation_grid(preset)  # study.ablation x seeds at `epochs` (`studylib study` trains it up front)
+seeds = list(grid.seeds)  # study.comparison_seeds: the first k of the preset's seeds (default all)
 budget = grid.overrides
 summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
 run_dirs = {m: {s: RunDir.variant(preset, m, s, budget) for s in seeds} for m in variants}

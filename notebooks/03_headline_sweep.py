@@ -42,7 +42,7 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 from IPython.display import Markdown, display
 
 from studylib.run.rundir import RunDir
-from studylib.study import frames, paper, plots, probes, tables, text
+from studylib.study import frames, noise, paper, plots, probes, tables, text
 from studylib.study.notebooks import notebook_context
 from studylib.study.sweep import ensure_runs
 
@@ -90,6 +90,54 @@ display(gaps[["mean", "std", "n", "ci_low", "ci_high", "p", "resolved", "paper_m
 fig = plots.intervals(gaps, title=f"Headline gaps ({preset.name}, {len(seeds)} seeds; x: paper)",
                       xlabel="gap in best val loss (nats); > 0: the second model is better",
                       paper="paper_mean", outdir=out, name="headline_gaps")
+
+# %% [markdown]
+# ### What it takes to resolve: the power table
+#
+# From the per-seed gaps above: the std of each gap across seeds (and its one-sided 95% upper
+# bound: a std from few seeds is itself uncertain), the CI half-width it gives at this and other
+# seed counts, the seeds a half-width of `study.power_target` (default ±0.03 nats) needs, and the
+# seeds that resolve the paper's gap with 80% power if the true gap here equals the paper's
+# (`studylib.study.stats.power_of`).
+
+# %%
+power = tables.power_table(gaps, gaps["paper_mean"], target=float(study.get("power_target", 0.03)))
+plots.save_table(power, "headline_power", out)
+display(power)
+print(text.power_sentences(power))
+
+# %% [markdown]
+# ### Runs that stayed behind
+#
+# Per model: the worst seed against the median. A run more than 0.15 nats above its model's median
+# is listed as failed (in earlier recipes some seeds left the unigram plateau late and never
+# caught up).
+
+# %%
+spread = tables.seed_spread(summaries, headline)
+plots.save_table(spread, "headline_seed_spread", out)
+display(spread)
+
+# %% [markdown]
+# ## Where the seed noise comes from: initialisation or data order
+#
+# With `study.noise_split: {seeds: k}` the first k seeds are trained twice more around the first
+# seed: once with the initialisation varied and the data order fixed (`train.data_seed`), once
+# with the order varied and the initialisation fixed (`studylib.study.noise`). A factor dominates
+# only when the F interval of the variance ratio excludes 1.
+
+# %%
+spec = noise.noise_spec(preset)
+if spec is None:
+    print(f"preset {preset.name!r} has no study.noise_split; params/cpu_full.yaml runs it")
+else:
+    noise_runs = noise.noise_runs(preset, headline, spec, jobs=ctx.jobs)
+    noise_table = noise.noise_table(noise_runs, headline, {"matched-active gap": (dense_active, moe),
+                                                            "matched-total gap": (moe, dense_total)})
+    plots.save_table(noise_table, "noise_split", out)
+    display(noise_table[["std_init only", "std_order only", "std_both", "n_both", "ratio", "ratio_low",
+                         "ratio_high", "dominant"]])
+    print(noise.noise_sentence(noise_table))
 
 # %% [markdown]
 # ## Figure 2: validation loss vs target tokens (mean and 95% CI over seeds)

@@ -54,6 +54,7 @@ models = study["granularity"]
 K = {m: preset.model_config(m).ffn.num_experts for m in models}
 epochs = plan.study_epochs(preset, "granularity_epochs")
 grid = plan.granularity_grid(preset)  # study.granularity x seeds at `epochs` (`studylib study` trains it up front)
+seeds = list(grid.seeds)  # study.comparison_seeds: the first k of the preset's seeds (default all)
 sweep_budget = grid.overrides
 summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
 run_dirs = {m: {s: RunDir.variant(preset, m, s, sweep_budget) for s in seeds} for m in models}

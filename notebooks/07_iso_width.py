@@ -54,6 +54,7 @@ preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
 dense, moe = study["iso_width"]
 epochs = plan.study_epochs(preset, "iso_width_epochs")
 grid = plan.iso_width_grid(preset)  # the pair x seeds at `epochs` (`studylib study` trains it up front)
+seeds = list(grid.seeds)  # study.comparison_seeds: the first k of the preset's seeds (default all)
 summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
 acct = tables.accounting_frame([preset.model_config(m) for m in (dense, moe)])
 assert acct.loc[moe, "d_model"] == acct.loc[dense, "d_model"]

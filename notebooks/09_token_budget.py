@@ -55,11 +55,11 @@ t_start = time.perf_counter()
 from IPython.display import Markdown, display
 
 from studylib.study import budget_map as bm
-from studylib.study import budget_plots, plots
+from studylib.study import budget_plots, plots, text
 from studylib.study.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds=seeds, overrides=overrides)
-preset, out, seeds = ctx.preset, ctx.out, ctx.seeds
+preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
 trios = bm.budget_trios(preset)
 active = bm.active_params(preset, trios)
 budget_map = bm.budgets(preset, trios)
@@ -67,7 +67,8 @@ epoch_unit = (f"train.max_steps = {preset.train.max_steps} steps (not a pass ove
               if preset.train.max_steps is not None else "one pass over the training windows")
 print(f"preset {preset.name!r}, seeds {seeds}; one epoch = {epoch_unit}")
 for t in trios:
-    print(f"  size {bm.size_label(t.size, active[t.size])}: {t.models}, epochs {list(t.epochs)}")
+    print(f"  size {bm.size_label(t.size, active[t.size])}: {t.models}, epochs {list(t.epochs)}, "
+          f"seeds {t.seeds_of(seeds)}")
 
 # %% [markdown]
 # ## The runs: which are the preset's own (reused), which are budgets of their own
@@ -77,14 +78,14 @@ plan = bm.run_plan(preset, trios, seeds, budget_map)
 plots.save_table(plan, "token_budget_plan", out, index=False)
 display(plan)
 own, shared = plan["preset_run"], plan["also_in"] != ""
-print(f"{len(plan)} (model, budget) pairs x {len(seeds)} seeds: {int(own.sum())} pairs are the preset's own runs "
+print(f"{len(plan)} (model, budget) pairs, {int(plan['seeds'].sum())} runs: {int(own.sum())} pairs are the preset's own runs "
       f"({int(shared.sum())} of them other notebooks' runs too, named in 'also_in': trained once, reused), "
       f"{int((~own).sum())} are budget runs of their own; {int(plan['finished'].sum())} of "
-      f"{len(plan) * len(seeds)} runs already exist.")
+      f"{int(plan['seeds'].sum())} runs already exist.")
 
 # %%
 summaries = bm.train_budgets(preset, trios, seeds, budget_map, jobs=ctx.jobs)
-assert len(summaries) == sum(len(t.epochs) * 3 for t in trios) * len(seeds)
+assert len(summaries) == sum(len(t.epochs) * 3 * len(t.seeds_of(seeds)) for t in trios)
 print(f"{len(summaries)} runs ready")
 
 # %% [markdown]
@@ -105,6 +106,34 @@ else:
     print("No budget passes over the training data more than once (no repeated windows).")
 
 # %% [markdown]
+# ### What repetition does
+#
+# Per size, budget and model: the last training loss (the mean since the previous evaluation) and
+# the final full-split validation loss, means over seeds. In one pass every training window is
+# new, so the two estimate the same thing; once windows repeat, validation minus training grows with
+# memorisation.
+
+# %%
+repetition = bm.repetition_table(preset, trios, seeds, budget_map, summaries)
+plots.save_table(repetition, "token_budget_repetition", out, index=False)
+display(repetition)
+
+# %% [markdown]
+# ### What each point takes to resolve: the power table
+#
+# Per size, budget and gap: the per-seed std of the gap (and its one-sided 95% upper bound), the
+# 95% CI half-width at this and other seed counts, the seeds a half-width of
+# `study.map_power_target` (default ±0.05 nats) needs, and the seeds that resolve the paper's gap at
+# its own point with 80% power if the true gap here were that large.
+
+# %%
+power = bm.power_frame(per_seed, active, target=float(study.get("map_power_target", 0.05)))
+plots.save_table(power, "token_budget_power", out, index=False)
+display(power[["size", "epochs", "tokens_per_param", "gap", "n", "std", "half_width", "hw@10",
+               "seeds_target", "seeds_effect", "seeds_effect_high"]])
+print(text.power_sentences(power.set_index("comparison")))
+
+# %% [markdown]
 # ## The figure: both gaps against tokens per active parameter
 #
 # Mean over seeds with the 95% CI band, one line per model size; hollow markers: the budget repeats
@@ -118,7 +147,7 @@ if paper_table is not None:
     plots.save_table(paper_table, "token_budget_gaps_paper_preset", out, index=False)
     display(bm.display_table(paper_table))
 fig = budget_plots.gap_map(table, paper_table=paper_table,
-                           title=f"Gaps against tokens per active parameter ({preset.name}, {len(seeds)} seeds)",
+                           title=f"Gaps against tokens per active parameter ({preset.name}; seeds per size in the table)",
                            outdir=out, name="token_budget_gaps")
 
 # %% [markdown]

@@ -14,7 +14,8 @@
 # %% [markdown]
 # # 10 · Downstream: the headline models in lm-evaluation-harness
 #
-# Every headline run (every seed) is exported to the Hugging Face format
+# Every headline run (the first `study.downstream_seeds` seeds; default every seed) is exported to
+# the Hugging Face format
 # (`python -m studylib export`: `LlamaForCausalLM` for the dense models, `MixtralForCausalLM`
 # for the MoE; logits equal studylib's within 1e-5) and evaluated with lm-evaluation-harness on
 # the project's local TinyStories suite, built from each run's own validation stories (no
@@ -40,13 +41,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from IPython.display import display
 
-from studylib.study import downstream, plots
+from studylib.study import downstream, plan, plots
 from studylib.study.notebooks import notebook_context
 from studylib.study.sweep import ensure_runs
 
 ctx = notebook_context(params, jobs, seeds, overrides)
-preset, out, seeds = ctx.preset, ctx.out, ctx.seeds
+preset, out = ctx.preset, ctx.out
 dense_active, moe, dense_total = headline = ctx.study["headline"]
+seeds = plan.downstream_grid(preset).seeds  # study.downstream_seeds: the first k seeds (default all)
+print(f"seeds {seeds} (study.downstream_seeds of the preset's {len(ctx.seeds)})")
 ensure_runs(preset, headline, seeds, jobs=ctx.jobs)
 df = downstream.downstream_frame(preset, headline, seeds)
 assert len(df) == len(headline) * len(seeds)

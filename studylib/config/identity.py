@@ -6,7 +6,8 @@ config). The identity document keeps only what changes results, by two rules:
 * execution-only settings are left out: where the data and cache live, threads, device,
   ``torch.compile``, checkpoint cadence, and the MoE's dispatch path (naive / grouped / stacked
   compute the same function; their parity is tested);
-* a setting at its schema default is left out. So a field added to the schema later, at its
+* a setting at its schema default is left out (``train.data_seed`` equal to the run's seed is
+  its default: the run's own data order). So a field added to the schema later, at its
   default, changes no existing run's identity, and a stored ``config.yaml`` written by any
   earlier version is compared by the same rule (:func:`same_run`).
 
@@ -67,6 +68,9 @@ def identity(preset: str, model: str, seed: int, data: Mapping, train: Mapping, 
              split: Optional[str]) -> dict:
     """The identity document of a run, from plain mappings (as ``to_dict`` or ``config.yaml`` hold
     them); ``split`` is the data split's version (None: written before the story split)."""
+    train = dict(train)
+    if train.get("data_seed") == seed:  # the data order of the run's own seed: the default
+        train["data_seed"] = None
     return {"preset": preset, "model_name": model, "seed": int(seed), "split": split,
             "data": _sparse(DataConfig, data), "train": _sparse(TrainConfig, train),
             "model": _sparse(ModelConfig, model_cfg)}

@@ -175,6 +175,9 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"
     num_threads: int = 0  # torch threads on CPU; 0 = leave torch's default
+    # the seed of the data order (which windows each step reads); None = the run's seed, which
+    # also seeds the initialisation. Set it to vary the two apart (notebook 03's noise split).
+    data_seed: Optional[int] = None
 
     def validate(self) -> None:
         for name in ("batch_size", "grad_accum", "eval_every"):
@@ -191,6 +194,10 @@ class TrainConfig:
             raise ConfigError(f"train.betas: must be two numbers in [0, 1), got {self.betas}")
         if self.grad_clip < 0:
             raise ConfigError(f"train.grad_clip: must be >= 0 (0 = off), got {self.grad_clip}")
+        if self.data_seed is not None and (isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int)
+                                           or self.data_seed < 0):
+            raise ConfigError(f"train.data_seed: expected a seed (an integer >= 0) or null (the run's seed), "
+                              f"got {self.data_seed!r}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -139,7 +139,8 @@ class Trainer:
         check_run(self.mcfg, self.model_name, self.tcfg, data, context, self.amp_dtype, self.device,
                   self.dist.world)
         self.total = total_steps_for(self.tcfg, len(data.train_idx))
-        self.sampler = BatchSampler(data.train_idx, self.seed, self.B, self.accum)
+        data_seed = self.seed if self.tcfg.data_seed is None else self.tcfg.data_seed
+        self.sampler = BatchSampler(data.train_idx, data_seed, self.B, self.accum)
         self.sub_idx = eval_subset(data.val_idx, self.tcfg.eval_windows, self.preset.data.split_seed)
         self.full_idx = np.asarray(data.val_idx, dtype=np.int64)
         self.subset_is_full = len(self.sub_idx) == len(self.full_idx)

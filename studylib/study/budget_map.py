@@ -39,11 +39,11 @@ import pandas as pd
 from studylib.config import ConfigError, Preset, load_preset, override
 from studylib.run.rundir import RunDir
 from studylib.study.crossing import Crossing, Trend, crossings, trend
-from studylib.study.frames import collect_runs
+from studylib.study.frames import collect_metrics, collect_runs
 from studylib.study.paper import PAPER_ABLATION_TOKENS, PAPER_GAPS, PAPER_HEADLINE_TOKENS
 from studylib.study.stats import Paired, paired
 from studylib.study.sweep import Grid, budget_overrides, ensure_grids
-from studylib.study.tables import fmt_count
+from studylib.study.tables import fmt_count, power_rows
 
 KEY = "study.token_budget"
 VALUE = "best_val_loss"
@@ -77,6 +77,11 @@ class Trio:
     moe: str
     dense_total: str
     epochs: tuple[float, ...]
+    n_seeds: Optional[int] = None  # the first n of the seeds (None: all)
+
+    def seeds_of(self, seeds: Sequence[int]) -> list[int]:
+        """The seeds this trio is trained with: the first ``n_seeds`` of ``seeds`` (all if None)."""
+        return list(seeds if self.n_seeds is None else seeds[: self.n_seeds])
 
     @property
     def models(self) -> tuple[str, str, str]:
@@ -98,7 +103,7 @@ def _is_number(v) -> bool:
 def budget_trios(preset: Preset) -> list[Trio]:
     """The trios of ``study.token_budget`` (validated: a bad knob is one ConfigError line naming it)."""
     tb = preset.study.get("token_budget")
-    shape = "{trios: [{models: [dense_active, moe, dense_total], epochs: [0.333, 1.0]}, ...]}"
+    shape = "{trios: [{models: [dense_active, moe, dense_total], epochs: [0.333, 1.0], seeds: 5}, ...]}"
     if tb is None:
         raise ConfigError(f"{KEY}: missing from preset {preset.name!r}; expected {shape}")
     if not isinstance(tb, dict) or set(tb) != {"trios"}:
@@ -109,8 +114,13 @@ def budget_trios(preset: Preset) -> list[Trio]:
     out, seen = [], set()
     for i, t in enumerate(raw):
         where = f"{KEY}.trios[{i}]"
-        if not isinstance(t, dict) or set(t) != {"models", "epochs"}:
-            raise ConfigError(f"{where}: expected a mapping with keys 'models' and 'epochs', got {t!r}")
+        if not isinstance(t, dict) or not {"models", "epochs"} <= set(t) <= {"models", "epochs", "seeds"}:
+            raise ConfigError(f"{where}: expected a mapping with keys 'models' and 'epochs' (and optionally "
+                              f"'seeds'), got {t!r}")
+        n_seeds = t.get("seeds")
+        if n_seeds is not None and (isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 2):
+            raise ConfigError(f"{where}.seeds: expected how many of the preset's seeds to train (an integer >= 2), "
+                              f"got {n_seeds!r}")
         models, epochs = t["models"], t["epochs"]
         if (not isinstance(models, list) or len(models) != 3 or len(set(map(str, models))) != 3
                 or not all(isinstance(m, str) for m in models)):
@@ -131,7 +141,7 @@ def budget_trios(preset: Preset) -> list[Trio]:
                 or len(set(epochs)) != len(epochs)):
             raise ConfigError(f"{where}.epochs: expected a non-empty list of different positive numbers "
                               f"(epochs of the preset's schedule), got {epochs!r}")
-        out.append(Trio(models[0], models[1], models[2], tuple(sorted(float(e) for e in epochs))))
+        out.append(Trio(models[0], models[1], models[2], tuple(sorted(float(e) for e in epochs)), n_seeds))
     return out
 
 
@@ -171,15 +181,16 @@ def run_plan(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], budget
     for t in trios:
         for e in t.epochs:
             ov = budget_map[e]
+            mine = t.seeds_of(seeds)
             for m in t.models:
-                dirs = [RunDir.variant(preset, m, s, ov) for s in seeds]
-                base = RunDir.of(preset, m, seeds[0]).path
+                dirs = [RunDir.variant(preset, m, s, ov) for s in mine]
+                base = RunDir.of(preset, m, mine[0]).path
                 own = dirs[0].path == base
                 rows.append({"size": t.size, "epochs": e, "model": m, "role": t.role(m),
                              "max_steps": ov.get("train.max_steps", preset.train.max_steps),
                              "preset_run": own, "also_in": ", ".join(_study_lists(preset, m)) if own else "",
                              "run_dir": str(dirs[0].path.parent / "seed*"),
-                             "finished": sum(d.finished() for d in dirs), "seeds": len(seeds)})
+                             "finished": sum(d.finished() for d in dirs), "seeds": len(mine)})
     return pd.DataFrame(rows)
 
 
@@ -203,7 +214,7 @@ def train_budgets(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], b
 
 def budget_grids(trios: Sequence[Trio], seeds: Sequence[int], budget_map: dict) -> list[Grid]:
     """One :class:`~studylib.study.sweep.Grid` per trio x budget (trio order, then epochs)."""
-    return [Grid(list(t.models), list(seeds), budget_map[e]) for t in trios for e in t.epochs]
+    return [Grid(list(t.models), t.seeds_of(seeds), budget_map[e]) for t in trios for e in t.epochs]
 
 
 def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], str]:
@@ -296,6 +307,44 @@ def gap_table(per_seed: pd.DataFrame, active: dict) -> pd.DataFrame:
     order = {s: i for i, s in enumerate(dict.fromkeys(out["size"]))}  # sizes in trio order
     return (out.assign(_o=out["size"].map(order)).sort_values(["_o", "tokens_per_param"], kind="stable")
             .drop(columns="_o").reset_index(drop=True))
+
+
+def repetition_table(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], budget_map: dict,
+                     summaries: pd.DataFrame) -> pd.DataFrame:
+    """What passing over the data more than once does, per size x budget x model: the passes, and
+    the mean over seeds of the last training loss (the mean over the steps since the last
+    evaluation) and of the final full-split validation loss, and ``val - train``. In a single pass
+    every training window is new, so its loss estimates the validation loss; once windows repeat,
+    a training loss below the validation loss is memorisation (the gap grows with the passes)."""
+    rows = []
+    by_cell = summaries.groupby(["size", "epochs"], sort=False)
+    for t in trios:
+        for e in t.epochs:
+            d = by_cell.get_group((t.size, e))
+            passes = float((d["tokens"] / d["train_targets"]).iloc[0]) if "train_targets" in d else float("nan")
+            m = collect_metrics(preset, list(t.models), t.seeds_of(seeds), overrides=budget_map[e])
+            last = m.sort_values("step").groupby(["model", "seed"]).tail(1)
+            for model in t.models:
+                r = last[last["model"] == model]
+                rows.append({"size": t.size, "epochs": e, "data_passes": passes, "model": model,
+                             "n": len(r), "train_loss": float(r["train_loss"].mean()),
+                             "val_loss": float(r["val_loss"].mean()),
+                             "val_minus_train": float((r["val_loss"] - r["train_loss"]).mean())})
+    return pd.DataFrame(rows)
+
+
+def power_frame(per_seed: pd.DataFrame, active: dict, target: float = 0.05) -> pd.DataFrame:
+    """What every point of the map takes to resolve (:func:`studylib.study.tables.power_rows`):
+    one row per size x budget x gap, the effect being the paper's gap at its point (SPEC section 7;
+    the map's question is whether the gaps reach it)."""
+    groups, keys = {}, {}
+    for (size, e, gap), d in per_seed.groupby(["size", "epochs", "gap"], sort=False):
+        label = f"{size_label(size, active[size])}, {e:g} epochs, {gap}"
+        groups[label] = d.sort_values("seed")["value"].to_numpy()
+        keys[label] = {"size": size, "epochs": e, "gap": gap, "tokens_per_param": float(d["tokens_per_param"].iloc[0])}
+    effects = {label: abs(PAPER_POINT[k["gap"]]) for label, k in keys.items()}
+    rows = power_rows(groups, effects, target)
+    return pd.concat([pd.DataFrame([keys[c] for c in rows["comparison"]]), rows], axis=1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -69,8 +69,10 @@ def repo_root(start: Optional[os.PathLike] = None) -> Path:
     return Path(__file__).resolve().parents[2]  # studylib/study/notebooks.py -> the repository
 
 
-def find_notebooks(notebook_dir: os.PathLike, select: Optional[Sequence[str]] = None) -> list[Path]:
-    """``NN_*.py`` files of ``notebook_dir`` in order; ``select``: numbers ("01", "3") or names."""
+def find_notebooks(notebook_dir: os.PathLike, select: Optional[Sequence[str]] = None,
+                   label: str = "--notebooks") -> list[Path]:
+    """``NN_*.py`` files of ``notebook_dir`` in order; ``select``: numbers ("01", "3") or names
+    (``label`` names where they came from in an error)."""
     nbs = sorted(p for p in Path(notebook_dir).glob("*.py") if NOTEBOOK_RE.match(p.name))
     if not select:
         return nbs
@@ -79,7 +81,7 @@ def find_notebooks(notebook_dir: os.PathLike, select: Optional[Sequence[str]] = 
         s = str(s)
         hits = [p for p in nbs if p.name.split("_")[0] == s.zfill(2) or p.stem == s or p.name == s]
         if not hits:
-            raise ConfigError(f"--notebooks: no notebook {s!r} in {notebook_dir}; allowed: "
+            raise ConfigError(f"{label}: no notebook {s!r} in {notebook_dir}; allowed: "
                               f"{[p.name.split('_')[0] for p in nbs]}")
         out += [h for h in hits if h not in out]
     return sorted(out)
@@ -170,7 +172,10 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     root = Path(root).resolve() if root is not None else repo_root()
     preset, param_arg = _study_params(params, root)
     nb_dir = Path(notebook_dir) if notebook_dir is not None else root / "notebooks"
-    nbs = find_notebooks(nb_dir, notebooks)
+    label = "--notebooks"
+    if not notebooks and preset.study.get("notebooks") is not None:
+        notebooks, label = preset_notebooks(preset), "study.notebooks"
+    nbs = find_notebooks(nb_dir, notebooks, label)
     if not nbs:
         raise ConfigError(f"no notebooks (NN_*.py) in {nb_dir}")
     declared, extra, jobs = _check_parameters(nbs, parameters, jobs)
@@ -179,7 +184,9 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     preset, ov = apply_parameters(preset, extra.get("seeds"), extra.get("overrides"))
     out = root / outputs_root(preset) / preset.name  # where notebook_context puts it too
     echo(f"study {preset.name!r}: {len(nbs)} notebook(s) -> {out / 'notebooks'}"
-         + (f"; parameters {extra}" if extra else ""))
+         + (f"; parameters {extra}" if extra else "")
+         + (f"; the preset's study.notebooks: {', '.join(p.name.split('_')[0] for p in nbs)} (others: "
+            "--notebooks NN)" if label == "study.notebooks" else ""))
     per_notebook = {py: {"params": param_arg, "jobs": jobs, **{k: v for k, v in extra.items() if k in declared[py]}}
                     for py in nbs}
     runs_s = train_study_runs(preset, nbs, jobs, root, progress, echo)
@@ -197,6 +204,18 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     echo(f"study {preset.name!r} finished in {total:.1f} s: runs {runs_s:.1f} s, "
          + ", ".join(f"{k.split('_')[0]} {v:.1f} s" for k, v in times.items()))
     return {"notebooks": times, "runs_s": runs_s, "report": report_path, "total_s": total}
+
+
+def preset_notebooks(preset) -> list[str]:
+    """``study.notebooks``: the notebooks a preset's study runs when ``--notebooks`` is not given
+    (numbers or names; absent: all). A preset that leaves some out (``cpu``: the comparisons that did
+    not fit its 30 minutes) names them in its header and a longer preset runs them."""
+    v = preset.study.get("notebooks")
+    if not isinstance(v, (list, tuple)) or not v or not all(isinstance(x, (str, int)) and not isinstance(x, bool)
+                                                             for x in v):
+        raise ConfigError(f"study.notebooks: expected a non-empty list of notebook numbers or names "
+                          f"(e.g. ['01', '03']), got {v!r}")
+    return [f"{x:02d}" if isinstance(x, int) else x for x in v]
 
 
 def _check_notebook_jobs(notebook_jobs) -> int:

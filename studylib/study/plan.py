@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from studylib.config import ConfigError, Preset
+from studylib.study import noise
 from studylib.study.sweep import Grid, budget_overrides
 
 
@@ -44,6 +45,23 @@ def headline_grid(preset: Preset) -> Grid:
     return Grid(study_list(preset, "headline"), list(preset.seeds))
 
 
+def first_seeds(preset: Preset, key: str) -> list[int]:
+    """The first ``study.<key>`` of the preset's seeds (all of them when the knob is absent): the
+    comparisons that get fewer seeds than the headline."""
+    k = preset.study.get(key)
+    if k is None:
+        return list(preset.seeds)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+        raise ConfigError(f"study.{key}: expected how many of the preset's seeds to use (an integer >= 2), got {k!r}")
+    return list(preset.seeds[:k])
+
+
+def downstream_grid(preset: Preset) -> Grid:
+    """Notebook 10: the headline trio at the preset's budget, the first ``study.downstream_seeds``
+    seeds (each run is exported and evaluated: ~8 s a run on the AVX2 machine)."""
+    return Grid(study_list(preset, "headline"), first_seeds(preset, "downstream_seeds"))
+
+
 def reference_moe(preset: Preset) -> str:
     """``study.reference_moe``, else the headline's MoE (its second model)."""
     return preset.study.get("reference_moe") or study_list(preset, "headline")[1]
@@ -55,20 +73,23 @@ def reference_grid(preset: Preset) -> Grid:
 
 
 def ablation_grid(preset: Preset) -> Grid:
-    """Notebook 02: the routing variants at ``study.ablation_epochs``."""
-    return Grid(study_list(preset, "ablation"), list(preset.seeds),
+    """Notebook 02: the routing variants at ``study.ablation_epochs``, the first
+    ``study.comparison_seeds`` seeds."""
+    return Grid(study_list(preset, "ablation"), first_seeds(preset, "comparison_seeds"),
                 budget_overrides(preset, study_epochs(preset, "ablation_epochs")))
 
 
 def granularity_grid(preset: Preset) -> Grid:
-    """Notebook 06: the soft-MoE K sweep at ``study.granularity_epochs``."""
-    return Grid(study_list(preset, "granularity"), list(preset.seeds),
+    """Notebook 06: the soft-MoE K sweep at ``study.granularity_epochs``, the first
+    ``study.comparison_seeds`` seeds."""
+    return Grid(study_list(preset, "granularity"), first_seeds(preset, "comparison_seeds"),
                 budget_overrides(preset, study_epochs(preset, "granularity_epochs")))
 
 
 def iso_width_grid(preset: Preset) -> Grid:
-    """Notebook 07: the iso-width pair at ``study.iso_width_epochs``."""
-    return Grid(study_list(preset, "iso_width"), list(preset.seeds),
+    """Notebook 07: the iso-width pair at ``study.iso_width_epochs``, the first
+    ``study.comparison_seeds`` seeds."""
+    return Grid(study_list(preset, "iso_width"), first_seeds(preset, "comparison_seeds"),
                 budget_overrides(preset, study_epochs(preset, "iso_width_epochs")))
 
 
@@ -85,15 +106,20 @@ def _lr_grids(preset: Preset) -> list[Grid]:
     return lr_sweep.sweep_grids(preset, study_list(preset, "headline"), lr_sweep.sweep_spec(preset))
 
 
+def _noise_grids(preset: Preset) -> list[Grid]:
+    spec = noise.noise_spec(preset)
+    return [] if spec is None else noise.noise_grids(study_list(preset, "headline"), spec)
+
+
 #: notebook (file stem) -> its grids
 NOTEBOOK_GRIDS: dict[str, Callable[[Preset], list[Grid]]] = {
     "02_routing_ablation": lambda p: [ablation_grid(p)],
-    "03_headline_sweep": lambda p: [headline_grid(p)],
+    "03_headline_sweep": lambda p: [headline_grid(p), *_noise_grids(p)],
     "04_routing_diagnostics": lambda p: [reference_grid(p)],
     "06_granularity_sweep": lambda p: [granularity_grid(p)],
     "07_iso_width": lambda p: [iso_width_grid(p)],
     "09_token_budget": _budget_grids,
-    "10_downstream": lambda p: [headline_grid(p)],
+    "10_downstream": lambda p: [downstream_grid(p)],
     "11_learning_rate": _lr_grids,
 }
 
@@ -104,5 +130,5 @@ def study_grids(preset: Preset, notebooks: Sequence[str]) -> list[Grid]:
     return [g for name in notebooks for g in NOTEBOOK_GRIDS.get(name, lambda p: [])(preset)]
 
 
-__all__ = ["study_grids", "reference_moe", "reference_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid",
+__all__ = ["study_grids", "first_seeds", "downstream_grid", "reference_moe", "reference_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid",
            "study_epochs", "study_list", "NOTEBOOK_GRIDS"]

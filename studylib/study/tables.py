@@ -4,7 +4,10 @@
 * comparisons: :func:`comparison_table` (any set of paired model comparisons: per-seed gaps, mean,
   std, n, 95% CI, p, resolved; every comparison table below is built on it);
 * headline (SPEC Tables 2 and 6): :func:`headline_table`, :func:`seed_table`, :func:`headline_gaps`
-  (matched-active and matched-total gaps with the paper's next to them), :func:`gap_curves` (Figure 3);
+  (matched-active and matched-total gaps with the paper's next to them), :func:`gap_curves` (Figure 3),
+  :func:`seed_spread` (the worst seed against the median: runs that stayed behind);
+* :func:`power_table`: what each comparison's measured noise takes to resolve (seeds for a CI
+  half-width, seeds for 80% power at the paper's effect);
 * budgets (Table 5): :func:`accounting_frame`, :func:`param_split`;
 * :func:`granularity_table` (soft-MoE K sweep, each K against K = 1) and :func:`throughput_table` (Table 8);
 * formatting: :func:`pm` (mean ± std), :func:`fmt_count` (14.89M / 147.8k).
@@ -23,7 +26,7 @@ import pandas as pd
 from studylib.config import count_params, ffn_label
 from studylib.study.frames import aggregate, eval_curves, paired_gaps
 from studylib.study.paper import PAPER_GAPS
-from studylib.study.stats import paired
+from studylib.study.stats import half_width_at, paired, power_of
 
 #: the columns of a comparison row (see :func:`comparison_table`)
 COMPARISON_COLUMNS = ("a", "b", "mean", "std", "n", "ci_low", "ci_high", "p", "resolved", "gap")
@@ -77,6 +80,45 @@ def relabel(table: pd.DataFrame, labels: Mapping) -> pd.DataFrame:
         ps = ps.copy()
         ps["comparison"] = ps["comparison"].map(lambda k: labels.get(k, k))
         out.attrs["per_seed"] = ps
+    return out
+
+
+#: the seed counts :func:`power_table` shows the CI half-width for
+POWER_SEEDS = (3, 5, 10, 20)
+
+
+def power_table(comparisons: pd.DataFrame, effects: Mapping[str, float], target: float = 0.03,
+                seeds: Sequence[int] = POWER_SEEDS) -> pd.DataFrame:
+    """What each comparison of a :func:`comparison_table` takes to resolve, from its per-seed gaps
+    (``attrs["per_seed"]``): :func:`power_rows` indexed by comparison."""
+    ps = comparisons.attrs.get("per_seed")
+    if ps is None:
+        raise KeyError("power_table: the comparison table has no attrs['per_seed'] (build it with comparison_table)")
+    gaps = {label: ps.loc[ps["comparison"] == label, "gap"].to_numpy(dtype=float) for label in comparisons.index}
+    return power_rows(gaps, effects, target, seeds).set_index("comparison")
+
+
+def power_rows(gaps: Mapping, effects: Mapping, target: float, seeds: Sequence[int] = POWER_SEEDS) -> pd.DataFrame:
+    """One row per ``label: per-seed gaps`` (:func:`studylib.study.stats.power_of`): ``n``,
+    ``mean``, the per-seed ``std`` of the gap and its 95% upper bound ``std_high``, the CI
+    half-width now and at each of ``seeds`` (``hw@n``), the seeds for a half-width <= ``target``
+    and the seeds for 80% power to resolve a true gap of ``effects[label]`` (NaN without one),
+    each also at ``std_high`` (``*_high``)."""
+    rows = []
+    for label, d in gaps.items():
+        effect = float(effects.get(label, float("nan")))
+        pw = power_of(np.asarray(d, dtype=float), target=target, effect=effect)
+        row = {"comparison": label, "n": pw.n, "mean": pw.mean, "std": pw.std, "std_high": pw.std_high,
+               "half_width": pw.half_width}
+        row.update({f"hw@{k}": half_width_at(pw.std, k) for k in seeds})
+        known = math.isfinite(effect)
+        row.update({"target": target, "seeds_target": pw.seeds_target, "seeds_target_high": pw.seeds_target_high,
+                    "effect": effect, "seeds_effect": pw.seeds_effect if known else None,
+                    "seeds_effect_high": pw.seeds_effect_high if known else None})
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    for col in ("seeds_target", "seeds_target_high", "seeds_effect", "seeds_effect_high"):
+        out[col] = out[col].astype("Int64")
     return out
 
 
@@ -137,6 +179,25 @@ def headline_gaps(df: pd.DataFrame, dense_active: str, moe: str, dense_total: st
     t["paper_mean"] = [PAPER_GAPS[k][0] for k in t.index]
     t["paper_std"] = [PAPER_GAPS[k][1] for k in t.index]
     return t
+
+
+def seed_spread(df: pd.DataFrame, models: Sequence[str], threshold: float = 0.15,
+                value: str = "best_val_loss") -> pd.DataFrame:
+    """Per model: n, median, std (ddof=1), best and worst seed of ``value``, ``worst - median`` and
+    the seeds more than ``threshold`` above the median (``failed``: runs that stayed behind, e.g.
+    left the unigram plateau late)."""
+    rows = []
+    for m in models:
+        g = df[df["model"] == m].set_index("seed")[value].astype(float)
+        if g.empty:
+            raise KeyError(f"seed_spread: no runs of {m!r}")
+        med = float(g.median())
+        bad = [int(s) for s, v in g.items() if v - med > threshold]
+        rows.append({"model": m, "n": len(g), "median": med, "std": float(g.std(ddof=1)) if len(g) > 1 else np.nan,
+                     "best": float(g.min()), "worst": float(g.max()), "worst_seed": int(g.idxmax()),
+                     "worst_minus_median": float(g.max()) - med, "threshold": threshold,
+                     "failed": ", ".join(map(str, bad)) or "none"})
+    return pd.DataFrame(rows).set_index("model")
 
 
 def gap_curves(metrics: pd.DataFrame, pairs: dict, value: str = "val_loss") -> pd.DataFrame:

@@ -63,14 +63,33 @@ def limits(n_seeds: int, tokens: Optional[float] = None, what: str = "") -> str:
     does not show. ``what`` adds a study-specific sentence."""
     if n_seeds < 2:
         s = "with one seed there is no interval: nothing here is resolved, and seed-to-seed noise is unmeasured"
-    else:
+    elif n_seeds < 5:
         s = (f"with n={n_seeds} seeds the paired t interval has {n_seeds - 1} degree"
              f"{'s' if n_seeds > 2 else ''} of freedom, so only large, consistent gaps resolve; an "
              "unresolved gap is not evidence of no difference")
+    else:
+        s = (f"with n={n_seeds} seeds an unresolved gap is not evidence of no difference, only that any "
+             "difference is smaller than the interval's far end")
     if tokens is not None:
         s += (f". Every run saw one budget ({int(tokens):,} target tokens) at one model size: nothing "
               "here says how the gaps move with more data or larger models")
     return f"What this does not show: {s}." + (f" {what}" if what else "")
+
+
+def paper_clause(gap, paper: float) -> str:
+    """Where the paper's value of a gap lies against this gap's 95% CI (same sign convention):
+    inside it, or above / below it (then the interval rules the paper's value out). Empty without
+    an interval."""
+    p = _paired_of(gap)
+    if p.n < 2 or math.isnan(p.ci_low):
+        return ""
+    if p.ci_low <= paper <= p.ci_high:
+        return f"; the paper's {paper:+.4f} lies inside this interval"
+    if paper > p.ci_high:
+        what = "a gap as large as the paper's is ruled out here" if paper > 0 else "the paper's value is ruled out here"
+        return f"; the paper's {paper:+.4f} lies above this interval, so {what}"
+    what = "the gap here is larger than the paper's" if paper >= 0 else "the paper's value is ruled out here"
+    return f"; the paper's {paper:+.4f} lies below this interval, so {what}"
 
 
 def headline_verdict(gaps: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
@@ -83,9 +102,9 @@ def headline_verdict(gaps: pd.DataFrame, dense_active: str, moe: str, dense_tota
     act, tot = gaps.loc["active"], gaps.loc["total"]
     pa, pt = PAPER_GAPS["active"], PAPER_GAPS["total"]
     s = (f"Matched-active gap ({dense_active} − {moe}){where}: {gap_phrase(act, dense_active, moe)}; "
-         f"paper: the MoE ahead by {pa[0]:.4f} ± {pa[1]:.4f} (3 seeds). "
+         f"paper: the MoE ahead by {pa[0]:.4f} ± {pa[1]:.4f} (3 seeds){paper_clause(act, pa[0])}. "
          f"Matched-total gap ({moe} − {dense_total}): {gap_phrase(tot, moe, dense_total)}; "
-         f"paper: the dense total-match ahead by {pt[0]:.4f} ± {pt[1]:.4f}. ")
+         f"paper: the dense total-match ahead by {pt[0]:.4f} ± {pt[1]:.4f}{paper_clause(tot, pt[0])}. ")
     agree = [bool(r["resolved"]) and r["mean"] > 0 for r in (act, tot)]
     against = [k for k, r in (("matched-active", act), ("matched-total", tot)) if bool(r["resolved"]) and r["mean"] < 0]
     order = f"{dense_active} > {moe} > {dense_total} (in loss)"
@@ -100,6 +119,31 @@ def headline_verdict(gaps: pd.DataFrame, dense_active: str, moe: str, dense_tota
               f"{'s are' if len(open_) > 1 else ' is'} not resolved. ")
     return s + limits(int(min(act["n"], tot["n"])), tokens,
                       "The paper's own curves span 40.5M to 426.3M tokens per run.")
+
+
+def _count(n) -> str:
+    return "more than 1,000" if n is None or pd.isna(n) else f"{int(n)}"
+
+
+def power_sentences(power: pd.DataFrame) -> str:
+    """One sentence per row of a :func:`studylib.study.tables.power_table`: the measured per-seed
+    std of the gap, the CI half-width it gives now, the seeds a half-width of ``target`` needs and
+    the seeds that resolve the paper's effect with 80% power (at the measured std, and at the
+    std's 95% upper bound, since a std from few seeds is itself uncertain)."""
+    out = []
+    for label, r in power.iterrows():
+        if r["n"] < 2 or pd.isna(r["std"]):
+            out.append(f"{label}: one seed, so its noise is unmeasured and nothing can be planned from it.")
+            continue
+        s = (f"{label}: per-seed std of the gap {r['std']:.4f} (95% upper bound {r['std_high']:.4f}, "
+             f"n={int(r['n'])}), so {int(r['n'])} seeds give a 95% CI of ±{r['half_width']:.4f}; "
+             f"±{r['target']:.2f} takes {_count(r['seeds_target'])} seeds "
+             f"({_count(r['seeds_target_high'])} at the upper bound)")
+        if not pd.isna(r["effect"]):
+            s += (f", and resolving a true gap of {r['effect']:.4f} (the paper's) with 80% power takes "
+                  f"{_count(r['seeds_effect'])} ({_count(r['seeds_effect_high'])})")
+        out.append(s + ".")
+    return " ".join(out)
 
 
 def collapse_sentence(col: pd.DataFrame, threshold: float = 0.9) -> str:

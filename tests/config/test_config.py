@@ -181,13 +181,15 @@ def test_extends_errors_name_the_file_and_what_was_expected(tmp_path):
 
 def test_cpu_full_is_cpu_with_longer_study_budgets_only():
     """params/cpu_full.yaml trains the same models with the same recipe, data and seeds as cpu; only
-    its name and study budgets differ (so its header's claim holds)."""
+    its name, the notebooks it runs and its study budgets differ (so its header's claim holds)."""
     cpu, full = load_preset(ROOT / "params" / "cpu.yaml"), load_preset(ROOT / "params" / "cpu_full.yaml")
     assert (full.data, full.train, full.model, full.models, full.seeds) == \
         (cpu.data, cpu.train, cpu.model, cpu.models, cpu.seeds)
     assert full.name == "cpu_full" != cpu.name
     changed = {k for k in set(cpu.study) | set(full.study) if cpu.study.get(k) != full.study.get(k)}
-    assert changed == {"ablation_epochs", "granularity_epochs", "iso_width_epochs", "lr_sweep", "token_budget"}
+    assert changed == {"ablation_epochs", "granularity_epochs", "iso_width_epochs", "lr_sweep", "token_budget",
+                       "notebooks", "downstream_seeds", "noise_split"}
+    assert full.study["notebooks"] is None and full.study["downstream_seeds"] is None  # every notebook, seed
     for k in ("ablation_epochs", "granularity_epochs", "iso_width_epochs"):
         assert cpu.study[k] < full.study[k] == 1.0
     assert full.study["lr_sweep"] == {**cpu.study["lr_sweep"], "epochs": 1.0}

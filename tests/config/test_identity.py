@@ -87,3 +87,13 @@ def test_another_split_version_is_another_run():
     assert not same_run(other, new)
     del other["run"]["data_split"]
     assert not same_run(other, new)
+
+
+def test_data_seed_of_the_runs_own_seed_is_the_same_run():
+    """train.data_seed equal to the run's seed is the run's own data order (its default): the same
+    run; another data seed is another run, and so is the same data seed under another run seed."""
+    base = _doc(seed=3)
+    assert same_run(_doc(seed=3, **{"train.data_seed": 3}), base)
+    assert not same_run(_doc(seed=3, **{"train.data_seed": 4}), base)
+    assert not same_run(_doc(seed=4, **{"train.data_seed": 3}), base)
+    assert same_run(_doc(seed=4, **{"train.data_seed": 4}), _doc(seed=4))

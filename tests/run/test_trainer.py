@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -165,6 +166,34 @@ def test_grad_accumulation_2x8_equals_1x16(tmp_path, data):
     wb = C.load(tmp_path / "b" / "checkpoints" / "latest.pt")["model"]
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
+
+
+def test_data_seed_moves_the_data_order_and_leaves_the_initialisation(tmp_path, data):
+    """train.data_seed: None is the run's seed (the same run, bit for bit); another value keeps the
+    initialisation (seed) and changes only which windows each step reads."""
+    preset = tiny_preset(train={"max_steps": 3, "eval_every": 3, "keep_checkpoints": True})
+    runs = {}
+    for name, ds in (("plain", None), ("same", 1), ("other", 2)):
+        ov = {} if ds is None else {"train.data_seed": ds}
+        T.train_run(preset, "dense", 1, run_dir=tmp_path / name, progress=False, data=data, overrides=ov)
+        runs[name] = C.load(tmp_path / name / "checkpoints" / "latest.pt")
+    for k, w in runs["plain"]["model"].items():
+        assert torch.equal(w, runs["same"]["model"][k])
+    assert runs["other"]["data_position"]["seed"] == 2 and runs["plain"]["data_position"]["seed"] == 1
+    assert any(not torch.equal(w, runs["other"]["model"][k]) for k, w in runs["plain"]["model"].items())
+    # the initialisation is the seed's: a zero-step view of it is the same model in both runs
+    T.train_run(preset, "dense", 1, run_dir=tmp_path / "init_a", progress=False, data=data,
+                overrides={"train.max_steps": 1, "train.lr": 1e-9, "train.min_lr": 1e-9})
+    T.train_run(preset, "dense", 1, run_dir=tmp_path / "init_b", progress=False, data=data,
+                overrides={"train.max_steps": 1, "train.lr": 1e-9, "train.min_lr": 1e-9, "train.data_seed": 2})
+    a = C.load(tmp_path / "init_a" / "checkpoints" / "latest.pt")["model"]
+    b = C.load(tmp_path / "init_b" / "checkpoints" / "latest.pt")["model"]
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+def test_data_seed_is_validated():
+    with pytest.raises(ConfigError, match="train.data_seed"):
+        tiny_preset(train={"data_seed": -1})
 
 
 class _Boom(Exception):
@@ -341,3 +370,24 @@ def test_impossible_batch_is_refused_before_the_model_exists(tmp_path, data, mon
         T.train_run(tiny_preset(train={"batch_size": 1000}), "dense", 1, run_dir=tmp_path / "new" / "r",
                     progress=False, data=data)
     assert (tmp_path / "new").is_dir() and not (tmp_path / "new" / "r").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="torch.compile's CPU backend needs a C compiler")
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_compiled_training_matches_eager(tmp_path, data, model):
+    """train.compile: the compiled step (inductor, CPU) trains the same model as the eager one to
+    fp32 tolerance: losses, best val loss and weights after 4 steps."""
+    preset = tiny_preset(train={"max_steps": 4, "eval_every": 2}, model={**TINY_RAW["model"], "dropout": 0.0})
+    eager = T.train_run(preset, model, 1, run_dir=tmp_path / "eager", progress=False, data=data)
+    compiled = T.train_run(preset, model, 1, run_dir=tmp_path / "compiled", progress=False, data=data,
+                           overrides={"train.compile": True})
+    la = [r["train_loss"] for r in RunDir(tmp_path / "eager").read_metrics() if r["kind"] == "train"]
+    lb = [r["train_loss"] for r in RunDir(tmp_path / "compiled").read_metrics() if r["kind"] == "train"]
+    assert len(la) == 4 and np.allclose(la, lb, rtol=0, atol=1e-5)
+    assert compiled["best_val_loss"] == pytest.approx(eager["best_val_loss"], abs=1e-5)
+    wa = C.load(tmp_path / "eager" / "checkpoints" / "latest.pt")["model"]
+    wb = C.load(tmp_path / "compiled" / "checkpoints" / "latest.pt")["model"]
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)

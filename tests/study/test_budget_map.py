@@ -51,12 +51,27 @@ def test_budget_trios_reads_the_knob_in_order():
     ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [True]}]}, "study.token_budget.trios[0].epochs"),
     ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0]}] * 2},
      "study.token_budget.trios[1].models[1]: the reference MoE 'moe' names a second trio"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0], "seeds": 1}]},
+     "study.token_budget.trios[0].seeds: expected how many"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0], "seed": 3}]},
+     "study.token_budget.trios[0]: expected a mapping with keys"),
 ])
 def test_a_bad_knob_is_one_line_naming_the_key(tb, where):
     p = _preset() if tb is None else _preset(token_budget=tb)
     with pytest.raises(ConfigError) as e:
         bm.budget_trios(p)
     assert str(e.value).startswith(where) and "\n" not in str(e.value)
+
+
+def test_a_trio_may_train_the_first_k_seeds_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
+    p = _preset(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [2.0], "seeds": 2}]})
+    (t,) = bm.budget_trios(p)
+    assert t.seeds_of([5, 6, 7]) == [5, 6] and bm.Trio("a", "b", "c", (1.0,)).seeds_of([5, 6, 7]) == [5, 6, 7]
+    budget_map = bm.budgets(p, [t])
+    (g,) = bm.budget_grids([t], [5, 6, 7], budget_map)
+    assert list(g.seeds) == [5, 6]
+    assert (bm.run_plan(p, [t], [5, 6, 7], budget_map)["seeds"] == 2).all()
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,3 +349,31 @@ def test_paper_preset_points_are_read_from_its_runs_without_data(tmp_path, monke
     assert table["active_mean"].tolist() == pytest.approx([0.1, 0.1])  # dense 3.1 - MoE 3.0, every seed
     assert table["total_mean"].tolist() == pytest.approx([-0.1, -0.1]) and list(table["active_n"]) == [2, 2]
     assert bm.paper_preset_points(tmp_path, paper_p)[0] is None  # the paper preset itself
+
+
+def test_repetition_table_and_power_frame_from_finished_runs(tmp_path, monkeypatch):
+    """val - train from each run's last eval record (written by hand here), and the power of every
+    point from its per-seed gaps."""
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
+    p = _preset(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0, 2.0]}]})
+    trios = bm.budget_trios(p)
+    budget_map = bm.budgets(p, trios)
+    for s in (1, 2, 3):
+        for e in (1.0, 2.0):
+            for m, loss in (("moe", 3.0), ("dense", 3.02 + 0.01 * s), ("dense2", 2.95)):
+                rd = _fake_run(p, m, s, budget_map[e], loss, train_targets=12 * 16 * 32)
+                memorised = 0.1 * (e - 1) * (1 + (m == "dense2"))
+                rd.append_metrics({"kind": "eval", "step": 6, "val_loss": loss + 1, "train_loss": loss + 1})
+                rd.append_metrics({"kind": "eval", "step": 12 * int(e), "val_loss": loss, "train_loss": loss - memorised})
+    summ = bm.train_budgets(p, trios, [1, 2, 3], budget_map, jobs=1, progress=False)
+    rep = bm.repetition_table(p, trios, [1, 2, 3], budget_map, summ).set_index(["epochs", "model"])
+    assert rep.loc[(1.0, "moe"), "data_passes"] == pytest.approx(1.0) and rep.loc[(2.0, "moe"), "data_passes"] == 2.0
+    assert rep.loc[(1.0, "dense2"), "val_minus_train"] == pytest.approx(0.0)
+    assert rep.loc[(2.0, "moe"), "val_minus_train"] == pytest.approx(0.1)
+    assert rep.loc[(2.0, "dense2"), "val_minus_train"] == pytest.approx(0.2) and rep.loc[(2.0, "dense2"), "n"] == 3
+    active = bm.active_params(p, trios)
+    pw = bm.power_frame(bm.gap_frame(summ, trios, active), active, target=0.05).set_index(["epochs", "gap"])
+    # active gap per seed 0.03 / 0.04 / 0.05: std 0.01; the paper's 0.0758 with 80% power needs 3 seeds
+    assert pw.loc[(1.0, "active"), "std"] == pytest.approx(0.01)
+    assert pw.loc[(1.0, "active"), "effect"] == pytest.approx(0.0758) and pw.loc[(1.0, "total"), "effect"] == 0.018
+    assert pw.loc[(1.0, "active"), "seeds_effect"] == 3 and pw.loc[(1.0, "active"), "seeds_target"] == 3

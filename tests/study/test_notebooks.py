@@ -534,3 +534,21 @@ def test_every_study_notebook_takes_seeds_and_overrides():
                          and "parameters" not in c.metadata.get("tags", []))
         code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
         assert _context_call(code) == {k: k for k in ("params", "jobs", "seeds", "overrides")}, py.name
+
+
+def test_the_presets_study_notebooks_choose_the_default_selection(repo):
+    raw = tiny_raw(name="t", study={"notebooks": ["01", 3]})
+    (repo / "params" / "t.yaml").write_text(yaml.safe_dump(raw))
+    lines = []
+    res = study.run_study("params/t.yaml", root=repo, jobs=3, report=False, progress=False, echo=lines.append)
+    assert list(res["notebooks"]) == ["01_ok", "03_show"]  # 02 (which fails) is not run
+    assert any("the preset's study.notebooks: 01, 03" in line for line in lines)
+    # --notebooks still chooses
+    res = study.run_study("params/t.yaml", notebooks=["01"], root=repo, jobs=3, report=False, progress=False,
+                          echo=lambda m: None)
+    assert list(res["notebooks"]) == ["01_ok"]
+    for bad, msg in ((["07"], "study.notebooks: no notebook '07'"), ("01", "study.notebooks: expected a non-empty list")):
+        raw["study"]["notebooks"] = bad
+        (repo / "params" / "t.yaml").write_text(yaml.safe_dump(raw))
+        with pytest.raises(study.ConfigError, match=msg):
+            study.run_study("params/t.yaml", root=repo, report=False, progress=False, echo=lambda m: None)

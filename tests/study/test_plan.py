@@ -6,10 +6,11 @@ import re
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 
 from _tiny import tiny_raw
-from studylib.config import load_preset, run_document
+from studylib.config import ConfigError, load_preset, run_document
 from studylib.run.rundir import RunDir
 from studylib.study import notebooks as study
 from studylib.study import plan, sweep
@@ -26,7 +27,7 @@ def test_every_notebook_that_trains_is_in_the_plan():
 
 def _fake_train_run(calls):
     def train_run(preset, model, seed, run_dir=None, progress=True, data=None):
-        calls.append((model, seed, preset.train.max_steps, preset.train.lr))
+        calls.append((model, seed, preset.train.max_steps, preset.train.lr, preset.train.data_seed))
         rd = RunDir(run_dir)
         rd.path.mkdir(parents=True, exist_ok=True)
         rd.write_config(run_document(preset, preset.model_config(model), model, seed))
@@ -39,7 +40,8 @@ def test_the_ci_plan_trains_each_run_once(tmp_path, monkeypatch):
     steps; K sweep 4 at 6 steps; iso-width at 6 steps +2 (moe_iso, dense_active); token budget: the
     headline trio at 6 steps +1 (dense_total; the others are the ablation's and iso-width's) and at
     12 steps +0, the small trio at 6 and 12 steps +6; lr sweep at 6 steps: the preset's lr +0 (the
-    6-step runs above), 3 models x 2 other lrs +6. 27 runs per seed."""
+    6-step runs above), 3 models x 2 other lrs +6. 27 runs per seed. The noise split (seeds: 2)
+    adds seed 1338 with data seed 1337 and seed 1337 with data seed 1338: +6."""
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
     monkeypatch.chdir(ROOT)
     calls = []
@@ -49,7 +51,7 @@ def test_the_ci_plan_trains_each_run_once(tmp_path, monkeypatch):
     preset = load_preset("params/ci.yaml")
     grids = plan.study_grids(preset, [p.stem for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))])
     frames = sweep.ensure_grids(preset, grids, jobs=1, progress=False)
-    assert len(calls) == 27 * 2 and len(set(calls)) == len(calls)
+    assert len(calls) == 27 * 2 + 6 and len(set(calls)) == len(calls)
     assert sum(len(f) for f in frames) > len(calls)  # grids share runs: trained once, read by each
     assert {c[2] for c in calls} == {6, 12}
     assert {c[3] for c in calls} == {1e-3, 3e-3, 1e-2}
@@ -101,3 +103,17 @@ def test_study_trains_the_plan_before_the_notebooks(tmp_path, monkeypatch):
     assert res["runs_s"] > 0 and any(line.startswith("runs ready in") for line in lines)
     assert "READY [True, True, True, True]" in (tmp_path / "outputs" / "t" / "notebooks" /
                                                   "03_headline_sweep.ipynb").read_text()
+
+
+def test_fewer_seeds_for_the_comparisons_that_ask_for_them():
+    p = load_preset(ROOT / "params" / "ci.yaml", ["seeds=[5,6,7,8]", "study.downstream_seeds=2",
+                                                   "study.noise_split={seeds: 3}"])
+    assert plan.first_seeds(p, "downstream_seeds") == [5, 6] == list(plan.downstream_grid(p).seeds)
+    assert plan.first_seeds(p, "no_such_knob") == [5, 6, 7, 8]
+    headline = plan.study_grids(p, ["03_headline_sweep"])
+    # the headline over every seed, then the noise split: init only (3 seeds), order only (one grid per data seed)
+    assert list(headline[0].seeds) == [5, 6, 7, 8] and list(headline[2].seeds) == [5, 6, 7]
+    assert [g.overrides for g in headline[3:]] == [{"train.data_seed": s} for s in (5, 6, 7)]
+    bad = load_preset(ROOT / "params" / "ci.yaml", ["study.downstream_seeds=1"])
+    with pytest.raises(ConfigError, match="study.downstream_seeds"):
+        plan.first_seeds(bad, "downstream_seeds")

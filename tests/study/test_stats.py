@@ -1,7 +1,10 @@
 """The paired statistics every comparison uses, on known numbers."""
 import math
 
+import numpy as np
 import pytest
+
+from studylib.study import stats as S
 
 from studylib.study.paper import PAPER_GAPS, PAPER_TABLE6
 from studylib.study.stats import paired
@@ -47,3 +50,44 @@ def test_pairs_by_position_and_rejects_bad_input():
     with pytest.raises(ValueError, match="non-empty"):
         paired([])
     assert paired([1.0, 1.0, 1.0]).resolved  # identical non-zero gaps: zero width, excludes 0
+
+
+# --------------------------------------------------------------------------------------------
+# power
+# --------------------------------------------------------------------------------------------
+def test_half_width_at_is_the_interval_paired_gives():
+    d = np.array([0.11, 0.02, 0.07, -0.01, 0.05])
+    p = S.paired(d)
+    assert S.half_width_at(p.std, p.n) == pytest.approx(p.ci_high - p.mean, rel=1e-12)
+    assert math.isnan(S.half_width_at(0.1, 1))
+
+
+def test_power_matches_a_simulation_of_paired_t():
+    rng = np.random.default_rng(0)
+    std, effect, n, trials = 0.05, 0.04, 6, 4000
+    hits = sum(S.paired(rng.normal(effect, std, n)).resolved for _ in range(trials))
+    assert S.power_at(std, effect, n) == pytest.approx(hits / trials, abs=0.025)
+    # with no effect, "resolved" happens at the test's level
+    assert S.power_at(std, 0.0, n) == pytest.approx(0.05, abs=1e-9)
+
+
+def test_seeds_for_a_textbook_case():
+    # one-sample t, d = 0.5, two-sided 5%, power 80%: n = 34 (Cohen 1988; G*Power)
+    pw = S.power_of(np.array([0.5, -0.5, 1.5, 0.5]) * 0.1, target=0.01, effect=0.05)
+    assert pw.std == pytest.approx(0.1 * np.std([0.5, -0.5, 1.5, 0.5], ddof=1))
+    assert S.seeds_needed(lambda n: S.power_at(1.0, 0.5, n) >= 0.8) == 34
+    n = pw.seeds_target
+    assert S.half_width_at(pw.std, n) <= 0.01 < S.half_width_at(pw.std, n - 1)
+    n = pw.seeds_effect
+    assert S.power_at(pw.std, 0.05, n) >= 0.8 > S.power_at(pw.std, 0.05, n - 1)
+    # the std's 95% upper bound asks for more seeds, never fewer
+    assert pw.std_high > pw.std and pw.seeds_effect_high >= pw.seeds_effect
+    assert S.seeds_needed(lambda n: False, n_max=5) is None
+
+
+def test_power_fallback_integral_agrees_with_the_noncentral_t(monkeypatch):
+    """Where scipy's noncentral t gives nan, power_at integrates; both agree where both work."""
+    cases = [(0.05, 0.04, 6), (0.03, 0.0758, 3), (1.0, 0.5, 34), (0.02, 0.01, 12)]
+    direct = [S.power_at(*c) for c in cases]
+    monkeypatch.setattr(S._st.nct, "sf", lambda *a, **k: float("nan"))
+    assert [S.power_at(*c) for c in cases] == pytest.approx(direct, abs=1e-6)

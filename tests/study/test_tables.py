@@ -220,3 +220,49 @@ def test_throughput_table_labels_decode_rows_and_other_implementations():
     assert not any(c.startswith("ratio_") for c in t.columns)
     with pytest.raises(KeyError):
         tables.throughput_table(raw, ref="zzz")
+
+
+def test_power_table_on_the_papers_table6():
+    """The paper's own seeds (std 0.0020 per gap) resolve its gaps with 3 seeds; the table's
+    numbers are the stats functions' at that std, and the sentence names them."""
+    g = tables.headline_gaps(table6_frame(), *HEADLINE)
+    pw = tables.power_table(g, g["paper_mean"], target=0.03)
+    assert list(pw.index) == ["active", "total"]
+    assert pw.loc["active", "std"] == pytest.approx(g.loc["active", "std"])
+    assert pw.loc["active", "half_width"] == pytest.approx(g.loc["active", "ci_high"] - g.loc["active", "mean"])
+    assert pw.loc["active", "seeds_target"] == 2 and pw.loc["total", "seeds_effect"] == 3  # 2 seeds: power 0.68
+    assert pw.loc["active", "hw@10"] < pw.loc["active", "hw@5"] < pw.loc["active", "hw@3"]
+    s = text.power_sentences(pw)
+    assert "±0.03 takes 2 seeds" in s and "0.0758" in s
+
+
+def test_power_table_noisy_gap_needs_more_seeds_than_ten():
+    df = summary_frame({"dense_active": [4.00, 4.09, 3.99], "moe": [4.04, 4.01, 4.04],
+                        "dense_total": [3.85, 3.87, 3.89]})
+    g = tables.headline_gaps(df, "dense_active", "moe", "dense_total")
+    pw = tables.power_table(g, {"active": 0.0758})
+    assert pw.loc["active", "seeds_target"] > 10
+    assert pd.isna(pw.loc["total", "seeds_effect"]) and pd.isna(pw.loc["total", "effect"])
+    with pytest.raises(KeyError, match="per_seed"):
+        tables.power_table(pd.DataFrame(g.to_dict()), {})  # a frame without the per-seed gaps
+
+
+def test_seed_spread_names_the_runs_that_stayed_behind():
+    df = summary_frame({"dense_active": [3.70, 3.72, 3.71, 3.95], "moe": [3.70, 3.70, 3.71, 3.72]})
+    t = tables.seed_spread(df, ["dense_active", "moe"])
+    assert t.loc["dense_active", "failed"] == "4" and t.loc["moe", "failed"] == "none"
+    assert t.loc["dense_active", "worst_seed"] == 4
+    assert t.loc["dense_active", "worst_minus_median"] == pytest.approx(3.95 - 3.715)
+
+
+def test_the_verdict_says_where_the_papers_gap_lies():
+    # active gaps 0.010, 0.020, 0.015, 0.012, 0.018: CI about [0.009, 0.021], the paper's 0.0758 above it
+    df = summary_frame({"dense_active": [1.610, 1.620, 1.615, 1.612, 1.618], "moe": [1.60] * 5,
+                        "dense_total": [1.58, 1.59, 1.585, 1.57, 1.583]})
+    g = tables.headline_gaps(df, *MODELS)
+    v = text.headline_verdict(g, *MODELS)
+    assert "the paper's +0.0758 lies above this interval, so a gap as large as the paper's is ruled out here" in v
+    assert "the paper's +0.0180 lies inside this interval" in v
+    assert text.paper_clause(paired([0.5]), 0.0758) == ""
+    wide = paired([0.1, 0.12, 0.11])
+    assert text.paper_clause(wide, 0.0758) == "; the paper's +0.0758 lies below this interval, so the gap here is larger than the paper's"
