@@ -111,7 +111,8 @@ else:
 # Per size, budget and model: the last training loss (the mean since the previous evaluation) and
 # the final full-split validation loss, means over seeds. In one pass every training window is
 # new, so the two estimate the same thing; once windows repeat, validation minus training grows with
-# memorisation.
+# memorisation. Budgets under one pass are left out (their last training loss averages over the
+# steep start of a short run).
 
 # %%
 repetition = bm.repetition_table(preset, trios, seeds, budget_map, summaries)

@@ -315,13 +315,17 @@ def repetition_table(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int]
     the mean over seeds of the last training loss (the mean over the steps since the last
     evaluation) and of the final full-split validation loss, and ``val - train``. In a single pass
     every training window is new, so its loss estimates the validation loss; once windows repeat,
-    a training loss below the validation loss is memorisation (the gap grows with the passes)."""
+    a training loss below the validation loss is memorisation (the gap grows with the passes).
+    Budgets under one pass are left out: their last training loss averages over most of a short
+    run, steep start included, and says nothing about repetition."""
     rows = []
     by_cell = summaries.groupby(["size", "epochs"], sort=False)
     for t in trios:
         for e in t.epochs:
             d = by_cell.get_group((t.size, e))
             passes = float((d["tokens"] / d["train_targets"]).iloc[0]) if "train_targets" in d else float("nan")
+            if passes < 1 - 1e-9:
+                continue
             m = collect_metrics(preset, list(t.models), t.seeds_of(seeds), overrides=budget_map[e])
             last = m.sort_values("step").groupby(["model", "seed"]).tail(1)
             for model in t.models:

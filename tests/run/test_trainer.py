@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,13 +158,18 @@ def test_grad_accumulation_2x8_equals_1x16(tmp_path, data):
                     "dense", 1, run_dir=tmp_path / "a", progress=False, data=data)
     b = T.train_run(tiny_preset(model={**TINY_RAW["model"], **model}, train={"batch_size": 16, "grad_accum": 1}),
                     "dense", 1, run_dir=tmp_path / "b", progress=False, data=data)
-    ra, rb = RunDir(tmp_path / "a").read_metrics(), RunDir(tmp_path / "b").read_metrics()
-    la = [r["train_loss"] for r in ra if r["kind"] == "train"]
-    lb = [r["train_loss"] for r in rb if r["kind"] == "train"]
-    assert len(la) == 12 and np.allclose(la, lb, rtol=0, atol=1e-5)
+    assert_same_training(tmp_path / "a", tmp_path / "b", steps=12)
     assert a["final_val_loss"] == pytest.approx(b["final_val_loss"], abs=1e-5)
-    wa = C.load(tmp_path / "a" / "checkpoints" / "latest.pt")["model"]
-    wb = C.load(tmp_path / "b" / "checkpoints" / "latest.pt")["model"]
+
+
+def assert_same_training(a, b, steps: int) -> None:
+    """Runs ``a`` and ``b`` trained the same model to fp32 tolerance: every logged training loss
+    (1e-5) and the final weights."""
+    la = [r["train_loss"] for r in RunDir(a).read_metrics() if r["kind"] == "train"]
+    lb = [r["train_loss"] for r in RunDir(b).read_metrics() if r["kind"] == "train"]
+    assert len(la) == steps and np.allclose(la, lb, rtol=0, atol=1e-5)
+    wa = C.load(Path(a) / "checkpoints" / "latest.pt")["model"]
+    wb = C.load(Path(b) / "checkpoints" / "latest.pt")["model"]
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
 
@@ -383,11 +389,5 @@ def test_compiled_training_matches_eager(tmp_path, data, model):
     eager = T.train_run(preset, model, 1, run_dir=tmp_path / "eager", progress=False, data=data)
     compiled = T.train_run(preset, model, 1, run_dir=tmp_path / "compiled", progress=False, data=data,
                            overrides={"train.compile": True})
-    la = [r["train_loss"] for r in RunDir(tmp_path / "eager").read_metrics() if r["kind"] == "train"]
-    lb = [r["train_loss"] for r in RunDir(tmp_path / "compiled").read_metrics() if r["kind"] == "train"]
-    assert len(la) == 4 and np.allclose(la, lb, rtol=0, atol=1e-5)
+    assert_same_training(tmp_path / "eager", tmp_path / "compiled", steps=4)
     assert compiled["best_val_loss"] == pytest.approx(eager["best_val_loss"], abs=1e-5)
-    wa = C.load(tmp_path / "eager" / "checkpoints" / "latest.pt")["model"]
-    wb = C.load(tmp_path / "compiled" / "checkpoints" / "latest.pt")["model"]
-    for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)

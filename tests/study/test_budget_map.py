@@ -355,18 +355,19 @@ def test_repetition_table_and_power_frame_from_finished_runs(tmp_path, monkeypat
     """val - train from each run's last eval record (written by hand here), and the power of every
     point from its per-seed gaps."""
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
-    p = _preset(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0, 2.0]}]})
+    p = _preset(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [0.5, 1.0, 2.0]}]})
     trios = bm.budget_trios(p)
     budget_map = bm.budgets(p, trios)
     for s in (1, 2, 3):
-        for e in (1.0, 2.0):
+        for e in (0.5, 1.0, 2.0):
             for m, loss in (("moe", 3.0), ("dense", 3.02 + 0.01 * s), ("dense2", 2.95)):
                 rd = _fake_run(p, m, s, budget_map[e], loss, train_targets=12 * 16 * 32)
-                memorised = 0.1 * (e - 1) * (1 + (m == "dense2"))
+                memorised = 0.1 * max(0.0, e - 1) * (1 + (m == "dense2"))
                 rd.append_metrics({"kind": "eval", "step": 6, "val_loss": loss + 1, "train_loss": loss + 1})
-                rd.append_metrics({"kind": "eval", "step": 12 * int(e), "val_loss": loss, "train_loss": loss - memorised})
+                rd.append_metrics({"kind": "eval", "step": round(12 * e), "val_loss": loss, "train_loss": loss - memorised})
     summ = bm.train_budgets(p, trios, [1, 2, 3], budget_map, jobs=1, progress=False)
     rep = bm.repetition_table(p, trios, [1, 2, 3], budget_map, summ).set_index(["epochs", "model"])
+    assert 0.5 not in rep.index.get_level_values("epochs")  # under one pass: nothing about repetition
     assert rep.loc[(1.0, "moe"), "data_passes"] == pytest.approx(1.0) and rep.loc[(2.0, "moe"), "data_passes"] == 2.0
     assert rep.loc[(1.0, "dense2"), "val_minus_train"] == pytest.approx(0.0)
     assert rep.loc[(2.0, "moe"), "val_minus_train"] == pytest.approx(0.1)
