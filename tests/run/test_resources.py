@@ -29,7 +29,7 @@ def test_estimate_grows_with_the_batch_and_refuses_what_cannot_fit():
     assert 16 * mcfg.num_params.total < small < 2 * 2**30
     assert R.micro_batch_bytes(mcfg, 32, 127, torch.bfloat16) > small
     assert R.micro_batch_bytes(mcfg, 16, 127, None) > small  # fp32 activations
-    huge = preset.train.__class__(**{**preset.train.__dict__, "batch_size": 100000})
+    huge = preset.train.__class__(**{**preset.train.__dict__, "batch_size": 100000, "grad_accum": 2})
     with pytest.raises(ConfigError, match=r"train.batch_size=100000: one micro-batch of model moe_top1 "
                                           r"\(100000 x 127 tokens, 4 layers, d_model 32, FFN width 128, "
                                           r"vocab 3750\) needs at least \d+\.\d GiB but cpu has 24.0 GiB free"):
@@ -37,7 +37,7 @@ def test_estimate_grows_with_the_batch_and_refuses_what_cannot_fit():
     with pytest.raises(ConfigError, match=r"batch_size=100000 x train.grad_accum=2 = 200,000 windows per step, but the "
                                           r"training split has only 4,304 windows"):
         R.check_batch(huge, 4304)
-    R.check_batch(preset.train, 32)  # exactly one step's windows is enough
+    R.check_batch(preset.train, preset.train.batch_size * preset.train.grad_accum)  # exactly one step's windows
 
 
 def test_free_bytes_reads_meminfo():
