@@ -55,7 +55,7 @@ t_start = time.perf_counter()
 from IPython.display import Markdown, display
 
 from studylib.study import budget_map as bm
-from studylib.study import budget_plots, plots, text
+from studylib.study import budget_checks, budget_plots, plots, text
 from studylib.study.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds=seeds, overrides=overrides)
@@ -115,7 +115,7 @@ else:
 # steep start of a short run).
 
 # %%
-repetition = bm.repetition_table(preset, trios, seeds, budget_map, summaries)
+repetition = budget_checks.repetition_table(preset, trios, seeds, budget_map, summaries)
 plots.save_table(repetition, "token_budget_repetition", out, index=False)
 display(repetition)
 
@@ -128,7 +128,7 @@ display(repetition)
 # its own point with 80% power if the true gap here were that large.
 
 # %%
-power = bm.power_frame(per_seed, active, target=float(study.get("map_power_target", 0.05)))
+power = budget_checks.power_frame(per_seed, active, target=float(study.get("map_power_target", 0.05)))
 plots.save_table(power, "token_budget_power", out, index=False)
 display(power[["size", "epochs", "tokens_per_param", "gap", "n", "std", "half_width", "hw@10",
                "seeds_target", "seeds_effect", "seeds_effect_high"]])

@@ -39,11 +39,11 @@ import pandas as pd
 from studylib.config import ConfigError, Preset, load_preset, override
 from studylib.run.rundir import RunDir
 from studylib.study.crossing import Crossing, Trend, crossings, trend
-from studylib.study.frames import collect_metrics, collect_runs
+from studylib.study.frames import collect_runs
 from studylib.study.paper import PAPER_ABLATION_TOKENS, PAPER_GAPS, PAPER_HEADLINE_TOKENS
 from studylib.study.stats import Paired, paired
 from studylib.study.sweep import Grid, budget_overrides, ensure_grids
-from studylib.study.tables import fmt_count, power_rows
+from studylib.study.tables import fmt_count
 
 KEY = "study.token_budget"
 VALUE = "best_val_loss"
@@ -307,48 +307,6 @@ def gap_table(per_seed: pd.DataFrame, active: dict) -> pd.DataFrame:
     order = {s: i for i, s in enumerate(dict.fromkeys(out["size"]))}  # sizes in trio order
     return (out.assign(_o=out["size"].map(order)).sort_values(["_o", "tokens_per_param"], kind="stable")
             .drop(columns="_o").reset_index(drop=True))
-
-
-def repetition_table(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], budget_map: dict,
-                     summaries: pd.DataFrame) -> pd.DataFrame:
-    """What passing over the data more than once does, per size x budget x model: the passes, and
-    the mean over seeds of the last training loss (the mean over the steps since the last
-    evaluation) and of the final full-split validation loss, and ``val - train``. In a single pass
-    every training window is new, so its loss estimates the validation loss; once windows repeat,
-    a training loss below the validation loss is memorisation (the gap grows with the passes).
-    Budgets under one pass are left out: their last training loss averages over most of a short
-    run, steep start included, and says nothing about repetition."""
-    rows = []
-    by_cell = summaries.groupby(["size", "epochs"], sort=False)
-    for t in trios:
-        for e in t.epochs:
-            d = by_cell.get_group((t.size, e))
-            passes = float((d["tokens"] / d["train_targets"]).iloc[0]) if "train_targets" in d else float("nan")
-            if passes < 1 - 1e-9:
-                continue
-            m = collect_metrics(preset, list(t.models), t.seeds_of(seeds), overrides=budget_map[e])
-            last = m.sort_values("step").groupby(["model", "seed"]).tail(1)
-            for model in t.models:
-                r = last[last["model"] == model]
-                rows.append({"size": t.size, "epochs": e, "data_passes": passes, "model": model,
-                             "n": len(r), "train_loss": float(r["train_loss"].mean()),
-                             "val_loss": float(r["val_loss"].mean()),
-                             "val_minus_train": float((r["val_loss"] - r["train_loss"]).mean())})
-    return pd.DataFrame(rows)
-
-
-def power_frame(per_seed: pd.DataFrame, active: dict, target: float = 0.05) -> pd.DataFrame:
-    """What every point of the map takes to resolve (:func:`studylib.study.tables.power_rows`):
-    one row per size x budget x gap, the effect being the paper's gap at its point (SPEC section 7;
-    the map's question is whether the gaps reach it)."""
-    groups, keys = {}, {}
-    for (size, e, gap), d in per_seed.groupby(["size", "epochs", "gap"], sort=False):
-        label = f"{size_label(size, active[size])}, {e:g} epochs, {gap}"
-        groups[label] = d.sort_values("seed")["value"].to_numpy()
-        keys[label] = {"size": size, "epochs": e, "gap": gap, "tokens_per_param": float(d["tokens_per_param"].iloc[0])}
-    effects = {label: abs(PAPER_POINT[k["gap"]]) for label, k in keys.items()}
-    rows = power_rows(groups, effects, target)
-    return pd.concat([pd.DataFrame([keys[c] for c in rows["comparison"]]), rows], axis=1)
 
 
 # --------------------------------------------------------------------------------------------

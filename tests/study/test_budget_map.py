@@ -14,6 +14,7 @@ import yaml
 from _tiny import tiny_preset, tiny_raw
 from studylib.config import ConfigError, override, run_document
 from studylib.run.rundir import RunDir
+from studylib.study import budget_checks
 from studylib.study import budget_map as bm
 from studylib.study import crossing
 
@@ -366,14 +367,14 @@ def test_repetition_table_and_power_frame_from_finished_runs(tmp_path, monkeypat
                 rd.append_metrics({"kind": "eval", "step": 6, "val_loss": loss + 1, "train_loss": loss + 1})
                 rd.append_metrics({"kind": "eval", "step": round(12 * e), "val_loss": loss, "train_loss": loss - memorised})
     summ = bm.train_budgets(p, trios, [1, 2, 3], budget_map, jobs=1, progress=False)
-    rep = bm.repetition_table(p, trios, [1, 2, 3], budget_map, summ).set_index(["epochs", "model"])
+    rep = budget_checks.repetition_table(p, trios, [1, 2, 3], budget_map, summ).set_index(["epochs", "model"])
     assert 0.5 not in rep.index.get_level_values("epochs")  # under one pass: nothing about repetition
     assert rep.loc[(1.0, "moe"), "data_passes"] == pytest.approx(1.0) and rep.loc[(2.0, "moe"), "data_passes"] == 2.0
     assert rep.loc[(1.0, "dense2"), "val_minus_train"] == pytest.approx(0.0)
     assert rep.loc[(2.0, "moe"), "val_minus_train"] == pytest.approx(0.1)
     assert rep.loc[(2.0, "dense2"), "val_minus_train"] == pytest.approx(0.2) and rep.loc[(2.0, "dense2"), "n"] == 3
     active = bm.active_params(p, trios)
-    pw = bm.power_frame(bm.gap_frame(summ, trios, active), active, target=0.05).set_index(["epochs", "gap"])
+    pw = budget_checks.power_frame(bm.gap_frame(summ, trios, active), active, target=0.05).set_index(["epochs", "gap"])
     # active gap per seed 0.03 / 0.04 / 0.05: std 0.01; the paper's 0.0758 with 80% power needs 3 seeds
     assert pw.loc[(1.0, "active"), "std"] == pytest.approx(0.01)
     assert pw.loc[(1.0, "active"), "effect"] == pytest.approx(0.0758) and pw.loc[(1.0, "total"), "effect"] == 0.018
