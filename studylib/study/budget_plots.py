@@ -22,8 +22,8 @@ def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, pap
             title: str = "Gaps against tokens per active parameter", outdir=None,
             name: str = "token_budget_gaps") -> plt.Figure:
     """Two panels (matched active, matched total) of a :func:`studylib.study.budget_map.gap_table`:
-    per model size the mean gap against tokens per active parameter (log x) with its 95% CI band
-    (paired t over seeds); hollow markers for budgets that pass over the data more than once; the
+    per model size the mean gap against tokens per active parameter (log x) with its 95% CI as a
+    band and as a bar at each point (paired t over seeds); hollow markers for budgets that pass over the data more than once; the
     paper's headline point (star) and, given ``paper_table``, the ``paper`` preset's own points
     (diamonds with their CIs). Above zero: the MoE is better."""
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.3), sharex=True)
@@ -36,6 +36,10 @@ def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, pap
             x = d["tokens_per_param"]
             ax.plot(x, d[f"{gap}_mean"], color=c, lw=1.5, label=d["size_label"].iloc[0])
             ax.fill_between(x, d[f"{gap}_ci_low"], d[f"{gap}_ci_high"], color=c, alpha=0.2, lw=0)
+            # the same CI as a bar at every point: a size with one budget has no band
+            ax.errorbar(x, d[f"{gap}_mean"], yerr=[d[f"{gap}_mean"] - d[f"{gap}_ci_low"],
+                                                   d[f"{gap}_ci_high"] - d[f"{gap}_mean"]],
+                        fmt="none", ecolor=c, elinewidth=1.2, capsize=3)
             for rep, face in ((False, c), (True, "white")):
                 r = d[d["repeats"] == rep]
                 ax.scatter(r["tokens_per_param"], r[f"{gap}_mean"], s=36, facecolors=face, edgecolors=c,
