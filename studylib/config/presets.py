@@ -113,6 +113,28 @@ def load_preset(path: str | os.PathLike, overrides: Overrides = None) -> Preset:
     return preset_from_dict(apply_overrides(read_preset_file(path), overrides), str(path))
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping of a YAML file names one key twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key written twice in one mapping (plain YAML keeps the
+    last one silently: a second ``lr`` or a second ``train:`` section would win without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: SafeLoader's own error follows
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise DuplicateKeyError(f"key {key!r} appears twice in one mapping (lines {first} and "
+                                        f"{key_node.start_mark.line + 1}); keep one")
+        return super().construct_mapping(node, deep)
+
+
 def read_preset_file(path: str | os.PathLike, _chain: tuple = ()) -> dict:
     """The raw mapping of a preset file. ``extends: other.yaml`` (a path relative to this file)
     starts from that preset's mapping and merges this file's keys into it: mappings key by key,
@@ -122,7 +144,9 @@ def read_preset_file(path: str | os.PathLike, _chain: tuple = ()) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: preset file not found (presets live in params/*.yaml)")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{path}: {e}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as e:

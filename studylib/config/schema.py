@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -186,6 +187,10 @@ class TrainConfig:
             _positive(self.max_steps, "train.max_steps")
         if self.eval_windows is not None:
             _positive(self.eval_windows, "train.eval_windows")
+        for name in ("lr", "min_lr"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"train.{name}: must be a positive finite number, got {v!r}")
         if not 0 < self.min_lr <= self.lr:
             raise ConfigError(f"train.min_lr: must be in (0, lr={self.lr}], got {self.min_lr}")
         if not 0.0 <= self.warmup_frac < 1.0:

@@ -60,6 +60,9 @@ def _safetensors(model, path: Path) -> None:
     sd = {k: v.detach().float().contiguous().clone() for k, v in hf_format.state_dict(model).items()}
     tmp = path.with_name(path.name + ".tmp")
     save_file(sd, str(tmp), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # safetensors creates it 0600; the folder's other files follow the umask
     os.replace(tmp, path)
 
 

@@ -193,3 +193,25 @@ def test_cpu_full_is_cpu_with_longer_study_budgets_only():
     for k in ("ablation_epochs", "granularity_epochs", "iso_width_epochs"):
         assert cpu.study[k] < full.study[k] == 1.0
     assert full.study["lr_sweep"] == {**cpu.study["lr_sweep"], "epochs": 1.0}
+
+
+@pytest.mark.parametrize("text, key, lines", [
+    ("name: t\ntrain:\n  lr: 1.0e-3\n  lr: 2.0e-3\n", "lr", (3, 4)),
+    ("name: t\ntrain:\n  lr: 1.0e-3\nseeds: [1]\ntrain:\n  batch_size: 16\n", "train", (2, 5)),
+])
+def test_a_key_written_twice_is_refused_naming_it_and_both_lines(tmp_path, text, key, lines):
+    """yaml.safe_load keeps the last of two equal keys without a word (issue #24: a second ``lr`` or
+    a second ``train:`` section silently won); the preset loader refuses it."""
+    f = tmp_path / "dup.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_preset(f)
+    msg = str(e.value)
+    assert msg == f"{f}: key {key!r} appears twice in one mapping (lines {lines[0]} and {lines[1]}); keep one"
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])
+def test_a_bad_lr_is_reported_against_lr_itself(value):
+    """issue #24: train.lr nan or -1 was reported against train.min_lr."""
+    with pytest.raises(ConfigError, match=r"^train\.lr: must be a positive finite number"):
+        load_preset(ROOT / "params" / "ci.yaml", [f"train.lr={value}"])

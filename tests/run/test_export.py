@@ -144,6 +144,9 @@ def test_export_files_and_card(runs):
     card = (out / "README.md").read_text()
     for needle in ("MixtralForCausalLM", "validation loss", "router_aux_loss_coef", "Caveats", "active"):
         assert needle in card
+    # every exported file readable as the others are (safetensors wrote model.safetensors 0600; #24)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == modes["config.json"] == modes["README.md"], modes
 
 
 def test_cli(runs, tmp_path):
