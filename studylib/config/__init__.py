@@ -4,7 +4,7 @@ parameter accounting, the budget solvers and run identity. Everything above impo
 from studylib.config.accounting import ParamCount, count_params, ffn_label, ffn_params, fmt_m
 from studylib.config.derive import (DERIVE_RULES, TOLERANCE, Match, derive_model, iso_width_moe,
                                     match_dense, soft_fixed_width)
-from studylib.config.identity import config_hash, run_document, run_identity, same_run
+from studylib.config.identity import config_hash, identity_diff, run_document, run_identity, same_run
 from studylib.config.presets import (Preset, apply_overrides, load_preset, override, override_pairs,
                                      preset_from_dict, value_at, variant_tag)
 from studylib.config.schema import (ConfigError, DataConfig, FFNConfig, ModelConfig, TrainConfig,
@@ -12,7 +12,7 @@ from studylib.config.schema import (ConfigError, DataConfig, FFNConfig, ModelCon
 
 __all__ = [
     "override_pairs", "value_at", "variant_tag",
-    "run_identity",
+    "run_identity", "identity_diff",
     "ConfigError", "DataConfig", "FFNConfig", "ModelConfig", "TrainConfig", "Preset", "ParamCount",
     "Match", "DERIVE_RULES", "TOLERANCE", "apply_overrides", "config_hash", "count_params",
     "dataclass_from_dict", "deep_merge", "derive_model", "ffn_label", "ffn_params", "fmt_m",

@@ -103,6 +103,23 @@ def run_document(preset, model_cfg: ModelConfig, model: str, seed: int) -> dict:
     }
 
 
+def _flat(doc: Any, prefix: str = "") -> dict:
+    if isinstance(doc, Mapping):
+        out = {}
+        for k, v in doc.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: doc}
+
+
+def identity_diff(stored: Mapping, new: Mapping) -> list[str]:
+    """What makes two ``config.yaml`` documents different runs, as ``key: stored -> new`` lines
+    (an absent setting is its schema default)."""
+    a, b = _flat(stored_identity(stored)), _flat(stored_identity(new))
+    return [f"{k}: {a.get(k, 'default')!r} -> {b.get(k, 'default')!r}" for k in sorted(set(a) | set(b))
+            if a.get(k, "default") != b.get(k, "default")]
+
+
 def same_run(stored: Mapping, new: Mapping) -> bool:
     """Whether two ``config.yaml`` documents describe the same run (by the rules above)."""
     return config_hash(stored_identity(stored)) == config_hash(stored_identity(new))

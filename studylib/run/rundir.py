@@ -19,8 +19,8 @@ from typing import Any, Optional
 
 import yaml
 
-from studylib.config import (ConfigError, ModelConfig, Preset, model_from_dict, override, run_identity, same_run,
-                             variant_tag)
+from studylib.config import (ConfigError, ModelConfig, Preset, identity_diff, model_from_dict, override,
+                             run_identity, same_run, variant_tag)
 from studylib.run import checkpoint
 from studylib.run.dirlock import RunDirLocked, dir_lock  # noqa: F401  (RunDirLocked: raised by RunDir.lock)
 from studylib.run.files import atomic_open, write_atomic, write_json_atomic
@@ -167,9 +167,10 @@ class RunDir:
                     f"{self.path}: holds a run trained on another data split ({was}; now "
                     f"{doc['run'].get('data_split')}): its validation loss is not comparable. "
                     "Delete that folder to retrain, or use another --run-dir.")
+            diff = identity_diff(old, doc)
             raise RunDirConflict(
-                f"{self.path}: holds a run with a different configuration (config hash "
-                f"{(old.get('run') or {}).get('config_hash')}, this run {doc['run']['config_hash']}). "
+                f"{self.path}: holds a run with a different configuration ({'; '.join(diff[:4])}"
+                f"{f'; and {len(diff) - 4} more' if len(diff) > 4 else ''}; stored -> this run). "
                 f"Use another --run-dir, restore the settings, or delete that folder.")
         return (old.get("run") or {}).get("config_hash") or doc["run"]["config_hash"]
 

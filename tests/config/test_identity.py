@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from studylib.config import config_hash, load_preset, preset_from_dict, run_document, same_run
+from studylib.config import config_hash, identity_diff, load_preset, preset_from_dict, run_document, same_run
 from studylib.config.identity import DATA_SPLIT, run_identity, stored_identity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,3 +97,10 @@ def test_data_seed_of_the_runs_own_seed_is_the_same_run():
     assert not same_run(_doc(seed=3, **{"train.data_seed": 4}), base)
     assert not same_run(_doc(seed=4, **{"train.data_seed": 3}), base)
     assert same_run(_doc(seed=4, **{"train.data_seed": 4}), _doc(seed=4))
+
+
+def test_identity_diff_names_what_makes_two_runs_different():
+    base = _doc(seed=3)
+    assert identity_diff(base, _doc(seed=3, **{"train.num_threads": 1})) == []  # execution-only
+    assert identity_diff(base, _doc(seed=3, **{"train.lr": 0.01})) == ["train.lr: 0.003 -> 0.01"]
+    assert identity_diff(base, _doc(seed=4)) == ["seed: 3 -> 4"]

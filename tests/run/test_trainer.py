@@ -106,7 +106,8 @@ def test_crash_after_final_checkpoint_only_writes_summary(tmp_path, data, monkey
 
 def test_different_config_in_run_dir_is_an_error(tmp_path, data):
     T.train_run(tiny_preset(train={"max_steps": 4}), "dense", 1, run_dir=tmp_path, progress=False, data=data)
-    with pytest.raises(RunDirConflict, match="different configuration"):
+    with pytest.raises(RunDirConflict, match=r"different configuration \(train\.lr: 0\.003 -> 0\.01; "
+                                              r"stored -> this run\)"):
         T.train_run(tiny_preset(train={"max_steps": 4, "lr": 1e-2}), "dense", 1, run_dir=tmp_path,
                     progress=False, data=data)
     with pytest.raises(RunDirConflict):  # another seed in the same folder
