@@ -63,8 +63,7 @@ def paired(a: Sequence[float], b: Sequence[float] | None = None, level: float = 
         nan = float("nan")
         return Paired(mean, nan, n, nan, nan, nan, level)
     std = float(d.std(ddof=1))
-    sem = std / math.sqrt(n)
-    half = float(_st.t.ppf(0.5 + level / 2, n - 1)) * sem
+    half = half_width_at(std, n, level)
     p = float(_st.ttest_1samp(d, 0.0).pvalue) if std > 0 else (0.0 if mean != 0 else 1.0)
     return Paired(mean, std, n, mean - half, mean + half, p, level)
 
@@ -139,22 +138,13 @@ class Power:
     seeds_effect: Optional[int]
     seeds_effect_high: Optional[int]
 
-    def half_width_for(self, n: int, level: float = 0.95) -> float:
-        return half_width_at(self.std, n, level)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def power_of(d: Sequence[float], target: float, effect: float, power: float = 0.8,
              level: float = 0.95) -> Power:
     """:class:`Power` of the per-seed paired gaps ``d`` (as :func:`paired` takes them)."""
     p = paired(d, level=level)
     std = p.std
-    if p.n >= 2 and math.isfinite(std):
-        std_high = std * math.sqrt((p.n - 1) / float(_st.chi2.ppf(0.05, p.n - 1)))
-    else:
-        std_high = float("nan")
+    std_high = std_interval(d, level=1 - 2 * (1 - level))[2]  # the two-sided 90% bound = one-sided 95%
 
     def for_target(s):
         return None if not math.isfinite(s) else seeds_needed(lambda n: half_width_at(s, n, level) <= target)

@@ -111,10 +111,8 @@ def power_rows(gaps: Mapping, effects: Mapping, target: float, seeds: Sequence[i
         row = {"comparison": label, "n": pw.n, "mean": pw.mean, "std": pw.std, "std_high": pw.std_high,
                "half_width": pw.half_width}
         row.update({f"hw@{k}": half_width_at(pw.std, k) for k in seeds})
-        known = math.isfinite(effect)
         row.update({"target": target, "seeds_target": pw.seeds_target, "seeds_target_high": pw.seeds_target_high,
-                    "effect": effect, "seeds_effect": pw.seeds_effect if known else None,
-                    "seeds_effect_high": pw.seeds_effect_high if known else None})
+                    "effect": effect, "seeds_effect": pw.seeds_effect, "seeds_effect_high": pw.seeds_effect_high})
         rows.append(row)
     out = pd.DataFrame(rows)
     for col in ("seeds_target", "seeds_target_high", "seeds_effect", "seeds_effect_high"):
