@@ -23,7 +23,6 @@ COMMANDS = {
     "budget": ("studylib.config.report", "parameter accounting table and budget-matched dense widths"),
     "prepare-data": ("studylib.run.data", "train the SentencePiece tokenizer and build the token cache"),
     "train": ("studylib.run.train_cli", "train one model of a preset with one seed"),
-    "train-worker": ("studylib.study.worker", "(used by the parallel sweep) train the runs named on stdin, one after another"),
     "study": ("studylib.study.notebooks", "execute the study notebooks with papermill (and an HTML report)"),
     "bench": ("studylib.tools.bench", "training / decoding throughput benchmarks"),
     "generate": ("studylib.run.decode", "sample text from a trained run"),

@@ -6,12 +6,13 @@ from studylib.config.derive import (DERIVE_RULES, TOLERANCE, Match, derive_model
                                     match_dense, soft_fixed_width)
 from studylib.config.identity import config_hash, identity_diff, run_document, run_identity, same_run
 from studylib.config.presets import (Preset, apply_overrides, load_preset, override, override_pairs,
-                                     preset_from_dict, value_at, variant_tag)
+                                     preset_from_dict, value_at, variant_tag,
+                                     with_absolute_paths)
 from studylib.config.schema import (ConfigError, DataConfig, FFNConfig, ModelConfig, TrainConfig,
                                     dataclass_from_dict, deep_merge, model_from_dict, to_dict)
 
 __all__ = [
-    "override_pairs", "value_at", "variant_tag",
+    "override_pairs", "value_at", "variant_tag", "with_absolute_paths",
     "run_identity", "identity_diff",
     "ConfigError", "DataConfig", "FFNConfig", "ModelConfig", "TrainConfig", "Preset", "ParamCount",
     "Match", "DERIVE_RULES", "TOLERANCE", "apply_overrides", "config_hash", "count_params",

@@ -9,6 +9,7 @@ overrides (:func:`override`, the one implementation), and validates everything. 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -243,6 +244,16 @@ def override(preset: Preset, overrides: Overrides) -> Preset:
     raw = to_dict(preset)
     raw.pop("path", None)
     return preset_from_dict(apply_overrides(raw, overrides), preset.path)
+
+
+def with_absolute_paths(preset: Preset) -> Preset:
+    """``preset`` with ``data.data_dir`` and ``data.cache_dir`` made absolute from this process's
+    working directory: what a process elsewhere (a Dask worker, another machine) must be given.
+    Both are execution-only settings, so the runs' identities do not change."""
+    d = preset.data
+    paths = {k: os.path.abspath(v) for k in ("data_dir", "cache_dir")
+             if isinstance(v := getattr(d, k), str) and not os.path.isabs(v)}
+    return dataclasses.replace(preset, data=dataclasses.replace(d, **paths)) if paths else preset
 
 
 def _first_line(e: Exception) -> str:

@@ -30,6 +30,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_DIR = "checkpoints"
 LOCK_FILE = ".lock"
+LOG_FILE = "train.log"  # a run trained by a sweep's worker: everything it printed
 
 
 class RunDirConflict(ConfigError):
@@ -64,6 +65,17 @@ def run_dir_for(preset: Preset, model: str, seed: int, root: str | os.PathLike |
     return base / f"seed{seed}"
 
 
+def variant_dir(preset: Preset, varied: Preset, model: str, seed: int, overrides=None, tag: Optional[str] = None,
+                root: str | os.PathLike | None = None) -> Path:
+    """The run directory of ``model`` x ``seed`` of ``varied`` (``preset`` + ``overrides``): the
+    base run's own directory when the overrides leave that run's identity unchanged, else
+    ``runs/<model>/<tag>/seed<seed>`` (``tag`` defaults to :func:`studylib.config.variant_tag`)."""
+    if overrides and run_identity(varied, varied.model_config(model), model, seed) != \
+            run_identity(preset, preset.model_config(model), model, seed):
+        return run_dir_for(preset, model, seed, root, tag or variant_tag(overrides, varied))
+    return run_dir_for(preset, model, seed, root)
+
+
 @dataclass
 class LoadedRun:
     """A model rebuilt from a run directory (eval mode) with its tokenizer and where it came from."""
@@ -93,13 +105,7 @@ class RunDir:
         run's own directory when the overrides leave that run's identity unchanged (the run is
         reused, not retrained), else ``runs/<model>/<tag>/seed<seed>`` (``tag`` defaults to
         :func:`studylib.config.variant_tag` of the overrides)."""
-        if not overrides:
-            return cls.of(preset, model, seed, root)
-        varied = override(preset, overrides)
-        if run_identity(varied, varied.model_config(model), model, seed) == \
-                run_identity(preset, preset.model_config(model), model, seed):
-            return cls.of(preset, model, seed, root)
-        return cls.of(preset, model, seed, root, tag or variant_tag(overrides, varied))
+        return cls(variant_dir(preset, override(preset, overrides), model, seed, overrides, tag, root))
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -127,6 +133,10 @@ class RunDir:
     @property
     def lock_path(self) -> Path:
         return self.path / LOCK_FILE
+
+    @property
+    def log_path(self) -> Path:
+        return self.path / LOG_FILE
 
     # ---- one writer ------------------------------------------------------------------------
     def lock(self):

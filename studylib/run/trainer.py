@@ -36,7 +36,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from studylib.config import ConfigError, Preset, override, run_document
+from studylib.config import ConfigError, Preset, run_document
 from studylib.nn.model import Decoder
 from studylib.nn.precision import autocast
 from studylib.run import checkpoint
@@ -383,7 +383,7 @@ class Trainer:
 
 
 def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.PathLike | None = None,
-              overrides=None, progress: bool = True, data=None) -> dict:
+              progress: bool = True, data=None) -> dict:
     """Train ``model_name`` of ``preset`` with ``seed``; returns the run's summary dict.
 
     ``run_dir`` defaults to :func:`studylib.run.rundir.run_dir_for`. A finished run is not redone
@@ -391,7 +391,7 @@ def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.Path
     run directory with a different config raises :class:`studylib.run.rundir.RunDirConflict`.
     ``data``: a :class:`studylib.run.data.TokenData` (or look-alike) to use instead of loading it.
     """
-    trainer = Trainer(override(preset, overrides), model_name, seed, run_dir, progress)
+    trainer = Trainer(preset, model_name, seed, run_dir, progress)
     # one writer per run directory: rank 0 holds its lock for the whole run (RunDirLocked if taken)
     with trainer.rd.lock() if trainer.dist.main else contextlib.nullcontext():
         summary = trainer.finished_summary()
@@ -406,3 +406,8 @@ def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.Path
         finally:
             trainer.dist.close()
             torch.set_num_threads(threads)
+
+
+def train_spec(spec, progress: bool = True, data=None) -> dict:
+    """:func:`train_run` of a :class:`studylib.run.spec.RunSpec` (a run the plan resolved)."""
+    return train_run(spec.preset, spec.model, spec.seed, run_dir=spec.run_dir, progress=progress, data=data)

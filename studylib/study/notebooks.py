@@ -1,8 +1,9 @@
 """Run the study: train its runs, execute the notebooks with papermill, then one HTML report.
 
 ``python -m studylib study --params params/cpu.yaml [--notebooks 01 03] [--jobs N] [--notebook-jobs N]
-[--no-report] [--timeout S] [-p NAME VALUE ...]``: first the runs the selected notebooks read are
-trained in one queue (:func:`train_study_runs`, ``--jobs`` processes). Then the notebook phase:
+[--scheduler ADDRESS] [--no-report] [--timeout S] [-p NAME VALUE ...]``: first the runs the selected
+notebooks read are trained in one queue (:func:`train_study_runs`: a local Dask cluster of ``--jobs``
+workers, or the Dask cluster at ``--scheduler``; :mod:`studylib.study.cluster`). Then the notebook phase:
 each ``notebooks/NN_*.py`` (Jupytext ``py:percent``) is converted to a notebook, executed with
 papermill (kernel ``python3``, working directory = the repository root, parameters ``params`` and
 ``jobs`` injected after the cell tagged ``parameters``, plus each ``-p NAME VALUE`` whose NAME that
@@ -44,7 +45,7 @@ from studylib.run.rundir import outputs_root
 from studylib.study.execute import StudyError, execute_all, notebook_parameters, run_alone
 from studylib.study.parameters import apply_parameters
 from studylib.study.report import write_report
-from studylib.study.sweep import available_cores, default_jobs
+from studylib.study.sweep import SCHEDULER_ENV, available_cores, default_jobs, scheduler_address
 
 NOTEBOOK_RE = re.compile(r"^(\d\d)_.+\.py$")
 
@@ -157,7 +158,8 @@ def _check_parameters(nbs: Sequence[Path], parameters: Mapping[str, Any], jobs) 
 def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Optional[int] = None,
               report: bool = True, timeout: Optional[float] = None, notebook_dir: Optional[os.PathLike] = None,
               root: Optional[os.PathLike] = None, progress: bool = True, echo=None,
-              parameters: Optional[Mapping[str, Any]] = None, notebook_jobs: Optional[int] = None) -> dict:
+              parameters: Optional[Mapping[str, Any]] = None, notebook_jobs: Optional[int] = None,
+              scheduler: Optional[str] = None) -> dict:
     """Train the selected notebooks' runs, then execute the notebooks, ``notebook_jobs`` at a time
     (default: ``min(2, available cores)``; see the module docstring); returns
     ``{"notebooks": {name: seconds} in file order, "runs_s": seconds, "report": path or None,
@@ -189,12 +191,14 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
             "--notebooks NN)" if label == "study.notebooks" else ""))
     per_notebook = {py: {"params": param_arg, "jobs": jobs, **{k: v for k, v in extra.items() if k in declared[py]}}
                     for py in nbs}
-    runs_s = train_study_runs(preset, nbs, jobs, root, progress, echo)
+    address = scheduler_address(preset, scheduler)
+    runs_s = train_study_runs(preset, nbs, jobs, root, progress, echo, address)
     lone = [py.name.split("_")[0] for py in nbs if alone[py]]
     echo(f"notebooks: {min(notebook_jobs, len(nbs))} at a time"
          + (f"; {', '.join(lone)} alone (run_alone in the header)" if lone and notebook_jobs > 1 else ""))
-    times = execute_all(nbs, out / "notebooks", per_notebook, root, timeout, progress, echo, t_start,
-                         notebook_jobs, alone)
+    with _environment(SCHEDULER_ENV, address):  # a run a notebook trains itself goes to the same cluster
+        times = execute_all(nbs, out / "notebooks", per_notebook, root, timeout, progress, echo, t_start,
+                            notebook_jobs, alone)
     report_path = None
     if report:
         executed = [out / "notebooks" / (stem + ".ipynb") for stem in times]
@@ -228,10 +232,31 @@ def _check_notebook_jobs(notebook_jobs) -> int:
     return notebook_jobs
 
 
-def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Path, progress: bool, echo) -> float:
+def _environment(name: str, value: Optional[str]):
+    """Context manager: ``$name`` set to ``value`` for the block (unchanged when ``value`` is None)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def scoped():
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+    return scoped() if value is not None else contextlib.nullcontext()
+
+
+def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Path, progress: bool, echo,
+                     scheduler: Optional[str] = None) -> float:
     """Train the runs of the selected notebooks (:func:`studylib.study.plan.study_grids`) in one
-    queue before any notebook executes (from the repository root, as the notebooks run); the
-    seconds it took. A failed run is a :class:`StudyError` naming the run and its log."""
+    queue before any notebook executes (from the repository root, as the notebooks run), on the
+    Dask scheduler at ``scheduler`` or here; the seconds it took. A failed run is a
+    :class:`StudyError` naming the run and its log."""
     import contextlib
 
     from studylib.study.plan import study_grids
@@ -243,9 +268,10 @@ def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Pat
         if not grids:
             return 0.0
         echo(f"training the runs of {len(grids)} grid(s) in one queue, longest first, "
-             f"{jobs or default_jobs(preset)} at a time; the notebooks then read them")
+             + (f"on the Dask cluster at {scheduler}" if scheduler else f"{jobs or default_jobs(preset)} at a time")
+             + "; the notebooks then read them")
         try:
-            ensure_grids(preset, grids, jobs=jobs, progress=progress)
+            ensure_grids(preset, grids, jobs=jobs, progress=progress, scheduler=scheduler)
         except SweepError as e:
             raise StudyError(str(e)) from e
     took = time.perf_counter() - t0
@@ -264,6 +290,10 @@ def add_cli(parser) -> None:
                         help="only these notebooks (numbers like 01 03, or names); default: all")
     parser.add_argument("--jobs", type=T.positive_int, default=None,
                         help="parallel training processes (default: the preset's study.jobs)")
+    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                        help="train the runs on the Dask cluster at ADDRESS (e.g. tcp://host:8786; default: "
+                             "$STUDYLIB_SCHEDULER, the preset's study.scheduler, else a local cluster of --jobs "
+                             "workers); outputs and the data cache must be on a filesystem every worker sees")
     parser.add_argument("--notebook-jobs", type=T.positive_int, default=None, metavar="N",
                         help="notebooks executed at a time, after the runs trained (default: 2, or 1 on one "
                              "core); a notebook marked run_alone in its header always runs alone")
@@ -297,7 +327,7 @@ def run_cli(args) -> int:
     try:
         run_study(args.params, args.notebooks, args.jobs, report=not args.no_report, timeout=args.timeout,
                   progress=not args.no_progress, parameters=cli_parameters(args.parameter),
-                  notebook_jobs=args.notebook_jobs)
+                  notebook_jobs=args.notebook_jobs, scheduler=args.scheduler)
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -2,47 +2,40 @@
 
 ``ensure_runs(preset, models, seeds, jobs)`` is what every notebook calls before it reads runs:
 
-* a finished run (``summary.json`` with ``finished: true`` and the same config hash) is reused;
-  a run directory holding a *different* configuration is an error raised before anything trains;
-* the data (tokenizer + token cache) is prepared once, up front, in this process, so parallel
-  workers never race to build the cache;
-* ``jobs == 1`` trains in this process (one run after the other); ``jobs > 1`` starts ``jobs``
-  training workers (``python -m studylib train-worker``, :mod:`studylib.study.worker`; at most one
-  per missing run) and hands each the next missing run as it becomes free. A worker trains run
-  after run in one process (saving the ~4 s a fresh process spends importing torch before each
-  run) with ``cores // jobs`` torch/OpenMP threads and, when several GPUs are visible, its own GPU
-  (``CUDA_VISIBLE_DEVICES`` round-robin over the job slots). Each run's output goes to
-  ``<run_dir>/train.log``. Each worker leads its own process group (a terminal's Ctrl-C reaches
-  this process, which stops them) and gets SIGTERM from the kernel if this process dies, even by
-  SIGKILL (``PR_SET_PDEATHSIG``), so none outlives the sweep;
-* one overall progress bar (``tqdm.auto``) counts runs;
-* a failed run (or a worker that dies) stops the sweep (the other workers are stopped; they resume later from their
-  last checkpoint) with an error naming the model, the seed, the log file and its last lines.
+* each run is resolved once into a :class:`~studylib.run.spec.RunSpec` (its own preset, model,
+  seed and run directory: :func:`plan_runs`); a finished run (``summary.json`` with
+  ``finished: true`` and the same config hash) is reused; a run directory holding a *different*
+  configuration is an error raised before anything trains;
+* the data (tokenizer + token cache) is prepared once, up front, in this process, so workers
+  never race to build the cache;
+* the missing runs form one queue, longest first. ``jobs == 1`` (and no scheduler) trains them in
+  this process, one after the other. Otherwise they train on Dask distributed
+  (:mod:`studylib.study.cluster`): a LocalCluster of ``jobs`` one-thread worker processes here
+  (each with ``cores // jobs`` torch threads; at most one per missing run), or the cluster at
+  ``--scheduler`` / ``$STUDYLIB_SCHEDULER`` / ``study.scheduler``. Each run's output goes to
+  ``<run_dir>/train.log``;
+* one overall progress bar (``tqdm.auto``) counts runs; its status names the runs in flight and
+  their step;
+* a failed run stops the sweep with an error naming the model, the seed, the log file and its last
+  lines (the other runs stop too and resume later from their last checkpoint).
 """
 from __future__ import annotations
 
 import json
 import os
-import select
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-import yaml
-
-from studylib.config import ConfigError, Preset, load_preset, override, run_document, to_dict
+from studylib.config import ConfigError, Preset, override
 from studylib.config.presets import Overrides
-from studylib.run.rundir import RunDir
+from studylib.run.spec import RunSpec
 from studylib.study.frames import collect_runs
-from studylib.study.worker import LOG_FILE
-
 
 
 class SweepError(RuntimeError):
-    """A training run of the sweep failed; the message names the model, seed and log file."""
+    """A training run of the sweep failed (the message names the model, seed and log file), or the
+    cluster cannot train the sweep (the message names the worker and what it lacks)."""
 
 
 def _unique(items: Iterable) -> list:
@@ -68,80 +61,33 @@ def default_jobs(preset: Preset) -> int:
     return j
 
 
-def _gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # pragma: no cover
-        return 0
+SCHEDULER_ENV = "STUDYLIB_SCHEDULER"
 
 
-def _log_tail(path: Path, n: int = 15) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join("    " + ln for ln in lines[-n:]) or "    (empty log)"
-
-
-@dataclass
-class _Job:
-    model: str
-    seed: int
-    run_dir: Path
-    overrides: Overrides = None
-
-
-@dataclass
-class _Worker:
-    """One job slot: a ``studylib train-worker`` process and the job it is training (if any)."""
-
-    proc: subprocess.Popen
-    errlog: Path
-    job: Optional[_Job] = None
+def scheduler_address(preset: Preset, scheduler: Optional[str] = None) -> Optional[str]:
+    """Where the runs train: ``scheduler`` (``--scheduler``), else ``$STUDYLIB_SCHEDULER``, else
+    the preset's ``study.scheduler``; None: here (a LocalCluster, or this process for one job)."""
+    for value, where in ((scheduler, "--scheduler"), (os.environ.get(SCHEDULER_ENV), SCHEDULER_ENV),
+                         (preset.study.get("scheduler"), "study.scheduler")):
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str) or ":" not in value:
+            raise ConfigError(f"{where}: expected a Dask scheduler address like tcp://host:8786, got {value!r}")
+        return value.strip()
+    return None
 
 
 def plan_runs(preset: Preset, models: Sequence[str], seeds: Sequence[int], overrides=None,
-              tag: Optional[str] = None) -> tuple[list, list]:
-    """(finished, missing) lists of (model, seed, run_dir) of ``preset`` + ``overrides`` (see
-    :meth:`RunDir.variant`). A run dir holding another config raises."""
+              tag: Optional[str] = None) -> tuple[list[RunSpec], list[RunSpec]]:
+    """(finished, missing) runs of ``models x seeds`` of ``preset`` + ``overrides``, each resolved
+    once (:meth:`RunSpec.resolve`). A run dir holding another config raises."""
     finished, missing = [], []
-    varied = override(preset, overrides)
     for m in models:
-        mcfg = varied.model_config(m)  # validates the name (clear error for a typo)
         for s in seeds:
-            rd = RunDir.variant(preset, m, s, overrides, tag)
-            rd.check(run_document(varied, mcfg, m, s))
-            (finished if rd.finished() else missing).append((m, s, rd.path))
+            spec = RunSpec.resolve(preset, m, s, overrides, tag)
+            spec.rundir.check(spec.document())
+            (finished if spec.rundir.finished() else missing).append(spec)
     return finished, missing
-
-
-def _child_params_file(preset: Preset, tmpdir: str) -> str:
-    """A preset file the workers can load to get exactly ``preset``: its own file when that
-    still describes it, else a resolved copy written to ``tmpdir``."""
-    if preset.path and Path(preset.path).is_file():
-        try:
-            if load_preset(preset.path) == preset:
-                return str(Path(preset.path).resolve())
-        except ConfigError:
-            pass
-    raw = to_dict(preset)
-    raw.pop("path", None)
-    raw["seeds"] = list(raw["seeds"])
-    for key in ("data_dir", "cache_dir"):  # as this process resolves them (the copy lives elsewhere)
-        v = raw["data"].get(key)
-        if isinstance(v, str) and not os.path.isabs(v):
-            raw["data"][key] = os.path.abspath(v)
-    path = Path(tmpdir) / "params" / f"{preset.name}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return str(path)
-
-
-def worker_command(params_file: str, threads: int) -> list[str]:
-    """The command line of one job slot's training worker (:mod:`studylib.study.worker`)."""
-    return [sys.executable, "-m", "studylib", "train-worker", "--params", params_file, "--threads", str(threads)]
 
 
 def epoch_steps(preset: Preset) -> int:
@@ -178,28 +124,33 @@ class Grid:
 
 
 def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[int]] = None,
-                jobs: Optional[int] = None, overrides=None, progress: bool = True, tag: Optional[str] = None):
+                jobs: Optional[int] = None, overrides=None, progress: bool = True, tag: Optional[str] = None,
+                scheduler: Optional[str] = None):
     """Summaries (one row per run, as :func:`studylib.study.frames.collect_runs`) of ``models x seeds``
     trained under ``preset`` + ``overrides``, training whatever is missing (see the module
     docstring). A variant's runs live in ``runs/<model>/<tag>/seed<seed>`` unless the overrides
     leave a run's identity unchanged (then the preset's own run is reused); ``tag`` defaults to
     :func:`~studylib.config.variant_tag` of the overrides. ``jobs=None``: ``study.jobs``."""
-    return ensure_grids(preset, [Grid(models, seeds, overrides, tag)], jobs=jobs, progress=progress)[0]
+    return ensure_grids(preset, [Grid(models, seeds, overrides, tag)], jobs=jobs, progress=progress,
+                        scheduler=scheduler)[0]
 
 
-def ensure_grid(preset: Preset, grid: Grid, jobs: Optional[int] = None, progress: bool = True):
+def ensure_grid(preset: Preset, grid: Grid, jobs: Optional[int] = None, progress: bool = True,
+                scheduler: Optional[str] = None):
     """:func:`ensure_runs` of one :class:`Grid`."""
-    return ensure_grids(preset, [grid], jobs=jobs, progress=progress)[0]
+    return ensure_grids(preset, [grid], jobs=jobs, progress=progress, scheduler=scheduler)[0]
 
 
 def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = None,
-                 progress: bool = True) -> list:
+                 progress: bool = True, scheduler: Optional[str] = None) -> list:
     """:func:`ensure_runs` of several grids (e.g. budgets or learning rates) at once: one frame per
     grid, in order. Their missing runs share one queue, longest first (optimizer steps x training
-    FLOPs per token), so a job slot idles only at the very end, not at the end of every grid."""
+    FLOPs per token), so a job slot idles only at the very end, not at the end of every grid.
+    ``scheduler``: a Dask scheduler's address (default: :func:`scheduler_address`)."""
     jobs = default_jobs(preset) if jobs is None else int(jobs)
     if jobs < 1:
         raise ConfigError(f"ensure_runs: jobs must be >= 1, got {jobs}")
+    address = scheduler_address(preset, scheduler)
     plans, runs, missing = [], set(), []
     for g in grids:
         models = _unique(g.models)
@@ -208,9 +159,9 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
             raise ConfigError("ensure_runs: give at least one model and one seed")
         finished, todo = plan_runs(preset, models, seeds, g.overrides, g.tag)
         plans.append((g, models, seeds))
-        runs |= {Path(rd) for _, _, rd in finished}
-        missing += [_Job(m, s, Path(rd), g.overrides) for m, s, rd in todo if Path(rd) not in runs]
-        runs |= {Path(rd) for _, _, rd in todo}  # a run two grids share is trained once
+        runs |= {spec.run_dir for spec in finished}
+        missing += [spec for spec in todo if spec.run_dir not in runs]
+        runs |= {spec.run_dir for spec in todo}  # a run two grids share is trained once
     total = len(runs)
     if missing:
         from tqdm.auto import tqdm
@@ -218,16 +169,15 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
         from studylib.run.data import DataMemo
 
         datas = DataMemo(progress)
-        for j in missing:  # once, before any worker starts
-            datas.get(override(preset, j.overrides).data)
-        missing.sort(key=lambda j: -_cost(preset, j, datas))
+        steps = {spec.run_dir: _steps(spec, datas) for spec in missing}  # the data: once, before any worker starts
+        missing.sort(key=lambda spec: -steps[spec.run_dir] * _flops(spec))
         bar = tqdm(total=total, initial=total - len(missing), unit="run", desc=f"{preset.name} runs",
                    disable=not progress, dynamic_ncols=True)
         try:
-            if jobs == 1:
-                _train_in_process(preset, missing, datas, bar, progress)
+            if jobs == 1 and address is None:
+                _train_in_process(missing, datas, bar, progress)
             else:
-                _train_parallel(preset, missing, min(jobs, len(missing)), bar)
+                _train_on_cluster(preset, missing, min(jobs, len(missing)), address, steps, bar, progress)
         finally:
             bar.close()
     frames = []
@@ -239,142 +189,53 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
     return frames
 
 
-def _cost(preset: Preset, job: _Job, datas) -> float:
-    """A job's expected training cost for the queue order: optimizer steps x FLOPs per token."""
-    from studylib.config.accounting import train_flops_per_token
+def _steps(spec: RunSpec, datas) -> int:
     from studylib.run.optim import total_steps_for
 
-    p = override(preset, job.overrides)
-    steps = total_steps_for(p.train, len(datas.get(p.data).train_idx))
-    return steps * train_flops_per_token(p.model_config(job.model), p.data.context)
+    return total_steps_for(spec.preset.train, len(datas.get(spec.preset.data).train_idx))
 
 
-def _train_in_process(preset, missing, datas, bar, progress) -> None:
-    from studylib.run.trainer import train_run
+def _flops(spec: RunSpec) -> float:
+    from studylib.config.accounting import train_flops_per_token
 
-    for job in missing:
-        bar.set_postfix_str(f"{job.model} seed{job.seed}")
-        p = override(preset, job.overrides)
+    return train_flops_per_token(spec.preset.model_config(spec.model), spec.preset.data.context)
+
+
+def _train_in_process(missing: Sequence[RunSpec], datas, bar, progress: bool) -> None:
+    from studylib.run.trainer import train_spec
+
+    for spec in missing:
+        bar.set_postfix_str(f"{spec.model} seed{spec.seed}")
         try:
-            train_run(p, job.model, job.seed, run_dir=job.run_dir, progress=progress, data=datas.get(p.data))
+            train_spec(spec, progress=progress, data=datas.get(spec.preset.data))
         except Exception as e:
-            raise SweepError(f"training {job.model} seed {job.seed} failed ({job.run_dir}): "
-                             f"{type(e).__name__}: {e}") from e
+            raise SweepError(f"training {spec.label} failed ({spec.run_dir}): {type(e).__name__}: {e}") from e
         bar.update(1)
 
 
-def _start_worker(slot: int, params_file: str, threads: int, gpus: int, tmpdir: str) -> _Worker:
-    """Launch job slot ``slot``'s worker (its own stderr, before and between runs, goes to a file
-    in ``tmpdir``; each run's output goes to the run's own log)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-    if gpus > 1:
-        env["CUDA_VISIBLE_DEVICES"] = str(slot % gpus)
-    errlog = Path(tmpdir) / f"worker{slot}.log"
-    with open(errlog, "w") as err:
-        proc = subprocess.Popen(worker_command(params_file, threads), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=err, env=env, text=True, bufsize=1, start_new_session=True,
-                                preexec_fn=die_with_parent)
-    return _Worker(proc, errlog)
+def _train_on_cluster(preset: Preset, missing: Sequence[RunSpec], slots: int, address: Optional[str],
+                      steps: dict, bar, progress: bool) -> None:
+    from studylib.run.rundir import outputs_root
+    from studylib.study.cluster import Cluster, Markers
+
+    def tick(running: list) -> None:
+        bar.set_postfix_str(", ".join(f"{s.model} s{s.seed} {_step(s)}/{steps[s.run_dir]}" for s in running))
+
+    runs_root = Path(os.path.abspath(outputs_root(preset) / preset.name / "runs"))
+    echo = bar.write if progress else (lambda msg: None)
+    with Markers(runs_root, [spec.preset.data.cache_dir for spec in missing]) as markers, \
+            Cluster(slots, address, echo) as cluster:
+        cluster.check_workers(markers.files)
+        cluster.train(missing, markers.files, on_done=lambda spec: bar.update(1), on_tick=tick)
 
 
-def _assign(worker: _Worker, job: _Job) -> None:
-    worker.job = job
-    req = {"model": job.model, "seed": job.seed, "run_dir": str(job.run_dir), "overrides": job.overrides}
+def _step(spec: RunSpec) -> int:
+    lines = spec.rundir.metric_lines()
     try:
-        worker.proc.stdin.write(json.dumps(req) + "\n")
-        worker.proc.stdin.flush()
-    except (BrokenPipeError, OSError):
-        pass  # the worker is gone: its reply pipe reports end-of-file, handled as a crash
+        return int(json.loads(lines[-1]).get("step") or 0) if lines else 0
+    except (ValueError, AttributeError):
+        return 0
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:  # pragma: no cover - runs in the forked child
-    """``preexec_fn`` of a training worker: the kernel sends it SIGTERM when this process dies,
-    however it dies (SIGKILL included), so no worker trains on unseen after a killed sweep; its
-    run resumes from its last checkpoint on the next sweep. Linux only (elsewhere a no-op)."""
-    import ctypes
-    import signal
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _collect(worker: _Worker) -> None:
-    """Read ``worker``'s reply to its job; raise :class:`SweepError` (naming the model, seed and
-    log) unless the run finished."""
-    job, line = worker.job, worker.proc.stdout.readline()
-    worker.job = None
-    log = job.run_dir / LOG_FILE
-    if not line:  # the worker died mid-run (killed, out of memory, a crash in native code)
-        rc = worker.proc.wait()
-        raise SweepError(f"training {job.model} seed {job.seed} failed: its worker process exited with code {rc}; "
-                         f"its log is {log}. Last lines:\n{_log_tail(log)}\nWorker:\n{_log_tail(worker.errlog, 5)}")
-    reply = json.loads(line)
-    if not reply.get("ok"):
-        raise SweepError(f"training {job.model} seed {job.seed} failed ({reply.get('error')}); its log is {log}. "
-                         f"Last lines:\n{_log_tail(log)}")
-    if not RunDir(job.run_dir).finished():
-        raise SweepError(f"training {job.model} seed {job.seed} ended without a finished summary; its log is "
-                         f"{log}. Last lines:\n{_log_tail(log)}")
-
-
-def _stop(workers: list) -> None:
-    """The end, a failure or an interrupt: close the workers' request pipes (an idle worker
-    exits), stop the busy ones and their own children (each leads its own process group; their
-    runs resume later from the last checkpoint), and wait for all of them."""
-    import signal
-
-    for w in workers:
-        try:
-            w.proc.stdin.close()
-        except OSError:
-            pass
-        if w.job is not None and w.proc.poll() is None:
-            try:
-                os.killpg(w.proc.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                w.proc.terminate()
-    for w in workers:
-        try:
-            w.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            w.proc.kill()
-            w.proc.wait()
-        w.proc.stdout.close()
-
-
-def _train_parallel(preset, missing, slots: int, bar) -> None:
-    threads = max(1, available_cores() // slots)
-    gpus = _gpu_count()
-    queue = list(missing)
-    workers: list[_Worker] = []
-    shown = ""
-    with tempfile.TemporaryDirectory(prefix="studylib-sweep-") as tmp:
-        params_file = _child_params_file(preset, tmp)
-        try:
-            workers = [_start_worker(slot, params_file, threads, gpus, tmp) for slot in range(slots)]
-            while queue or any(w.job for w in workers):
-                for w in workers:
-                    if w.job is None and queue:
-                        _assign(w, queue.pop(0))
-                busy = [w for w in workers if w.job is not None]
-                now = ", ".join(f"{w.job.model} s{w.job.seed}" for w in busy)
-                if now != shown:
-                    bar.set_postfix_str(now)
-                    shown = now
-                ready, _, _ = select.select([w.proc.stdout for w in busy], [], [], 1.0)
-                for w in busy:
-                    if w.proc.stdout in ready:
-                        _collect(w)
-                        bar.update(1)
-        finally:
-            _stop(workers)
-
-
-__all__ = ["ensure_runs", "ensure_grid", "ensure_grids", "Grid", "plan_runs", "budget_overrides", "epoch_steps", "worker_command", "SweepError",
-           "available_cores", "default_jobs", "LOG_FILE"]
+__all__ = ["ensure_runs", "ensure_grid", "ensure_grids", "Grid", "plan_runs", "budget_overrides", "epoch_steps", "SweepError",
+           "available_cores", "default_jobs", "scheduler_address", "SCHEDULER_ENV"]

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from _tiny import TINY_RAW, comparable, synthetic_data, tiny_preset
-from studylib.config import ConfigError
+from studylib.config import ConfigError, override
 from studylib.run import checkpoint as C
 from studylib.run import optim as O
 from studylib.run import trainer as T
@@ -118,14 +118,16 @@ def test_different_config_in_run_dir_is_an_error(tmp_path, data):
     assert s["finished"]
 
 
-def test_overrides_argument(tmp_path, data):
-    s = T.train_run(tiny_preset(), "dense", 1, run_dir=tmp_path / "a", progress=False, data=data,
-                    overrides=["train.max_steps=3", "train.eval_every=3"])
-    assert s["steps"] == 3
-    s = T.train_run(tiny_preset(), "moe", 1, run_dir=tmp_path / "b", progress=False, data=data,
-                    overrides={"train.max_steps": 2, "models.moe.ffn.top_k": 1})
-    cfg = yaml.safe_load((tmp_path / "b" / "config.yaml").read_text())
+def test_a_run_spec_trains_its_own_varied_preset_in_the_variant_dir(tmp_path, data):
+    from studylib.run.spec import RunSpec
+
+    spec = RunSpec.resolve(tiny_preset(), "moe", 1, {"train.max_steps": 2, "models.moe.ffn.top_k": 1}, root=tmp_path)
+    assert spec.run_dir == tmp_path / "tiny" / "runs" / "moe" / "models.moe.ffn.top_k=1,train.max_steps=2" / "seed1"
+    s = T.train_spec(spec, progress=False, data=data)
+    cfg = yaml.safe_load((spec.run_dir / "config.yaml").read_text())
     assert s["steps"] == 2 and cfg["model"]["ffn"]["top_k"] == 1
+    same = RunSpec.resolve(tiny_preset(), "moe", 1, {"train.checkpoint_every": 1}, root=tmp_path)
+    assert same.run_dir == tmp_path / "tiny" / "runs" / "moe" / "seed1"  # identity unchanged: the base run's dir
 
 
 def test_default_run_dir_under_outputs_env(tmp_path, data, monkeypatch):
@@ -182,17 +184,17 @@ def test_data_seed_moves_the_data_order_and_leaves_the_initialisation(tmp_path, 
     runs = {}
     for name, ds in (("plain", None), ("same", 1), ("other", 2)):
         ov = {} if ds is None else {"train.data_seed": ds}
-        T.train_run(preset, "dense", 1, run_dir=tmp_path / name, progress=False, data=data, overrides=ov)
+        T.train_run(override(preset, ov), "dense", 1, run_dir=tmp_path / name, progress=False, data=data)
         runs[name] = C.load(tmp_path / name / "checkpoints" / "latest.pt")
     for k, w in runs["plain"]["model"].items():
         assert torch.equal(w, runs["same"]["model"][k])
     assert runs["other"]["data_position"]["seed"] == 2 and runs["plain"]["data_position"]["seed"] == 1
     assert any(not torch.equal(w, runs["other"]["model"][k]) for k, w in runs["plain"]["model"].items())
     # the initialisation is the seed's: a zero-step view of it is the same model in both runs
-    T.train_run(preset, "dense", 1, run_dir=tmp_path / "init_a", progress=False, data=data,
-                overrides={"train.max_steps": 1, "train.lr": 1e-9, "train.min_lr": 1e-9})
-    T.train_run(preset, "dense", 1, run_dir=tmp_path / "init_b", progress=False, data=data,
-                overrides={"train.max_steps": 1, "train.lr": 1e-9, "train.min_lr": 1e-9, "train.data_seed": 2})
+    zero = {"train.max_steps": 1, "train.lr": 1e-9, "train.min_lr": 1e-9}
+    T.train_run(override(preset, zero), "dense", 1, run_dir=tmp_path / "init_a", progress=False, data=data)
+    T.train_run(override(preset, {**zero, "train.data_seed": 2}), "dense", 1, run_dir=tmp_path / "init_b",
+                progress=False, data=data)
     a = C.load(tmp_path / "init_a" / "checkpoints" / "latest.pt")["model"]
     b = C.load(tmp_path / "init_b" / "checkpoints" / "latest.pt")["model"]
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
@@ -388,7 +390,7 @@ def test_compiled_training_matches_eager(tmp_path, data, model):
     fp32 tolerance: losses, best val loss and weights after 4 steps."""
     preset = tiny_preset(train={"max_steps": 4, "eval_every": 2}, model={**TINY_RAW["model"], "dropout": 0.0})
     eager = T.train_run(preset, model, 1, run_dir=tmp_path / "eager", progress=False, data=data)
-    compiled = T.train_run(preset, model, 1, run_dir=tmp_path / "compiled", progress=False, data=data,
-                           overrides={"train.compile": True})
+    compiled = T.train_run(override(preset, {"train.compile": True}), model, 1, run_dir=tmp_path / "compiled",
+                           progress=False, data=data)
     assert_same_training(tmp_path / "eager", tmp_path / "compiled", steps=4)
     assert compiled["best_val_loss"] == pytest.approx(eager["best_val_loss"], abs=1e-5)

@@ -47,7 +47,7 @@ def test_the_ci_plan_trains_each_run_once(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run(calls))
     monkeypatch.setattr("studylib.run.data.load_data", lambda *a, **k: None)  # max_steps: no epoch to count
-    monkeypatch.setattr(sweep, "_cost", lambda preset, job, datas: 1.0)
+    monkeypatch.setattr(sweep, "_steps", lambda spec, datas: 1)
     preset = load_preset("params/ci.yaml")
     grids = plan.study_grids(preset, [p.stem for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))])
     frames = sweep.ensure_grids(preset, grids, jobs=1, progress=False)
@@ -96,7 +96,7 @@ def test_study_trains_the_plan_before_the_notebooks(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run(calls))
     monkeypatch.setattr("studylib.run.data.load_data", lambda *a, **k: None)
-    monkeypatch.setattr(sweep, "_cost", lambda preset, job, datas: 1.0)
+    monkeypatch.setattr(sweep, "_steps", lambda spec, datas: 1)
     lines = []
     res = study.run_study("params/t.yaml", root=tmp_path, jobs=1, report=False, progress=False, echo=lines.append)
     assert sorted((m, s) for m, s, *_ in calls) == [("dense", 1), ("dense", 2), ("moe", 1), ("moe", 2)]
