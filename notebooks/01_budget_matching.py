@@ -44,7 +44,7 @@ from studylib.study.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out = ctx.preset, ctx.study, ctx.out
-dense_active, moe, dense_total = study["headline"]
+dense_active, moe, dense_total = study.headline
 print(f"preset {preset.name!r} ({preset.path}); vocab {preset.data.vocab_size:,}, context {preset.data.context}")
 
 # %% [markdown]
@@ -55,7 +55,7 @@ print(f"preset {preset.name!r} ({preset.path}); vocab {preset.data.vocab_size:,}
 # active per token. Headline models first.
 
 # %%
-names = list(dict.fromkeys(study["headline"] + [m for m in preset.model_names() if m not in study["headline"]]))
+names = list(dict.fromkeys(list(study.headline) + [m for m in preset.model_names() if m not in study.headline]))
 acct = tables.accounting_frame([preset.model_config(m) for m in names])
 plots.save_table(acct, "table5_accounting", out)
 acct
@@ -158,20 +158,10 @@ display(Markdown(
 # subset). One epoch of the training side is the headline budget.
 
 # %%
-from studylib.run.data import load_data
-from studylib.run.optim import total_steps_for
-
-data = load_data(preset.data, progress=False)
-summ = data.summary()
-split = pd.DataFrame({side: {"stories": summ[f"{side}_stories"], "tokens": summ[f"{side}_tokens"],
-                             "windows": summ[f"{side}_windows"], "target tokens": summ[f"{side}_targets"]}
-                      for side in ("train", "val")}).T
-plots.save_table(split, "data_split", out)
-display(split)
-steps = total_steps_for(preset.train, len(data.train_idx))
-per_step = preset.train.batch_size * preset.train.grad_accum
-windows = len(data.train_idx) if preset.train.max_steps is None else steps * per_step  # one epoch: the last step is partial
-tokens = windows * (data.context - 1)
+one = plan.run_budget(preset)  # the data (split by story) and one run's steps and target tokens
+plots.save_table(one.split, "data_split", out)
+display(one.split)
+steps, per_step, tokens = one.steps, one.per_step, one.tokens
 print(f"one run: {steps:,} optimizer steps of {per_step} windows = {tokens:,} target tokens; "
       f"{tokens / counts[moe].active:.1f} tokens per active parameter of {moe} "
       f"(paper: 426.3M target tokens, 28.9 per active parameter)")
@@ -184,14 +174,14 @@ print(f"one run: {steps:,} optimizer steps of {per_step} windows = {tokens:,} ta
 # `d_model x K` per layer), and K = 1 is the dense model plus a one-logit router.
 
 # %%
-iso_dense, iso_moe = study["iso_width"]
+iso_dense, iso_moe = study.iso_width
 iso = tables.accounting_frame([preset.model_config(m) for m in (iso_dense, iso_moe)])
 display(iso)
 assert iso.loc[iso_moe, "d_model"] == iso.loc[iso_dense, "d_model"]
 assert iso.loc[iso_moe, "ffn_active"] == iso.loc[iso_dense, "ffn_total"], "iso-width: active FFN must equal the dense FFN"
 
-gran = tables.accounting_frame([preset.model_config(m) for m in study["granularity"]])
-gran.insert(0, "K", [preset.model_config(m).ffn.num_experts for m in study["granularity"]])
+gran = tables.accounting_frame([preset.model_config(m) for m in study.granularity])
+gran.insert(0, "K", [preset.model_config(m).ffn.num_experts for m in study.granularity])
 plots.save_table(pd.concat([iso, gran]), "by_construction_accounting", out)
 display(gran)
 assert gran["ffn_total"].nunique() == 1, "soft MoE: total FFN width must not depend on K"
@@ -204,7 +194,7 @@ assert (gran["ffn_active"] == gran["ffn_total"]).all(), "soft MoE: every expert 
 # (inactive experts), and the router.
 
 # %%
-split_models = list(dict.fromkeys(study["headline"] + study["iso_width"] + study["granularity"]))
+split_models = list(dict.fromkeys(list(study.headline) + list(study.iso_width) + list(study.granularity)))
 split = tables.param_split([preset.model_config(m) for m in split_models])
 plots.save_table(split, "param_split", out)
 assert (split.sum(axis=1) == acct.loc[split.index, "total"]).all()

@@ -54,14 +54,13 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 import pandas as pd
 from IPython.display import Markdown, display
 
-from studylib.run.rundir import RunDir
 from studylib.study import frames, paper, plan, plots, routing, text
 from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import ensure_grid
+from studylib.study.sweep import ensure_grid, grid_run_dirs
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
-variants = study["ablation"]
+variants = list(study.ablation)
 reference = plan.reference_moe(preset)
 assert reference in variants, f"study.ablation must include the reference MoE {reference!r}"
 epochs = plan.study_epochs(preset, "ablation_epochs")
@@ -69,7 +68,7 @@ grid = plan.ablation_grid(preset)  # study.ablation x seeds at `epochs` (`studyl
 seeds = list(grid.seeds)  # study.comparison_seeds: the first k of the preset's seeds (default all)
 budget = grid.overrides
 summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
-run_dirs = {m: {s: RunDir.variant(preset, m, s, budget) for s in seeds} for m in variants}
+run_dirs = grid_run_dirs(preset, grid)  # {model: {seed: run directory}}
 assert summaries["tokens"].nunique() == 1, "every variant must see the same number of tokens"
 tokens = int(summaries["tokens"].iloc[0])
 display(Markdown(

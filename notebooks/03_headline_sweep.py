@@ -41,14 +41,13 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 # %%
 from IPython.display import Markdown, display
 
-from studylib.run.rundir import RunDir
-from studylib.study import frames, noise, paper, plots, probes, tables, text
+from studylib.study import frames, noise, paper, plan, plots, probes, tables, text
 from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import ensure_runs
+from studylib.study.sweep import ensure_runs, grid_run_dirs
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
-dense_active, moe, dense_total = headline = study["headline"]
+dense_active, moe, dense_total = headline = list(study.headline)
 summaries = ensure_runs(preset, headline, seeds, jobs=ctx.jobs)
 assert len(summaries) == len(headline) * len(seeds)
 assert summaries["tokens"].nunique() == 1, "all headline runs must see the same number of tokens"
@@ -101,7 +100,7 @@ fig = plots.intervals(gaps, title=f"Headline gaps ({preset.name}, {len(seeds)} s
 # (`studylib.study.stats.power_of`).
 
 # %%
-power = tables.power_table(gaps, gaps["paper_mean"], target=float(study.get("power_target", 0.03)))
+power = tables.power_table(gaps, gaps["paper_mean"], target=study.power_target)
 plots.save_table(power, "headline_power", out)
 display(power)
 print(text.power_sentences(power))
@@ -185,8 +184,9 @@ display(Markdown(f"**Verdict.** {sentence}"))
 # Anecdotal only: at this scale they show what the loss numbers mean, nothing more.
 
 # %%
-prompts = study.get("prompts", ["Once upon a time", "Tom and Lily went to the park", "The little dog was sad because"])
-gens = probes.generations({m: RunDir.of(preset, m, ctx.first_seed) for m in headline}, prompts,
-                            max_new_tokens=study.get("sample_tokens", 40))
+prompts = study.prompts or ["Once upon a time", "Tom and Lily went to the park", "The little dog was sad because"]
+first_runs = {m: by_seed[ctx.first_seed] for m, by_seed in grid_run_dirs(preset, plan.headline_grid(preset)).items()}
+gens = probes.generations(first_runs, prompts,
+                            max_new_tokens=study.sample_tokens)
 plots.save_table(gens, "generations", out, index=False)
 print(text.format_generations(gens))

@@ -42,17 +42,16 @@ import math
 
 from IPython.display import Markdown, display
 
-from studylib.run.dist import resolve_device
 from studylib.study import paper, plots, tables
 from studylib.study.notebooks import notebook_context
 from studylib.tools import bench
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out = ctx.preset, ctx.study, ctx.out
-headline = study["headline"]
+headline = list(study.headline)
 knobs = {"batch": 16, "context": 512, "rounds": 5, "warmup": 1, "dtype": "bf16", "memory": "none",
-         **study.get("bench", {})}
-device = resolve_device(preset.train)
+         **study.bench}
+device = bench.bench_device(preset)
 print(f"device {device}; knobs {knobs}")
 
 # %%

@@ -43,23 +43,22 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from studylib import config as budget
-from studylib.run.rundir import RunDir
 from studylib.study import frames, paper, plan, plots, probes, routing, tables, text
 from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import ensure_grid
+from studylib.study.sweep import ensure_grid, grid_run_dirs
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
-models = study["granularity"]
+models = list(study.granularity)
 K = {m: preset.model_config(m).ffn.num_experts for m in models}
 epochs = plan.study_epochs(preset, "granularity_epochs")
 grid = plan.granularity_grid(preset)  # study.granularity x seeds at `epochs` (`studylib study` trains it up front)
 seeds = list(grid.seeds)  # study.comparison_seeds: the first k of the preset's seeds (default all)
 sweep_budget = grid.overrides
 summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
-run_dirs = {m: {s: RunDir.variant(preset, m, s, sweep_budget) for s in seeds} for m in models}
+run_dirs = grid_run_dirs(preset, grid)  # {model: {seed: run directory}}
 first = {m: by_seed[seeds[0]] for m, by_seed in run_dirs.items()}  # the probes' runs
-n_probe = study.get("probe_windows", 64)
+n_probe = study.probe_windows
 tokens = int(summaries["tokens"].iloc[0])
 assert summaries["tokens"].nunique() == 1, "every K must see the same number of tokens"
 assert len({budget.count_params(preset.model_config(m)).ffn_total for m in models}) == 1, "fixed total FFN width"

@@ -43,7 +43,6 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 # %%
 from IPython.display import Markdown, display
 
-from studylib.run.dist import resolve_device
 from studylib.study import frames, paper, plan, plots, tables, text
 from studylib.study.notebooks import notebook_context
 from studylib.tools import bench
@@ -51,7 +50,7 @@ from studylib.study.sweep import ensure_grid
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
-dense, moe = study["iso_width"]
+dense, moe = study.iso_width
 epochs = plan.study_epochs(preset, "iso_width_epochs")
 grid = plan.iso_width_grid(preset)  # the pair x seeds at `epochs` (`studylib study` trains it up front)
 seeds = list(grid.seeds)  # study.comparison_seeds: the first k of the preset's seeds (default all)
@@ -91,8 +90,8 @@ fig = plots.val_curves(metrics, order=[dense, moe], title=f"Iso-width: validatio
 # without the KV cache; ratios are against the dense model in the same cache mode.
 
 # %%
-knobs = {"prompt_len": 32, "new_tokens": 64, "trials": 5, "warmup": 2, **study.get("decode", {})}
-device = resolve_device(preset.train)
+knobs = {"prompt_len": 32, "new_tokens": 64, "trials": 5, "warmup": 2, **study.decode}
+device = bench.bench_device(preset)
 raw = bench.bench_decode(preset, [dense, moe], dtype="fp32", no_cache_too=True, device=str(device),
                          progress=False, **knobs)
 plots.save_table(raw, "iso_width_decode_raw", out, index=False)

@@ -53,10 +53,9 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Image, Markdown, display
 
-from studylib.run.rundir import RunDir
 from studylib.study import plan, plots
 from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import ensure_runs
+from studylib.study.sweep import Grid, ensure_grid, grid_run_dirs
 from studylib.tools import explorer as explore
 
 ctx = notebook_context(params, jobs, seeds, overrides)
@@ -72,15 +71,15 @@ preset, study, out = ctx.preset, ctx.study, ctx.out
 # %%
 if run is None:
     ref = plan.reference_moe(preset)
-    ensure_runs(preset, [ref], [ctx.first_seed], jobs=1, overrides={"train.keep_checkpoints": True})
-    run = RunDir.of(preset, ref, ctx.first_seed).path
+    grid = Grid([ref], [ctx.first_seed], {"train.keep_checkpoints": True})
+    ensure_grid(preset, grid, jobs=1)
+    run = grid_run_dirs(preset, grid)[ref][ctx.first_seed].path
 run = (ctx.root / run).resolve()  # a relative `run` is relative to the repository root
-assert RunDir(run).config_path.is_file(), f"{run} is not a run directory (no config.yaml)"
-explore_root = run.parents[2]  # <outputs>/<preset>: every run of this preset is offered
+info = explore.run_info(run)  # a folder without config.yaml: an error naming it
+explore_root = info.preset_folder  # <outputs>/<preset>: every run of this preset (variants too)
 available = explore.list_runs(explore_root)
-steps = RunDir(run).checkpoint_steps()
-display(pd.DataFrame([{"model": r.model, "seed": r.seed, "kind": r.kind, "finished": r.finished,
-                       "checkpoints": len(RunDir(r).checkpoint_steps())} for r in available]))
+steps = info.steps()
+display(explore.runs_table(available))
 print(f"exploring {run} (checkpoints at steps {steps}); {len(available)} runs under {explore_root}")
 
 # %% [markdown]
@@ -104,9 +103,9 @@ explorer
 # per layer (sparse MoE: share of the token→expert assignments; soft MoE: mean gate weight).
 
 # %%
-final = RunDir(run).load_model()
+final = info.load()
 model, tok, cfg = final.model, final.tokenizer, final.config
-label = explore.run_info(run).short_label
+label = info.short_label
 view = explore.route_text(model, tok, prompt, label=label, step=final.step)
 print(view.status if not view.routed else
       f"{view.kind} routing: {view.num_experts} experts, {view.top_k} per token, layers {view.routed_layers}")
@@ -124,7 +123,7 @@ display(explore.expert_shares(view).round(3))
 
 # %%
 if len(steps) > 1:
-    first = RunDir(run).load_model(step=steps[0])
+    first = info.load(step=steps[0])
     early = explore.route_ids(first.model, tok, view.ids, text=view.text, n_prefix=view.n_prefix, label=label,
                               step=first.step)
     fig = explore.routing_grid_figure(early, view, title=f"Step {steps[0]} vs step {steps[-1]}")
@@ -169,19 +168,7 @@ plots.save_figure(fig, "explorer_generation", out)
 display(Image(explore.figure_png(fig)))
 
 # %%
-first_of_model = {}
-for r in available:
-    if r.finished and r.model not in first_of_model:
-        first_of_model[r.model] = r
-samples = []
-for name, r in first_of_model.items():
-    other = RunDir(r).load_model()
-    g = explore.generate_and_route(other.model, other.tokenizer, prompt, min(32, other.config.context // 2),
-                                   temperature=0.8, seed=0, label=name, step=other.step)
-    samples.append({"model": name, "kind": r.kind, "seed": r.seed, "continuation": g.continuation,
-                    "pieces": " ".join(g.tokens[g.n_prompt:]),
-                    "routing": "nothing to route (dense)" if not g.routed else f"{g.kind}, {g.num_experts} experts"})
-samples = pd.DataFrame(samples)
+samples = explore.samples_per_model(available, prompt)  # the first finished run of each model
 plots.save_table(samples, "explorer_generations", out, index=False)
 with pd.option_context("display.max_colwidth", 200):
     display(samples)

@@ -128,7 +128,7 @@ display(repetition)
 # its own point with 80% power if the true gap here were that large.
 
 # %%
-power = budget_checks.power_frame(per_seed, active, target=float(study.get("map_power_target", 0.05)))
+power = budget_checks.power_frame(per_seed, active, target=study.map_power_target)
 plots.save_table(power, "token_budget_power", out, index=False)
 display(power[["size", "epochs", "tokens_per_param", "gap", "n", "std", "half_width", "hw@10",
                "seeds_target", "seeds_effect", "seeds_effect_high"]])

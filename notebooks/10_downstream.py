@@ -47,7 +47,7 @@ from studylib.study.sweep import ensure_runs
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, out = ctx.preset, ctx.out
-dense_active, moe, dense_total = headline = ctx.study["headline"]
+dense_active, moe, dense_total = headline = list(ctx.study.headline)
 seeds = plan.downstream_grid(preset).seeds  # study.downstream_seeds: the first k seeds (default all)
 print(f"seeds {seeds} (study.downstream_seeds of the preset's {len(ctx.seeds)})")
 ensure_runs(preset, headline, seeds, jobs=ctx.jobs)

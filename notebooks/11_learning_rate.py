@@ -53,7 +53,7 @@ from studylib.study.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds=seeds, overrides=overrides)
 preset, study, out = ctx.preset, ctx.study, ctx.out
-models = list(study["headline"])
+models = list(study.headline)
 spec = lr_sweep.sweep_spec(preset)
 runs = lr_sweep.ensure_sweep(preset, models, spec, jobs=ctx.jobs)
 steps, tokens = runs["steps"].unique(), runs["tokens"].unique()

@@ -2,7 +2,7 @@ import sys
 
 from studylib.run.alloc import reexec_with_fast_allocator
 
-reexec_with_fast_allocator()  # before torch is imported: see studylib/alloc.py
+reexec_with_fast_allocator()  # before torch is imported: see studylib/run/alloc.py
 
 from studylib.cli import main  # noqa: E402
 

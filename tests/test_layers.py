@@ -84,3 +84,24 @@ def test_the_checker_finds_hidden_and_relative_upward_edges(tmp_path):
                    "def g():\n    from ..study import frames\n    return frames\n")
     assert [u.split(":")[0] for u in _upward(src, "studylib.nn.probe")] == ["line 3", "line 6"]
     assert _upward(src, "studylib.tools.probe") == []
+
+
+def test_run_storage_and_the_analysis_import_without_torch():
+    """RunDir and the analysis modules (frames, tables, the status line, run specs) read files
+    only: importing them must not pay for torch (~2 s); only loading a checkpoint does."""
+    import subprocess
+    import sys
+
+    code = ("import sys, studylib.run.rundir, studylib.run.spec, studylib.study.frames, studylib.study.tables, "
+            "studylib.study.watch; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False", "importing them imported torch"
+
+
+@pytest.mark.parametrize("path", sorted((PKG.parent / "notebooks").glob("[0-9][0-9]_*.py")), ids=lambda p: p.name)
+def test_notebooks_call_the_study_and_tools_layers_not_the_ones_below(path):
+    """A notebook is a view: it calls studylib.study and studylib.tools (and reads configs), never
+    the model or a run's storage directly (those go through study / tools functions)."""
+    me = "studylib.tools.notebook"  # the layer a notebook sits on
+    below = [f"line {ln}: {mod}" for ln, mod in _imports(path, me) if mod.split(".")[1] in ("nn", "run")]
+    assert not below, f"{path.name} imports " + "; ".join(below)

@@ -1,6 +1,7 @@
 """Presets: a YAML file (``params/*.yaml``) with the sections ``data``, ``train``, ``model``
 (defaults shared by every model), ``models`` (named variants: a partial model config, or a
-``derive`` rule solved by :mod:`studylib.config.derive`), ``seeds`` and ``study`` (notebook knobs);
+``derive`` rule solved by :mod:`studylib.config.derive`), ``seeds`` and ``study`` (what the notebooks
+compare: :class:`studylib.config.study.StudyConfig`, checked against the models and seeds here);
 optionally ``extends: base.yaml`` (:func:`read_preset_file`).
 
 Loading applies the environment (``STUDYLIB_DATA_DIR``, ``STUDYLIB_CACHE_DIR``) and ``--set``
@@ -20,6 +21,7 @@ import yaml
 
 from studylib.config.args import seed_error
 from studylib.config.derive import derive_model
+from studylib.config.study import StudyConfig, study_from_dict
 from studylib.config.schema import (ConfigError, DataConfig, ModelConfig, TrainConfig, _coerce,
                                     dataclass_from_dict, deep_merge, model_from_dict, to_dict)
 
@@ -34,7 +36,7 @@ class Preset:
     model: dict  # shared model defaults (raw mapping, merged into each model)
     models: dict  # name -> raw mapping (partial model config or a `derive` rule)
     seeds: tuple[int, ...] = (1337, 1338, 1339)
-    study: dict = field(default_factory=dict)  # free-form knobs for the notebooks
+    study: StudyConfig = field(default_factory=StudyConfig)  # what the notebooks compare (config/study.py)
     path: Optional[str] = None
 
     def model_names(self) -> list[str]:
@@ -102,10 +104,10 @@ def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
     for i, s in enumerate(seeds):
         if seed_error(s, f"seeds[{i}]"):
             raise ConfigError(seed_error(s, f"seeds[{i}]"))
-    study = _coerce(raw.get("study") or {}, dict, "study")
     name = raw.get("name") or (Path(path).stem if path else "preset")
-    return Preset(name=name, data=data, train=train, model=model, models=models, seeds=seeds,
-                  study=study, path=path)
+    preset = Preset(name=name, data=data, train=train, model=model, models=models, seeds=seeds, path=path)
+    study = study_from_dict(raw.get("study"), models, lambda m: preset.model_config(m).ffn.kind)
+    return dataclasses.replace(preset, study=study)
 
 
 def load_preset(path: str | os.PathLike, overrides: Overrides = None) -> Preset:

@@ -7,7 +7,6 @@ import json
 from studylib.config.accounting import count_params, ffn_label, fmt_m
 from studylib.config.derive import TOLERANCE, match_dense
 from studylib.config.presets import Preset, load_preset
-from studylib.config.schema import ConfigError
 
 
 def add_cli(p: argparse.ArgumentParser) -> None:
@@ -19,11 +18,7 @@ def add_cli(p: argparse.ArgumentParser) -> None:
 
 
 def headline_models(preset: Preset) -> list[str]:
-    names = preset.study.get("headline") or preset.model_names()
-    missing = [n for n in names if n not in preset.models]
-    if missing:
-        raise ConfigError(f"study.headline: unknown model(s) {missing}; allowed: {preset.model_names()}")
-    return list(names)
+    return list(preset.study.headline or preset.model_names())  # names checked when the preset loaded
 
 
 def run_cli(args) -> int:
@@ -44,7 +39,7 @@ def run_cli(args) -> int:
         print(f"{c.name:<22}{c.d_model:>8}{f'{c.n_heads}/{c.n_kv_heads}':>7}{ffn:>26}{fmt_m(n.embedding):>11}"
               f"{fmt_m(n.non_ffn):>9}{fmt_m(n.ffn_total):>12}{n.router:>8,}"
               f"{fmt_m(n.total) + ' / ' + fmt_m(n.active):>20}")
-    ref_name = preset.study.get("reference_moe")
+    ref_name = preset.study.reference_moe
     routed = [c for c in cfgs if c.ffn.kind == "moe" and (ref_name is None or c.name == ref_name)]
     for ref in routed:
         print(f"\nBudget solver for {ref.name} (tolerance: active {TOLERANCE['active']:.1%}, "

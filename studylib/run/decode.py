@@ -98,29 +98,48 @@ def sample_next(logits_V: torch.Tensor, temperature: float = 1.0, top_k: Optiona
 # --------------------------------------------------------------------------------------------
 # routing capture (forward pre-hooks on the routed FFNs; no change to the model)
 # --------------------------------------------------------------------------------------------
-class _RoutingProbe:
+def ffn_kind(ffn) -> str:
+    """``moe``, ``soft`` or ``dense``: what a block's feed-forward layer is."""
+    return "moe" if isinstance(ffn, SparseMoE) else "soft" if isinstance(ffn, SoftMoE) else "dense"
+
+
+class RoutedInputs:
+    """Forward pre-hooks on a model's routed FFNs, no change to the model (a context manager):
+    after a forward pass, ``x[layer]`` is the input (B, S, D) routed layer ``layer`` saw;
+    ``layers`` lists (layer, ffn, kind). The one routing capture: decoding (:class:`_RoutingProbe`)
+    and the routing explorer compute what they show from these inputs with the layer's own router."""
+
     def __init__(self, model: Decoder):
-        self.layers = []  # (layer, ffn, kind)
-        for i, blk in enumerate(model.blocks):
-            if isinstance(blk.ffn, SparseMoE):
-                self.layers.append((i, blk.ffn, "moe"))
-            elif isinstance(blk.ffn, SoftMoE):
-                self.layers.append((i, blk.ffn, "soft"))
+        self.layers = [(i, blk.ffn, ffn_kind(blk.ffn)) for i, blk in enumerate(model.blocks)
+                       if ffn_kind(blk.ffn) != "dense"]
         self.n_layers = len(model.blocks)
-        self.last_x = {}
+        self.x: dict = {}
         self.handles = [ffn.register_forward_pre_hook(self._hook(i)) for i, ffn, _ in self.layers]
 
-    def _hook(self, layer):
-        def hook(module, args, kwargs=None):
-            x_BSD = args[0]
-            self.last_x[layer] = x_BSD[0, -1:].detach()  # the last position of the (only) sequence
+    def _hook(self, layer: int):
+        def hook(module, args):
+            self.x[layer] = args[0].detach()
 
         return hook
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def __enter__(self) -> "RoutedInputs":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _RoutingProbe(RoutedInputs):
+    """Each generated token's routing: the last position's experts, weights and probabilities."""
 
     def record(self) -> list:
         out: list = [None] * self.n_layers
         for i, ffn, kind in self.layers:
-            logits_1E = ffn.router_logits(self.last_x[i])
+            logits_1E = ffn.router_logits(self.x[i][0, -1:])  # the last position of the (only) sequence
             probs = router.probs(logits_1E)[0]
             E = probs.numel()
             if kind == "soft":
@@ -135,9 +154,6 @@ class _RoutingProbe:
             out[i] = rec
         return out
 
-    def close(self):
-        for h in self.handles:
-            h.remove()
 
 
 # --------------------------------------------------------------------------------------------

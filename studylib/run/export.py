@@ -55,15 +55,12 @@ def build_tokenizer(sp_model: os.PathLike):
 
 
 def _safetensors(model, path: Path) -> None:
-    from safetensors.torch import save_file
+    """The weights as ``model.safetensors``, written atomically like every other file
+    (:func:`studylib.run.files.write_atomic`: fsync, rename, the umask's permissions)."""
+    from safetensors.torch import save
 
     sd = {k: v.detach().float().contiguous().clone() for k, v in hf_format.state_dict(model).items()}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(sd, str(tmp), metadata={"format": "pt"})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # safetensors creates it 0600; the folder's other files follow the umask
-    os.replace(tmp, path)
+    write_atomic(path, save(sd, metadata={"format": "pt"}))
 
 
 def _fmt(x, nd=4) -> str:

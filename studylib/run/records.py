@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from studylib.config import count_params
+from studylib.nn.precision import precision_label
 
 
 @dataclass
@@ -93,7 +94,7 @@ def summary_record(t) -> dict:
     """``summary.json`` of the finished run held by trainer ``t`` (a :class:`studylib.run.trainer.Trainer`)."""
     best, final, clock = t.best, t.final, t.clock
     tokens = t.tokens(t.total)  # exact: an epoch's partial last step counts the windows it read
-    amp = str(t.amp_dtype).replace("torch.", "") if t.amp_dtype else "fp32"
+    amp = precision_label(t.amp_dtype)
     return {
         "model": t.model_name, "seed": t.seed, "preset": t.preset.name,
         "best_val_loss": best["val_loss"], "best_val_ppl": ppl(best["val_loss"]),

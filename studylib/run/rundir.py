@@ -1,8 +1,6 @@
 """Run directories: the one owner of a run's files.
 
-A run lives in ``<outputs>/<preset>/runs/<model>/seed<seed>/`` where ``<outputs>`` is
-``$STUDYLIB_OUTPUTS``, else the ``outputs/`` folder next to the preset's ``params/`` folder,
-else ``./outputs``. It holds ``config.yaml`` (the run's identity hash, the resolved preset and
+A run lives where :mod:`studylib.run.layout` puts it. It holds ``config.yaml`` (the run's identity hash, the resolved preset and
 model config: :func:`studylib.config.run_document`), ``metrics.jsonl`` (one JSON object per
 line, ``kind`` "train" or "eval"), ``summary.json`` (written when the run finished) and
 ``checkpoints/`` (:mod:`studylib.run.checkpoint`), and ``.lock`` (:meth:`RunDir.lock`: one writer at
@@ -19,18 +17,19 @@ from typing import Any, Optional
 
 import yaml
 
-from studylib.config import (ConfigError, ModelConfig, Preset, identity_diff, model_from_dict, override,
-                             run_identity, same_run, variant_tag)
-from studylib.run import checkpoint
-from studylib.run.dirlock import RunDirLocked, dir_lock  # noqa: F401  (RunDirLocked: raised by RunDir.lock)
+from studylib.config import ConfigError, ModelConfig, Preset, identity_diff, model_from_dict, override, same_run
+from studylib.run.dirlock import dir_lock
 from studylib.run.files import atomic_open, write_atomic, write_json_atomic
+from studylib.run.layout import (CHECKPOINT_DIR, CONFIG_FILE, LOCK_FILE, LOG_FILE, METRICS_FILE, SUMMARY_FILE,
+                                 run_dir_for, variant_dir)
 
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-CHECKPOINT_DIR = "checkpoints"
-LOCK_FILE = ".lock"
-LOG_FILE = "train.log"  # a run trained by a sweep's worker: everything it printed
+
+def _checkpoint():
+    """:mod:`studylib.run.checkpoint`, imported when a method needs it: it imports torch (~2 s), and
+    reading summaries, configs and metrics (the analysis, the status line) needs none."""
+    from studylib.run import checkpoint
+
+    return checkpoint
 
 
 class RunDirConflict(ConfigError):
@@ -39,41 +38,6 @@ class RunDirConflict(ConfigError):
 
 class MetricsGap(ConfigError):
     """``metrics.jsonl`` lacks records written before the checkpoint and nothing can rebuild them."""
-
-
-def outputs_root(preset: Optional[Preset] = None) -> Path:
-    if os.environ.get("STUDYLIB_OUTPUTS"):
-        return Path(os.environ["STUDYLIB_OUTPUTS"])
-    if preset is not None and preset.path:
-        params_dir = Path(preset.path).resolve().parent
-        if params_dir.name == "params":
-            return params_dir.parent / "outputs"
-    return Path("outputs")
-
-
-def run_dir_for(preset: Preset, model: str, seed: int, root: str | os.PathLike | None = None,
-                tag: Optional[str] = None) -> Path:
-    """``<root>/<preset>/runs/<model>/seed<seed>``; a variant (``tag``) lives one level deeper,
-    ``.../runs/<model>/<tag>/seed<seed>``."""
-    root = Path(root) if root is not None else outputs_root(preset)
-    base = root / preset.name / "runs" / model
-    if tag is not None:
-        if not tag or "/" in tag or tag.startswith(".") or tag.startswith("seed"):
-            raise ConfigError(f"run variant tag {tag!r}: must be non-empty, without '/', not start "
-                              "with '.' or 'seed'")
-        base = base / tag
-    return base / f"seed{seed}"
-
-
-def variant_dir(preset: Preset, varied: Preset, model: str, seed: int, overrides=None, tag: Optional[str] = None,
-                root: str | os.PathLike | None = None) -> Path:
-    """The run directory of ``model`` x ``seed`` of ``varied`` (``preset`` + ``overrides``): the
-    base run's own directory when the overrides leave that run's identity unchanged, else
-    ``runs/<model>/<tag>/seed<seed>`` (``tag`` defaults to :func:`studylib.config.variant_tag`)."""
-    if overrides and run_identity(varied, varied.model_config(model), model, seed) != \
-            run_identity(preset, preset.model_config(model), model, seed):
-        return run_dir_for(preset, model, seed, root, tag or variant_tag(overrides, varied))
-    return run_dir_for(preset, model, seed, root)
 
 
 @dataclass
@@ -110,6 +74,18 @@ class RunDir:
     def __fspath__(self) -> str:
         return str(self.path)
 
+    @property
+    def preset_folder(self) -> Optional[Path]:
+        """``<outputs>/<preset>``: the folder above this run's ``runs`` folder (None when the run
+        does not live in the layout above)."""
+        return next((p.parent for p in self.path.parents if p.name == "runs"), None)
+
+    @property
+    def tag(self) -> Optional[str]:
+        """The variant's tag (``runs/<model>/<tag>/seed<N>``), None for a preset's own run."""
+        parts = self.path.parts
+        return parts[-2] if len(parts) >= 4 and parts[-4] == "runs" else None
+
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
@@ -141,7 +117,7 @@ class RunDir:
     # ---- one writer ------------------------------------------------------------------------
     def lock(self):
         """Context manager: hold this run directory's lock for the block (one writer per run
-        directory); :class:`RunDirLocked`, naming the holder's PID, if another process holds it.
+        directory); :class:`studylib.run.dirlock.RunDirLocked`, naming the holder's PID, if another process holds it.
         See :func:`studylib.run.dirlock.dir_lock`."""
         return dir_lock(self.path, LOCK_FILE)
 
@@ -267,12 +243,6 @@ class RunDir:
         with atomic_open(self.metrics_path, "w") as f:
             f.write("".join(line + "\n" for line in lines))
 
-    def truncate_metrics(self, step: int) -> None:
-        """Keep only the records up to optimizer step ``step`` (used when resuming)."""
-        keep = [r for r in self.read_metrics() if r.get("step", 0) <= step]
-        with atomic_open(self.metrics_path, "w") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in keep))
-
     # ---- summary ---------------------------------------------------------------------------
     def summary(self) -> Optional[dict]:
         if not self.summary_path.is_file():
@@ -302,12 +272,12 @@ class RunDir:
     # ---- checkpoints -----------------------------------------------------------------------
     def latest_step(self) -> Optional[int]:
         """The step of the newest readable full checkpoint (``latest.pt``, else ``prev.pt``)."""
-        return checkpoint.peek_step(self.checkpoints)
+        return _checkpoint().peek_step(self.checkpoints)
 
     def checkpoint_steps(self) -> list[int]:
         """Steps at which this run can be loaded, ascending: its ``step_<N>.pt`` snapshots and
         the step of ``latest.pt`` (empty if it has no checkpoint)."""
-        steps = {s for s, _ in checkpoint.list_snapshots(self.checkpoints)}
+        steps = {s for s, _ in _checkpoint().list_snapshots(self.checkpoints)}
         last = self.latest_step()
         if last is not None:
             steps.add(last)
@@ -315,23 +285,23 @@ class RunDir:
 
     def has_checkpoint(self) -> bool:
         ck = self.checkpoints
-        return ((ck / checkpoint.LATEST).is_file() or (ck / checkpoint.PREV).is_file()
-                or bool(checkpoint.list_snapshots(ck)))
+        ckpt = _checkpoint()
+        return (ck / ckpt.LATEST).is_file() or (ck / ckpt.PREV).is_file() or bool(ckpt.list_snapshots(ck))
 
     def _checkpoint_state(self, step: Optional[int], path: Optional[os.PathLike]) -> tuple[dict, Path]:
         if path is not None:
-            return checkpoint.load(path), Path(path)
+            return _checkpoint().load(path), Path(path)
         if step is not None:
-            snap = checkpoint.snapshot_path(self.checkpoints, int(step))
+            snap = _checkpoint().snapshot_path(self.checkpoints, int(step))
             if snap.is_file():
-                return checkpoint.load(snap), snap
+                return _checkpoint().load(snap), snap
             if self.latest_step() != int(step):
                 raise ConfigError(f"{self.path}: no checkpoint at step {step}; saved steps: "
                                   f"{self.checkpoint_steps()} (train with train.keep_checkpoints=true "
                                   f"to keep one per evaluation)")
-        found = checkpoint.load_latest(self.checkpoints, warn=lambda m: warnings.warn(m, UserWarning))
+        found = _checkpoint().load_latest(self.checkpoints, warn=lambda m: warnings.warn(m, UserWarning))
         if found is None:
-            raise ConfigError(f"{self.path}: no checkpoint yet ({self.checkpoints / checkpoint.LATEST} "
+            raise ConfigError(f"{self.path}: no checkpoint yet ({self.checkpoints / _checkpoint().LATEST} "
                               f"is missing)")
         return found
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Optional
 
 from studylib.config import Preset, override, run_document, with_absolute_paths
-from studylib.run.rundir import RunDir, variant_dir
+from studylib.run.layout import variant_dir
+from studylib.run.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class RunSpec:
                 root: str | os.PathLike | None = None) -> "RunSpec":
         """The run ``model`` x ``seed`` of ``preset`` + ``overrides``, in the preset's own run
         directory when the overrides leave its identity unchanged, else in the variant's
-        (:func:`studylib.run.rundir.variant_dir`). An unknown model is a ConfigError."""
+        (:func:`studylib.run.layout.variant_dir`). An unknown model is a ConfigError."""
         varied = override(preset, overrides)
         varied.model_config(model)  # validates the name (a clear error for a typo)
         path = variant_dir(preset, varied, model, seed, overrides, tag, root)

@@ -3,7 +3,7 @@
 ``train_run(preset, model_name, seed)`` seeds Python/NumPy/torch, builds the model under the
 seed, and trains it with AdamW (decay on >=2-D tensors only), linear warmup + cosine decay
 (:func:`studylib.run.optim.lr_at`), gradient accumulation, clipping and bf16 autocast where the hardware has bf16
-(:func:`studylib.run.dist.resolve_amp`; never fp16). :class:`Trainer` holds the run in progress;
+(:func:`studylib.nn.precision.resolve_amp`; never fp16). :class:`Trainer` holds the run in progress;
 its methods are the phases: setup, resume, train_step, evaluate, save, log and finish. Which windows a step reads is
 :mod:`studylib.run.batches`; the validation pass is :mod:`studylib.run.evaluation`.
 
@@ -38,23 +38,19 @@ import torch
 
 from studylib.config import ConfigError, Preset, run_document
 from studylib.nn.model import Decoder
-from studylib.nn.precision import autocast
+from studylib.nn.precision import autocast, describe_amp, precision_label, resolve_amp
 from studylib.run import checkpoint
 from studylib.run.batches import BatchSampler, eval_subset
 from studylib.run.data import load_data
-from studylib.run.dist import Dist, describe_amp, resolve_amp, resolve_device, seed_everything
+from studylib.run.dist import Dist, resolve_device, seed_everything
 from studylib.run.evaluation import evaluate
 from studylib.run.files import clean_temp_files
 from studylib.run.optim import lr_at, make_optimizer, total_steps_for
 from studylib.run.records import (SUMMARY_REQUIRED, RunningSums, StepResult, eval_record, expected_steps,
                                   summary_record, train_record)
 from studylib.run.resources import check_run
-from studylib.run.rundir import RunDir, run_dir_for
-
-def _precision(amp_dtype) -> str:
-    """What a checkpoint records of its precision: ``bfloat16`` (autocast) or ``fp32``."""
-    return str(amp_dtype).replace("torch.", "") if amp_dtype else "fp32"
-
+from studylib.run.layout import run_dir_for
+from studylib.run.rundir import RunDir
 
 class NonFiniteLossError(RuntimeError):
     """The training loss (or gradient norm) became NaN/inf; the last good checkpoint is kept."""
@@ -165,7 +161,7 @@ class Trainer:
         if found is None:
             return
         state, path = found
-        saved, now = state.get("amp"), _precision(self.amp_dtype)
+        saved, now = state.get("amp"), precision_label(self.amp_dtype)
         if saved is not None and saved != now:  # train.amp: auto resolves per machine
             raise ConfigError(
                 f"{self.rd.path}: its checkpoint (step {state['step']}) was trained in {saved}, but here "
@@ -365,7 +361,7 @@ class Trainer:
             "rng": rng, "rng_ranks": all_rng,
             "data_position": self.sampler.data_position(step),
             "best": self.best, "clock": self.clock, "final": final_rec, "world_size": self.dist.world,
-            "amp": _precision(self.amp_dtype),
+            "amp": precision_label(self.amp_dtype),
             "metrics": "".join(self.records),
         }
 
@@ -386,7 +382,7 @@ def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.Path
               progress: bool = True, data=None) -> dict:
     """Train ``model_name`` of ``preset`` with ``seed``; returns the run's summary dict.
 
-    ``run_dir`` defaults to :func:`studylib.run.rundir.run_dir_for`. A finished run is not redone
+    ``run_dir`` defaults to :func:`studylib.run.layout.run_dir_for`. A finished run is not redone
     (its summary is returned), an unfinished one resumes from its last good checkpoint, and a
     run directory with a different config raises :class:`studylib.run.rundir.RunDirConflict`.
     ``data``: a :class:`studylib.run.data.TokenData` (or look-alike) to use instead of loading it.

@@ -37,10 +37,11 @@ import numpy as np
 import pandas as pd
 
 from studylib.config import ConfigError, Preset, load_preset, override
+from studylib.config.study import TOKEN_BUDGET_SHAPE
 from studylib.run.rundir import RunDir
 from studylib.study.crossing import Crossing, Trend, crossings, trend
 from studylib.study.frames import collect_runs
-from studylib.study.paper import PAPER_ABLATION_TOKENS, PAPER_GAPS, PAPER_HEADLINE_TOKENS
+from studylib.study.paper import PAPER_ACTIVE_PARAMS, PAPER_BUDGET_TOKENS, PAPER_GAPS, PAPER_TOKENS_PER_PARAM
 from studylib.study.stats import Paired, paired
 from studylib.study.sweep import Grid, budget_overrides, ensure_grids
 from studylib.study.tables import fmt_count
@@ -51,15 +52,7 @@ VALUE = "best_val_loss"
 GAPS = {"active": ("dense_active", "matched-active gap (dense_active - MoE)"),
         "total": ("dense_total", "matched-total gap (dense_total - MoE)")}
 
-# The paper's point (seed 000; SPEC sections 2 and 7): 426.3M target tokens (one epoch of full
-# TinyStories: 26,073 steps x 32 windows x 511 targets) for the MoE's 14.77M active parameters
-# (Table 5: paper.PAPER_TABLE5["moe_top2_z"]), its budgets 40.5M, 150M and 426.3M tokens ("across
-# training budgets from 40.5M to 426.3M tokens"; Table 7 is "the 150M-token run") and its headline gaps (Table 6;
-# paper.PAPER_GAPS), in this module's sign convention.
-PAPER_EPOCH_TOKENS = PAPER_HEADLINE_TOKENS
-PAPER_BUDGET_TOKENS = (PAPER_ABLATION_TOKENS, 150.0e6, PAPER_HEADLINE_TOKENS)
-PAPER_ACTIVE_PARAMS = 14.77e6
-PAPER_TOKENS_PER_PARAM = PAPER_EPOCH_TOKENS / PAPER_ACTIVE_PARAMS  # 28.86
+# The paper's headline point (paper.py) in this module's sign convention (dense - MoE).
 PAPER_POINT = {"tokens_per_param": PAPER_TOKENS_PER_PARAM,
                "active": +PAPER_GAPS["active"][0],   # +0.0758: the MoE beats dense_active
                "total": -PAPER_GAPS["total"][0]}     # -0.0180: dense_total beats the MoE
@@ -96,53 +89,13 @@ class Trio:
         return {self.dense_active: "dense_active", self.moe: "moe", self.dense_total: "dense_total"}[model]
 
 
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def budget_trios(preset: Preset) -> list[Trio]:
-    """The trios of ``study.token_budget`` (validated: a bad knob is one ConfigError line naming it)."""
-    tb = preset.study.get("token_budget")
-    shape = "{trios: [{models: [dense_active, moe, dense_total], epochs: [0.333, 1.0], seeds: 5}, ...]}"
+    """The trios of ``study.token_budget`` (checked when the preset loaded:
+    :class:`studylib.config.TrioConfig`); absent: one ConfigError line naming the knob."""
+    tb = preset.study.token_budget
     if tb is None:
-        raise ConfigError(f"{KEY}: missing from preset {preset.name!r}; expected {shape}")
-    if not isinstance(tb, dict) or set(tb) != {"trios"}:
-        raise ConfigError(f"{KEY}: expected a mapping with the one key 'trios' ({shape}), got {tb!r}")
-    raw = tb["trios"]
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"{KEY}.trios: expected a non-empty list of trios ({shape}), got {raw!r}")
-    out, seen = [], set()
-    for i, t in enumerate(raw):
-        where = f"{KEY}.trios[{i}]"
-        if not isinstance(t, dict) or not {"models", "epochs"} <= set(t) <= {"models", "epochs", "seeds"}:
-            raise ConfigError(f"{where}: expected a mapping with keys 'models' and 'epochs' (and optionally "
-                              f"'seeds'), got {t!r}")
-        n_seeds = t.get("seeds")
-        if n_seeds is not None and (isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 2):
-            raise ConfigError(f"{where}.seeds: expected how many of the preset's seeds to train (an integer >= 2), "
-                              f"got {n_seeds!r}")
-        models, epochs = t["models"], t["epochs"]
-        if (not isinstance(models, list) or len(models) != 3 or len(set(map(str, models))) != 3
-                or not all(isinstance(m, str) for m in models)):
-            raise ConfigError(f"{where}.models: expected three different model names "
-                              f"[dense_active, moe, dense_total], got {models!r}")
-        for j, m in enumerate(models):
-            if m not in preset.models:
-                raise ConfigError(f"{where}.models[{j}]: no model named {m!r} in the preset; "
-                                  f"allowed: {sorted(preset.models)}")
-        if preset.model_config(models[1]).ffn.kind == "dense":
-            raise ConfigError(f"{where}.models[1]: the reference MoE {models[1]!r} has a dense FFN; "
-                              "the middle model must be the MoE")
-        if models[1] in seen:
-            raise ConfigError(f"{where}.models[1]: the reference MoE {models[1]!r} names a second trio; "
-                              "each trio is one model size")
-        seen.add(models[1])
-        if (not isinstance(epochs, list) or not epochs or not all(_is_number(e) and e > 0 for e in epochs)
-                or len(set(epochs)) != len(epochs)):
-            raise ConfigError(f"{where}.epochs: expected a non-empty list of different positive numbers "
-                              f"(epochs of the preset's schedule), got {epochs!r}")
-        out.append(Trio(models[0], models[1], models[2], tuple(sorted(float(e) for e in epochs)), n_seeds))
-    return out
+        raise ConfigError(f"{KEY}: missing from preset {preset.name!r}; expected {TOKEN_BUDGET_SHAPE}")
+    return [Trio(*t.models, t.epochs, t.seeds) for t in tb.trios]
 
 
 def active_params(preset: Preset, trios: Sequence[Trio]) -> dict:
@@ -166,8 +119,8 @@ def budgets(preset: Preset, trios: Sequence[Trio],
 # --------------------------------------------------------------------------------------------
 def _study_lists(preset: Preset, model: str) -> list[str]:
     """The other ``study`` lists that name ``model`` (e.g. ``headline``: notebook 03 trains it)."""
-    return [k for k, v in preset.study.items()
-            if k != "token_budget" and isinstance(v, list) and model in v]
+    return [k for k in ("headline", "ablation", "granularity", "iso_width")
+            if model in (getattr(preset.study, k) or ())]
 
 
 def run_plan(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], budget_map: dict) -> pd.DataFrame:
@@ -228,7 +181,7 @@ def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], 
     if not path.is_file():
         return None, f"No paper preset ({path})."
     paper_p = load_preset(path)
-    if "token_budget" not in paper_p.study:
+    if paper_p.study.token_budget is None:
         return None, f"The paper preset lists no {KEY}."
     trios, frames = budget_trios(paper_p), []
     for t in trios:
@@ -422,7 +375,6 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-__all__ = ["KEY", "GAPS", "PAPER_POINT", "PAPER_TOKENS_PER_PARAM", "PAPER_BUDGET_TOKENS", "PAPER_ACTIVE_PARAMS",
-           "PAPER_EPOCH_TOKENS", "Trio", "budget_trios", "active_params", "size_label", "budgets", "run_plan",
+__all__ = ["KEY", "GAPS", "PAPER_POINT", "Trio", "budget_trios", "active_params", "size_label", "budgets", "run_plan",
            "train_budgets", "budget_grids", "paper_preset_points", "gap_frame", "gap_table", "gap_sentences", "paper_sentence",
            "display_table"]

@@ -35,7 +35,9 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from distributed import WorkerPlugin
 
-from studylib.run.rundir import LOG_FILE, RunDir
+from studylib.run.alloc import GUARD, fast_allocator_env
+from studylib.run.layout import LOG_FILE
+from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
 from studylib.study.sweep import SweepError, available_cores
 
@@ -161,6 +163,16 @@ def gpu_count() -> int:
         return 0
 
 
+def worker_environment(threads: int) -> dict:
+    """The environment a local worker process starts with: ``threads`` OpenMP / MKL / OpenBLAS
+    threads and the fast allocator (:func:`studylib.run.alloc.fast_allocator_env`; already in
+    this process's environment when it was started by ``python -m studylib``)."""
+    env = {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    fast = fast_allocator_env(os.environ) or {}
+    env.update({k: v for k, v in fast.items() if k in ("LD_PRELOAD", "GLIBC_TUNABLES", GUARD)})
+    return env
+
+
 def needs_gpu(spec: RunSpec, gpus_available: bool) -> bool:
     """Whether a run asks its worker for a GPU: ``train.device`` cuda, or auto where the cluster
     has GPUs."""
@@ -200,12 +212,15 @@ class Cluster:
             gpus = gpu_count()
             slots = min(self.slots, gpus) if gpus else self.slots
             threads = max(1, available_cores() // slots)
-            env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
             # worker-saturation 1.0: a worker holds only the run it trains, so the queue's order
-            # (longest first) holds to the end and a worker that frees up takes the next run
-            with dask.config.set({"distributed.scheduler.worker-saturation": 1.0}):
+            # (longest first) holds to the end and a worker that frees up takes the next run.
+            # pre-spawn-environ: what a worker process starts with; Dask's default would also set
+            # MALLOC_TRIM_THRESHOLD_=65536, which overrides the allocator studylib chose
+            # (run/alloc.py), so the workers get that allocator and their thread count instead
+            with dask.config.set({"distributed.scheduler.worker-saturation": 1.0,
+                                  "distributed.nanny.pre-spawn-environ": worker_environment(threads)}):
                 self.cluster = LocalCluster(n_workers=slots, threads_per_worker=1, processes=True, memory_limit=0,
-                                            env=env, resources={"GPU": 1} if gpus else None,
+                                            resources={"GPU": 1} if gpus else None,
                                             silence_logs=logging.ERROR, dashboard_address=":8787")
             self.client = Client(self.cluster)
             self.client.register_plugin(StudyPlugin(threads=threads, gpus=gpus), name=PLUGIN)

@@ -154,9 +154,11 @@ def router_records(source) -> list[dict]:
     return [r for r in recs if r.get("kind", "eval") == "eval" and isinstance(r.get("router"), list)]
 
 
-def _layer_scalars(st: dict, metrics: Sequence[str]) -> dict:
-    """``{metric: value}`` of one layer's router stats; ``busiest`` and ``usage_var`` recomputed
-    from the eval set's ``shares`` f_e (max_e f_e and the population variance of f_e)."""
+def layer_stats(st: dict, metrics: Sequence[str] = ROUTER_SCALARS) -> dict:
+    """``{metric: value}`` of one layer's router stats in an eval record; ``busiest`` and
+    ``usage_var`` recomputed from the eval set's ``shares`` f_e (max_e f_e and the population
+    variance of f_e), as SPEC section 3 defines them. The one reading of those statistics: the
+    notebooks' tables and the routing explorer both go through it."""
     st = dict(st)
     if isinstance(st.get("shares"), list) and st["shares"]:
         sh = np.asarray(st["shares"], dtype=float)
@@ -177,7 +179,7 @@ def routing_frame(source, metrics: Sequence[str] = ROUTER_SCALARS) -> pd.DataFra
         for layer, st in enumerate(r["router"]):
             if isinstance(st, dict):
                 rows += [{"step": r["step"], "tokens": r.get("tokens"), "layer": layer, "metric": m,
-                          "value": v} for m, v in _layer_scalars(st, metrics).items()]
+                          "value": v} for m, v in layer_stats(st, metrics).items()]
     return pd.DataFrame(rows, columns=["step", "tokens", "layer", "metric", "value"])
 
 

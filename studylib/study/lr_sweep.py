@@ -59,59 +59,24 @@ class SweepSpec:
     preset_lr: float
 
 
-def _number(v, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise ConfigError(f"{where}: must be a number, got {v!r}")
-    try:
-        return float(v)
-    except ValueError:
-        raise ConfigError(f"{where}: must be a number, got {v!r}") from None
-
-
 def sweep_spec(preset: Preset) -> SweepSpec:
-    """``preset.study["lr_sweep"]`` checked: ``lrs`` (>= 3 distinct positive numbers, including the
-    preset's ``train.lr``), ``seeds`` (how many of the preset's seeds, >= 2), ``epochs`` (> 0) and
-    optional ``tolerance`` (nats, > 0; default :data:`DEFAULT_TOLERANCE`). Errors name the field."""
-    raw = preset.study.get("lr_sweep")
-    if raw is None:
+    """``study.lr_sweep`` (checked when the preset loaded: :class:`studylib.config.LrSweepConfig`)
+    against this preset's own ``train.lr`` (one of the grid's rates) and seeds (``seeds`` of
+    them); the tolerance defaults to :data:`DEFAULT_TOLERANCE`. Errors name the field."""
+    cfg = preset.study.lr_sweep
+    if cfg is None:
         raise ConfigError("study.lr_sweep: missing; add e.g. `lr_sweep: {lrs: [1.0e-3, 3.0e-3, 1.0e-2], "
                           "seeds: 2, epochs: 1.0}` to the preset's study section")
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"study.lr_sweep: must be a mapping with lrs, seeds, epochs; got {raw!r}")
-    allowed = {"lrs", "seeds", "epochs", "tolerance"}
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise ConfigError(f"study.lr_sweep: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-    for key in ("lrs", "seeds", "epochs"):
-        if key not in raw:
-            raise ConfigError(f"study.lr_sweep.{key}: missing (lrs: a list of learning rates, seeds: how many "
-                              f"of the preset's seeds, epochs: the budget in units of the preset's schedule)")
-    lrs_raw = raw["lrs"]
-    if not isinstance(lrs_raw, (list, tuple)):
-        raise ConfigError(f"study.lr_sweep.lrs: must be a list of learning rates, got {lrs_raw!r}")
-    lrs = sorted({_number(v, f"study.lr_sweep.lrs[{i}]") for i, v in enumerate(lrs_raw)})
-    if len(lrs) < 3 or lrs[0] <= 0:
-        raise ConfigError(f"study.lr_sweep.lrs: need at least 3 distinct positive learning rates (a log grid), "
-                          f"got {list(lrs_raw)}")
     lr0 = preset.train.lr
-    if not any(math.isclose(lr, lr0, rel_tol=1e-9) for lr in lrs):
+    if not any(math.isclose(lr, lr0, rel_tol=1e-9) for lr in cfg.lrs):
         raise ConfigError(f"study.lr_sweep.lrs: must include the preset's train.lr={lr0:g} (the lr under "
-                          f"test), got {list(lrs_raw)}")
-    lrs = [lr0 if math.isclose(lr, lr0, rel_tol=1e-9) else lr for lr in lrs]
-    n = raw["seeds"]
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ConfigError(f"study.lr_sweep.seeds: must be an integer >= 2 (a paired interval needs two "
-                          f"seeds), got {n!r}")
-    if n > len(preset.seeds):
-        raise ConfigError(f"study.lr_sweep.seeds: {n} seeds asked, the preset has {len(preset.seeds)} "
+                          f"test), got {list(cfg.lrs)}")
+    lrs = tuple(lr0 if math.isclose(lr, lr0, rel_tol=1e-9) else lr for lr in cfg.lrs)
+    if cfg.seeds > len(preset.seeds):
+        raise ConfigError(f"study.lr_sweep.seeds: {cfg.seeds} seeds asked, the preset has {len(preset.seeds)} "
                           f"({list(preset.seeds)})")
-    epochs = _number(raw["epochs"], "study.lr_sweep.epochs")
-    if not epochs > 0:
-        raise ConfigError(f"study.lr_sweep.epochs: must be > 0, got {raw['epochs']!r}")
-    tol = _number(raw.get("tolerance", DEFAULT_TOLERANCE), "study.lr_sweep.tolerance")
-    if not tol > 0:
-        raise ConfigError(f"study.lr_sweep.tolerance: must be > 0 (nats), got {raw['tolerance']!r}")
-    return SweepSpec(tuple(lrs), tuple(preset.seeds[:n]), epochs, tol, lr0)
+    tol = DEFAULT_TOLERANCE if cfg.tolerance is None else cfg.tolerance
+    return SweepSpec(lrs, tuple(preset.seeds[:cfg.seeds]), cfg.epochs, tol, lr0)
 
 
 def lr_overrides(preset: Preset, lr: float) -> dict:

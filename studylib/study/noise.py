@@ -44,14 +44,13 @@ class NoiseSpec:
 
 def noise_spec(preset: Preset) -> Optional[NoiseSpec]:
     """``study.noise_split: {seeds: k}`` (the preset's first k seeds, k >= 2), or None when absent."""
-    v = preset.study.get("noise_split")
+    v = preset.study.noise_split
     if v is None:
         return None
-    k = v.get("seeds") if isinstance(v, dict) and set(v) == {"seeds"} else None
-    if isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= len(preset.seeds):
-        raise ConfigError(f"{KEY}: expected {{seeds: k}} with 2 <= k <= {len(preset.seeds)} (the preset's "
-                          f"seeds), got {v!r}")
-    return NoiseSpec(tuple(preset.seeds[:k]))
+    if v.seeds > len(preset.seeds):
+        raise ConfigError(f"{KEY}: {{seeds: {v.seeds}}} asks for more seeds than the preset has "
+                          f"({list(preset.seeds)})")
+    return NoiseSpec(tuple(preset.seeds[:v.seeds]))
 
 
 def noise_grids(models: Sequence[str], spec: NoiseSpec) -> list[Grid]:

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from studylib.config import ConfigError, load_preset
-from studylib.run.rundir import outputs_root
+from studylib.run.layout import outputs_root
 from studylib.study.execute import StudyError, execute_all, notebook_parameters, run_alone
 from studylib.study.parameters import apply_parameters
 from studylib.study.report import write_report
@@ -117,7 +117,7 @@ def notebook_context(params: str, jobs: Optional[int] = None, seeds=None, overri
     return SimpleNamespace(root=root, preset=preset, params=str(path), out=out,
                            jobs=default_jobs(preset) if jobs is None else int(jobs),
                            seeds=list(preset.seeds), first_seed=preset.seeds[0],
-                           study=dict(preset.study), overrides=ov)
+                           study=preset.study, overrides=ov)
 
 
 def _study_params(params: str, root: Path) -> tuple:
@@ -175,7 +175,7 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     preset, param_arg = _study_params(params, root)
     nb_dir = Path(notebook_dir) if notebook_dir is not None else root / "notebooks"
     label = "--notebooks"
-    if not notebooks and preset.study.get("notebooks") is not None:
+    if not notebooks and preset.study.notebooks is not None:
         notebooks, label = preset_notebooks(preset), "study.notebooks"
     nbs = find_notebooks(nb_dir, notebooks, label)
     if not nbs:
@@ -214,12 +214,7 @@ def preset_notebooks(preset) -> list[str]:
     """``study.notebooks``: the notebooks a preset's study runs when ``--notebooks`` is not given
     (numbers or names; absent: all). A preset that leaves some out (``cpu``: the comparisons that did
     not fit its 30 minutes) names them in its header and a longer preset runs them."""
-    v = preset.study.get("notebooks")
-    if not isinstance(v, (list, tuple)) or not v or not all(isinstance(x, (str, int)) and not isinstance(x, bool)
-                                                             for x in v):
-        raise ConfigError(f"study.notebooks: expected a non-empty list of notebook numbers or names "
-                          f"(e.g. ['01', '03']), got {v!r}")
-    return [f"{x:02d}" if isinstance(x, int) else x for x in v]
+    return list(preset.study.notebooks or ())
 
 
 def _check_notebook_jobs(notebook_jobs) -> int:

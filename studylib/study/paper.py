@@ -33,6 +33,12 @@ PAPER_TABLE1 = pd.DataFrame(
       "busiest": float("nan"), "result": "final val 2.1619: similar loss, lower router log-z, milder sharpness"}])
 #: the paper's ablation budget next to its headline budget (target tokens)
 PAPER_ABLATION_TOKENS, PAPER_HEADLINE_TOKENS = 40.5e6, 426.3e6
+#: the paper's budgets (seed 000: "across training budgets from 40.5M to 426.3M tokens"; Table 7 is
+#: "the 150M-token run"); its headline budget is one epoch of full TinyStories (26,073 steps x 32
+#: windows x 511 targets) for the MoE's 14.77M active parameters (Table 5): 28.86 tokens per parameter
+PAPER_BUDGET_TOKENS = (PAPER_ABLATION_TOKENS, 150.0e6, PAPER_HEADLINE_TOKENS)
+PAPER_ACTIVE_PARAMS = 14.77e6
+PAPER_TOKENS_PER_PARAM = PAPER_HEADLINE_TOKENS / PAPER_ACTIVE_PARAMS
 #: Table 5: name in params/paper.yaml -> (embedding, non-FFN, FFN total, total, active) as shown
 PAPER_TABLE5 = {
     "dense_active": ("9.60M", "0.99M", "4.30M", "14.89M", "14.89M"),

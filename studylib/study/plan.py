@@ -16,28 +16,57 @@ notebooks' training cells took about 1,590 s for 1,455 s of runs per slot; in on
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import pandas as pd
+
 from studylib.config import ConfigError, Preset
+from studylib.run.data import load_data
+from studylib.run.optim import total_steps_for
 from studylib.study import noise
 from studylib.study.sweep import Grid, budget_overrides
 
 
 def study_list(preset: Preset, key: str) -> list:
-    """``study.<key>``: a non-empty list of model names of the preset."""
-    v = preset.study.get(key)
-    if not isinstance(v, (list, tuple)) or not v:
-        raise ConfigError(f"study.{key}: expected a non-empty list of model names of preset {preset.name!r}, "
-                          f"got {v!r}")
+    """``study.<key>``: a list of model names of the preset (checked when it loaded); absent: a
+    ConfigError naming the knob."""
+    v = getattr(preset.study, key)
+    if not v:
+        raise ConfigError(f"study.{key}: missing from preset {preset.name!r}; expected a non-empty list of "
+                          f"model names of the preset")
     return list(v)
 
 
 def study_epochs(preset: Preset, key: str) -> float:
     """``study.<key>`` (a budget in units of the preset's schedule; default 1.0)."""
-    v = preset.study.get(key, 1.0)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise ConfigError(f"study.{key}: expected a number of epochs > 0, got {v!r}")
-    return float(v)
+    return getattr(preset.study, key)
+
+
+@dataclass(frozen=True)
+class RunBudget:
+    """What one run of the preset's own schedule trains on (notebook 01): the data split
+    (``split``: stories, tokens, windows and target tokens per side), its optimizer steps, the
+    windows per step and the target tokens it reads."""
+
+    split: pd.DataFrame
+    steps: int
+    per_step: int
+    tokens: int
+
+
+def run_budget(preset: Preset) -> RunBudget:
+    """The preset's data (built or read from the cache) and one run's budget: one epoch of the
+    training windows (the last step partial), or ``train.max_steps`` full steps when set."""
+    data = load_data(preset.data, progress=False)
+    summ = data.summary()
+    split = pd.DataFrame({side: {"stories": summ[f"{side}_stories"], "tokens": summ[f"{side}_tokens"],
+                                 "windows": summ[f"{side}_windows"], "target tokens": summ[f"{side}_targets"]}
+                          for side in ("train", "val")}).T
+    steps = total_steps_for(preset.train, len(data.train_idx))
+    per_step = preset.train.batch_size * preset.train.grad_accum
+    windows = len(data.train_idx) if preset.train.max_steps is None else steps * per_step
+    return RunBudget(split, steps, per_step, windows * (data.context - 1))
 
 
 def headline_grid(preset: Preset) -> Grid:
@@ -48,12 +77,8 @@ def headline_grid(preset: Preset) -> Grid:
 def first_seeds(preset: Preset, key: str) -> list[int]:
     """The first ``study.<key>`` of the preset's seeds (all of them when the knob is absent): the
     comparisons that get fewer seeds than the headline."""
-    k = preset.study.get(key)
-    if k is None:
-        return list(preset.seeds)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise ConfigError(f"study.{key}: expected how many of the preset's seeds to use (an integer >= 2), got {k!r}")
-    return list(preset.seeds[:k])
+    k = getattr(preset.study, key)
+    return list(preset.seeds) if k is None else list(preset.seeds[:k])
 
 
 def downstream_grid(preset: Preset) -> Grid:
@@ -64,7 +89,7 @@ def downstream_grid(preset: Preset) -> Grid:
 
 def reference_moe(preset: Preset) -> str:
     """``study.reference_moe``, else the headline's MoE (its second model)."""
-    return preset.study.get("reference_moe") or study_list(preset, "headline")[1]
+    return preset.study.reference() or study_list(preset, "headline")[1]
 
 
 def reference_grid(preset: Preset) -> Grid:
@@ -130,5 +155,5 @@ def study_grids(preset: Preset, notebooks: Sequence[str]) -> list[Grid]:
     return [g for name in notebooks for g in NOTEBOOK_GRIDS.get(name, lambda p: [])(preset)]
 
 
-__all__ = ["study_grids", "first_seeds", "downstream_grid", "reference_moe", "reference_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid",
+__all__ = ["RunBudget", "run_budget", "study_grids", "first_seeds", "downstream_grid", "reference_moe", "reference_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid",
            "study_epochs", "study_list", "NOTEBOOK_GRIDS"]

@@ -44,7 +44,7 @@ ROWS = {
 def shape(preset: Preset) -> dict:
     """The quantities of :data:`ROWS` for ``preset``'s headline trio (``study.headline`` is
     [active-match dense, MoE, total-match dense])."""
-    da_name, moe_name, dt_name = preset.study["headline"]
+    da_name, moe_name, dt_name = preset.study.headline
     moe, da, dt = (preset.model_config(m) for m in (moe_name, da_name, dt_name))
     cm, ca = count_params(moe), count_params(da)
     S = preset.data.context

@@ -33,10 +33,6 @@ class Paired:
         """The confidence interval excludes zero."""
         return self.n >= 2 and (self.ci_low > 0 or self.ci_high < 0)
 
-    @property
-    def half_width(self) -> float:
-        return (self.ci_high - self.ci_low) / 2
-
     def as_dict(self) -> dict:
         return {**asdict(self), "resolved": self.resolved}
 

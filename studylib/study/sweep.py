@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from studylib.config import ConfigError, Preset, override
 from studylib.config.presets import Overrides
+from studylib.run.layout import outputs_root
 from studylib.run.spec import RunSpec
 from studylib.study.frames import collect_runs
 
@@ -55,10 +58,7 @@ def available_cores() -> int:
 
 def default_jobs(preset: Preset) -> int:
     """``study.jobs`` of the preset (1 if unset)."""
-    j = preset.study.get("jobs", 1)
-    if not isinstance(j, int) or isinstance(j, bool) or j < 1:
-        raise ConfigError(f"study.jobs: must be a positive integer, got {j!r}")
-    return j
+    return preset.study.jobs
 
 
 SCHEDULER_ENV = "STUDYLIB_SCHEDULER"
@@ -68,7 +68,7 @@ def scheduler_address(preset: Preset, scheduler: Optional[str] = None) -> Option
     """Where the runs train: ``scheduler`` (``--scheduler``), else ``$STUDYLIB_SCHEDULER``, else
     the preset's ``study.scheduler``; None: here (a LocalCluster, or this process for one job)."""
     for value, where in ((scheduler, "--scheduler"), (os.environ.get(SCHEDULER_ENV), SCHEDULER_ENV),
-                         (preset.study.get("scheduler"), "study.scheduler")):
+                         (preset.study.scheduler, "study.scheduler")):
         if value is None or value == "":
             continue
         if not isinstance(value, str) or ":" not in value:
@@ -121,6 +121,13 @@ class Grid:
     seeds: Optional[Sequence[int]] = None
     overrides: Overrides = None
     tag: Optional[str] = None
+
+
+def grid_run_dirs(preset: Preset, grid: Grid) -> dict:
+    """``{model: {seed: RunDir}}`` of a grid's runs (where :func:`ensure_grid` trains them)."""
+    seeds = grid.seeds if grid.seeds is not None else override(preset, grid.overrides).seeds
+    return {m: {s: RunSpec.resolve(preset, m, s, grid.overrides, grid.tag).rundir for s in _unique(seeds)}
+            for m in _unique(grid.models)}
 
 
 def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[int]] = None,
@@ -215,11 +222,15 @@ def _train_in_process(missing: Sequence[RunSpec], datas, bar, progress: bool) ->
 
 def _train_on_cluster(preset: Preset, missing: Sequence[RunSpec], slots: int, address: Optional[str],
                       steps: dict, bar, progress: bool) -> None:
-    from studylib.run.rundir import outputs_root
     from studylib.study.cluster import Cluster, Markers
 
+    shown = {"at": 0.0}
+    every = 1.0 if sys.stderr.isatty() else 10.0  # a log file gets a line every 10 s, not every second
+
     def tick(running: list) -> None:
-        bar.set_postfix_str(", ".join(f"{s.model} s{s.seed} {_step(s)}/{steps[s.run_dir]}" for s in running))
+        if time.monotonic() - shown["at"] >= every:
+            shown["at"] = time.monotonic()
+            bar.set_postfix_str(", ".join(f"{s.model} s{s.seed} {_step(s)}/{steps[s.run_dir]}" for s in running))
 
     runs_root = Path(os.path.abspath(outputs_root(preset) / preset.name / "runs"))
     echo = bar.write if progress else (lambda msg: None)

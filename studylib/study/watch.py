@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from studylib.run.layout import run_dirs
 from studylib.run.rundir import RunDir
 
 
@@ -40,13 +41,14 @@ class RunWatcher:
         """(name, step, total steps or None, ETA seconds or None) of each run in flight."""
         out = []
         now = time.time()
-        for metrics in sorted([*self.root.glob("*/*/metrics.jsonl"), *self.root.glob("*/*/*/metrics.jsonl")]):
+        for path in run_dirs(self.root):
+            rd = RunDir(path)
+            metrics = rd.metrics_path
             try:
                 if metrics.stat().st_mtime < self.t0:
                     continue
             except OSError:
                 continue
-            rd = RunDir(metrics.parent)
             if rd.finished():
                 continue
             recs = rd.read_metrics()

@@ -1,10 +1,11 @@
 """Config validation: every bad case names the field and what is allowed."""
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
-from studylib.config import ConfigError, load_preset, preset_from_dict
+from studylib.config import ConfigError, LrSweepConfig, load_preset, preset_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,10 +111,7 @@ def test_overrides_and_env(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", ["paper", "cpu", "cpu_full", "ci"])
 def test_shipped_presets_resolve_every_model(name):
-    path = ROOT / "params" / f"{name}.yaml"
-    if not path.exists():
-        pytest.skip(f"{path.name} not written yet")
-    p = load_preset(path)
+    p = load_preset(ROOT / "params" / f"{name}.yaml")
     for m in p.model_names():
         p.model_config(m).validate()
 
@@ -155,13 +153,13 @@ def test_extends_merges_mappings_and_replaces_the_rest(tmp_path):
     (params / "base.yaml").write_text(yaml.safe_dump({
         "name": "base", "seeds": [1, 2, 3], "train": {"lr": 1e-2, "max_steps": 10},
         "models": {"m": {"d_model": 32, "n_heads": 2, "n_kv_heads": 1}},
-        "study": {"lr_sweep": {"lrs": [1e-3, 1e-2, 1e-1], "seeds": 2, "epochs": 0.25}, "trios": [1, 2]}}))
+        "study": {"lr_sweep": {"lrs": [1e-3, 1e-2, 1e-1], "seeds": 2, "epochs": 0.25}, "notebooks": ["01", "02"]}}))
     (params / "more" / "long.yaml").write_text(yaml.safe_dump({
         "extends": "../base.yaml", "name": "long", "seeds": [7, 8], "train": {"max_steps": 40},
-        "study": {"lr_sweep": {"epochs": 1.0}, "trios": [3]}}))
+        "study": {"lr_sweep": {"epochs": 1.0}, "notebooks": ["03"]}}))
     base, long = load_preset(params / "base.yaml"), load_preset(params / "more" / "long.yaml")
     assert (long.name, long.seeds, long.train.max_steps, long.train.lr) == ("long", (7, 8), 40, 1e-2)
-    assert long.study == {"lr_sweep": {"lrs": [1e-3, 1e-2, 1e-1], "seeds": 2, "epochs": 1.0}, "trios": [3]}
+    assert long.study.lr_sweep == LrSweepConfig((1e-3, 1e-2, 1e-1), 2, 1.0) and long.study.notebooks == ("03",)
     assert long.models == base.models and base.train.max_steps == 10
 
 
@@ -186,13 +184,13 @@ def test_cpu_full_is_cpu_with_longer_study_budgets_only():
     assert (full.data, full.train, full.model, full.models, full.seeds) == \
         (cpu.data, cpu.train, cpu.model, cpu.models, cpu.seeds)
     assert full.name == "cpu_full" != cpu.name
-    changed = {k for k in set(cpu.study) | set(full.study) if cpu.study.get(k) != full.study.get(k)}
+    changed = {f.name for f in dataclasses.fields(cpu.study) if getattr(cpu.study, f.name) != getattr(full.study, f.name)}
     assert changed == {"ablation_epochs", "granularity_epochs", "iso_width_epochs", "lr_sweep", "token_budget",
                        "notebooks", "downstream_seeds", "noise_split"}
-    assert full.study["notebooks"] is None and full.study["downstream_seeds"] is None  # every notebook, seed
+    assert full.study.notebooks is None and full.study.downstream_seeds is None  # every notebook, seed
     for k in ("ablation_epochs", "granularity_epochs", "iso_width_epochs"):
-        assert cpu.study[k] < full.study[k] == 1.0
-    assert full.study["lr_sweep"] == {**cpu.study["lr_sweep"], "epochs": 1.0}
+        assert getattr(cpu.study, k) < getattr(full.study, k) == 1.0
+    assert full.study.lr_sweep == dataclasses.replace(cpu.study.lr_sweep, epochs=1.0)
 
 
 @pytest.mark.parametrize("text, key, lines", [
@@ -215,3 +213,37 @@ def test_a_bad_lr_is_reported_against_lr_itself(value):
     """issue #24: train.lr nan or -1 was reported against train.min_lr."""
     with pytest.raises(ConfigError, match=r"^train\.lr: must be a positive finite number"):
         load_preset(ROOT / "params" / "ci.yaml", [f"train.lr={value}"])
+
+
+def _with_study(study: dict):
+    from _tiny import tiny_raw
+
+    return preset_from_dict(tiny_raw(study=study))
+
+
+@pytest.mark.parametrize("study, match", [
+    ({"headlin": ["dense", "moe"]}, r"study: unknown key\(s\) \['headlin'\]; allowed: \['notebooks', 'headline'"),
+    ({"headline": ["dense", "mo"]}, r"study\.headline\[1\]: no model named 'mo' in the preset; allowed: \['dense', 'moe'\]"),
+    ({"reference_moe": "nope"}, r"study\.reference_moe: expected a model name of the preset, got 'nope'"),
+    ({"ablation_epochs": 0}, r"study\.ablation_epochs: expected a number of epochs > 0, got 0"),
+    ({"comparison_seeds": 1}, r"study\.comparison_seeds: expected how many of the preset's seeds to use"),
+    ({"jobs": 0}, r"study\.jobs: must be a positive integer, got 0"),
+    ({"scheduler": "nowhere"}, r"study\.scheduler: expected a Dask scheduler address"),
+    ({"power_target": -1}, r"study\.power_target: expected a CI half-width"),
+    ({"lr_sweep": {"lrs": [1e-3, 1e-2], "seeds": 2, "epochs": 1}}, r"study\.lr_sweep\.lrs: need at least 3"),
+    ({"notebooks": "01"}, r"study\.notebooks: expected a non-empty list"),
+])
+def test_the_study_section_is_checked_when_the_preset_loads(study, match):
+    """issue #22: the study section is typed (config/study.py) and checked once, at load, naming the field."""
+    with pytest.raises(ConfigError, match=match):
+        _with_study(study)
+
+
+def test_the_study_section_reads_typed_and_survives_an_override():
+    from studylib.config import override
+
+    p = _with_study({"headline": ["dense", "moe"], "notebooks": ["01", 3], "noise_split": {"seeds": 2}, "jobs": 2})
+    s = p.study
+    assert s.headline == ("dense", "moe") and s.notebooks == ("01", "03") and s.noise_split.seeds == 2
+    assert s.jobs == 2 and s.reference() == "moe" and s.ablation_epochs == 1.0 and s.lr_sweep is None
+    assert override(p, {"train.max_steps": 3}).study == s  # the section round-trips through to_dict

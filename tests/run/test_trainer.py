@@ -18,7 +18,8 @@ from studylib.config import ConfigError, override
 from studylib.run import checkpoint as C
 from studylib.run import optim as O
 from studylib.run import trainer as T
-from studylib.run.rundir import MetricsGap, RunDir, RunDirConflict, run_dir_for
+from studylib.run.layout import run_dir_for
+from studylib.run.rundir import MetricsGap, RunDir, RunDirConflict
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny shapes: threads only contend
 

@@ -55,9 +55,10 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:  # a zombie (dead, not yet reaped) counts as gone
+    try:  # a zombie (dead, not yet reaped) counts as gone once its last thread has exited
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
+            zombie = f.read().split(")")[-1].split()[0] == "Z"
+        return not zombie or len(os.listdir(f"/proc/{pid}/task")) > 1
     except OSError:
         return False
 
@@ -169,7 +170,8 @@ def test_a_killed_or_interrupted_sweep_leaves_no_worker_training_and_no_stale_lo
         if proc.poll() is None:
             proc.kill()
     _wait_for(lambda: not any(_alive(pid) for pid in pids), "the workers are gone", timeout=20)
-    assert all(_lock_free(rd) for rd in rds)  # no stale lock
+    _wait_for(lambda: all(_lock_free(rd) for rd in rds), "no stale lock (the kernel's lock goes with the process)",
+              timeout=20)
     assert not any(rd.finished() for rd in rds)
     df = sweep.ensure_runs(p, ["dense_active", "moe_top2_z"], [1337], jobs=2, progress=False)  # the next sweep
     assert list(df["steps"]) == [300, 300]
@@ -336,3 +338,20 @@ def test_a_worker_that_cannot_see_the_run_directory_or_runs_several_tasks_is_ref
     assert "\n" not in msg and "every worker sees" in msg
     assert not RunDir.of(p, "dense_active", 1337).path.exists()  # nothing trained, nothing left behind
     assert not list((dask_dir / "out").rglob(".studylib-sweep-*"))  # the markers are cleaned up
+
+
+def test_local_workers_start_with_studylibs_allocator_and_their_share_of_the_cores():
+    """Dask's nanny would start workers with MALLOC_TRIM_THRESHOLD_=65536, overriding the allocator
+    studylib picks (run/alloc.py); the local cluster's workers start with that allocator instead,
+    and with cores // workers OpenMP threads."""
+    from studylib.study.cluster import Cluster
+
+    keys = ("MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS", "GLIBC_TUNABLES", "LD_PRELOAD", "STUDYLIB_ALLOCATOR")
+    with Cluster(2) as cluster:
+        envs = cluster.client.run(lambda: {k: os.environ.get(k) for k in keys})
+    assert len(envs) == 2
+    for env in envs.values():
+        assert env["MALLOC_TRIM_THRESHOLD_"] is None
+        assert env["OMP_NUM_THREADS"] == str(max(1, sweep.available_cores() // 2))
+        if os.environ.get("STUDYLIB_ALLOCATOR") != "system":
+            assert env["STUDYLIB_ALLOCATOR"] in ("tcmalloc", "glibc-tuned") and (env["GLIBC_TUNABLES"] or env["LD_PRELOAD"])

@@ -10,7 +10,7 @@ import pytest
 
 from _tiny import tiny_preset
 from studylib.run.files import write_json_atomic
-from studylib.run.rundir import run_dir_for
+from studylib.run.layout import run_dir_for
 from studylib.study import frames
 from studylib.study.paper import PAPER_TABLE6
 from studylib.study.stats import paired
@@ -180,3 +180,20 @@ def test_collect_aggregate_and_paired_gaps(tmp_path, monkeypatch):
     assert len(curves) == 6 and set(curves.columns) >= {"model", "seed", "val_loss"}
     part = frames.collect_runs(preset, ["dense"], seeds=[1, 4])
     assert len(part) == 1 and part.attrs["missing"] == [("dense", 4)]
+
+
+def test_the_explorer_shows_notebook_04s_table7_numbers_for_the_same_run(routed_run):
+    """One reading of the router statistics: the explorer's diagnostics (08) and Table 7 (04)
+    agree, with busiest / usage_var from the eval set's shares (the stored values are wrong)."""
+    from studylib.study.routing import diagnostics_table
+    from studylib.tools.explorer import diagnostics_over_training
+
+    rd, _ = routed_run
+    table7 = diagnostics_table(frames.routing_frame(rd))
+    explorer = diagnostics_over_training(rd, step=20).set_index("layer")
+    assert list(table7.index) == [1, 2]
+    for layer in table7.index:
+        for metric in table7.columns:
+            assert explorer.loc[layer, metric] == table7.loc[layer, metric], (layer, metric)
+    assert explorer.loc[1, "busiest"] == 0.97 and explorer.loc[2, "busiest"] == 0.4  # not the stored 0.99
+    assert explorer.loc[2, "usage_var"] == pytest.approx(0.0075)  # var of (0.4, 0.2, 0.2, 0.2)

@@ -79,7 +79,7 @@ NOTEBOOK = textwrap.dedent("""\
     from studylib.run.rundir import RunDir
     from studylib.study.notebooks import notebook_context
     ctx = notebook_context(params, jobs)
-    ready = [RunDir.of(ctx.preset, m, s).finished() for m in ctx.study["headline"] for s in ctx.seeds]
+    ready = [RunDir.of(ctx.preset, m, s).finished() for m in ctx.study.headline for s in ctx.seeds]
     print("READY", ready)
     assert all(ready), "the study trains the plan before the notebooks run"
     """)
@@ -109,11 +109,12 @@ def test_fewer_seeds_for_the_comparisons_that_ask_for_them():
     p = load_preset(ROOT / "params" / "ci.yaml", ["seeds=[5,6,7,8]", "study.downstream_seeds=2",
                                                    "study.noise_split={seeds: 3}"])
     assert plan.first_seeds(p, "downstream_seeds") == [5, 6] == list(plan.downstream_grid(p).seeds)
-    assert plan.first_seeds(p, "no_such_knob") == [5, 6, 7, 8]
+    assert plan.first_seeds(p, "comparison_seeds") == [5, 6]  # ci: 2
+    assert plan.first_seeds(load_preset(ROOT / "params" / "cpu_full.yaml"), "downstream_seeds") == \
+        list(load_preset(ROOT / "params" / "cpu_full.yaml").seeds)  # absent: every seed
     headline = plan.study_grids(p, ["03_headline_sweep"])
     # the headline over every seed, then the noise split: init only (3 seeds), order only (one grid per data seed)
     assert list(headline[0].seeds) == [5, 6, 7, 8] and list(headline[2].seeds) == [5, 6, 7]
     assert [g.overrides for g in headline[3:]] == [{"train.data_seed": s} for s in (5, 6, 7)]
-    bad = load_preset(ROOT / "params" / "ci.yaml", ["study.downstream_seeds=1"])
-    with pytest.raises(ConfigError, match="study.downstream_seeds"):
-        plan.first_seeds(bad, "downstream_seeds")
+    with pytest.raises(ConfigError, match="study.downstream_seeds"):  # refused when the preset loads
+        load_preset(ROOT / "params" / "ci.yaml", ["study.downstream_seeds=1"])

@@ -83,9 +83,10 @@ def test_budget_of_a_fraction_of_an_epoch_counts_the_training_windows(monkeypatc
     data = synthetic_data()
     monkeypatch.setattr("studylib.run.data.load_data", lambda *a, **k: data)
     p = tiny_preset(train={"max_steps": None})
-    per_step = p.train.batch_size * p.train.grad_accum
-    assert sweep.epoch_steps(p) == -(-len(data.train_idx) // per_step)  # the last partial batch is kept
-    assert sweep.budget_overrides(p, 3.0) == {"train.max_steps": round(3 * sweep.epoch_steps(p))}
+    assert len(data.train_idx) == 376 and p.train.batch_size * p.train.grad_accum == 16
+    assert sweep.epoch_steps(p) == 24  # 23.5 batches: the last, partial one is kept
+    assert sweep.budget_overrides(p, 3.0) == {"train.max_steps": 72}
+    assert sweep.budget_overrides(p, 0.25) == {"train.max_steps": 6}
     with pytest.raises(ConfigError, match="epochs"):
         sweep.budget_overrides(p, 0)
 

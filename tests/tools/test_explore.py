@@ -43,6 +43,23 @@ def test_list_runs_labels(study):
     assert explore.list_runs(study["root"] / "nope") == []
 
 
+def test_list_runs_offers_variant_runs_and_names_the_configs_it_cannot_read(study, tmp_path):
+    """A budget-map run lives in runs/<model>/<tag>/seed<N>: the explorer offers it, labelled
+    with its tag; a run whose config.yaml is broken is left out with a warning naming the file."""
+    out = tmp_path / "explore_tiny"
+    shutil.copytree(study["outputs"], out)
+    tag = "train.max_steps=6"
+    variant = out / "runs" / "moe" / tag / "seed1"
+    shutil.copytree(study["runs"]["moe"], variant)
+    broken = out / "runs" / "soft" / "seed1" / "config.yaml"
+    broken.write_text("run: [unclosed\n")
+    with pytest.warns(UserWarning, match=r"soft/seed1/config.yaml: cannot be read .*not offered"):
+        found = explore.list_runs(out)
+    assert [(r.model, r.tag) for r in found] == [("dense", None), ("moe", None), ("moe", tag)]
+    assert os.fspath(found[2]) == str(variant) and f"moe [{tag}]" in found[2].label
+    assert RunDir(variant).preset_folder == out  # what notebook 08 offers: every run of the preset
+
+
 def test_run_steps_and_loading_at_a_step(study, tmp_path):
     """What the checkpoint slider offers (RunDir.checkpoint_steps) and loads (RunDir.load_model),
     and the step carried into the views' captions."""

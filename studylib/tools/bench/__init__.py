@@ -27,10 +27,10 @@ from studylib.tools.bench.decode import bench_decode
 from studylib.tools.bench.flops import matmul_peak, train_flops_per_token
 from studylib.tools.bench.hf import build_hf, copy_to_hf, hf_config, hf_supported
 from studylib.tools.bench.train import bench_train, profile_train
-from studylib.tools.bench.variant import COMPILE_MODES, DISPATCHES, Variant, build_ours, resolve_models
+from studylib.tools.bench.variant import COMPILE_MODES, DISPATCHES, Variant, bench_device, build_ours, resolve_models
 
 __all__ = [
-    "ALLOCATORS", "COMPILE_MODES", "DISPATCHES", "Variant", "add_cli", "allocator_info", "bench_allocators",
+    "ALLOCATORS", "COMPILE_MODES", "DISPATCHES", "Variant", "add_cli", "bench_device", "allocator_info", "bench_allocators",
     "bench_decode", "bench_train", "build_hf", "build_ours", "copy_to_hf", "hf_config", "hf_supported",
     "matmul_peak", "profile_train", "resolve_models", "run_cli", "train_flops_per_token",
 ]

@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from studylib.config import ConfigError, ModelConfig, Preset, load_preset, model_from_dict, preset_from_dict
 from studylib.nn.model import Decoder
+from studylib.run.dist import resolve_device
 
 DISPATCHES = ("naive", "grouped", "stacked")
 COMPILE_MODES = ("off", "on", "both")
@@ -61,7 +62,7 @@ def resolve_models(preset: Any, models: Optional[Sequence[str]] = None) -> list[
     elif isinstance(preset, Mapping) and "models" in preset and "data" in preset:
         preset = preset_from_dict(dict(preset))
     if isinstance(preset, Preset):
-        names = list(models) if models else list(preset.study.get("headline") or preset.model_names())
+        names = list(models) if models else list(preset.study.headline or preset.model_names())
         return [(n, preset.model_config(n)) for n in names]
     if isinstance(preset, Mapping):
         return _models_from_mapping(preset, models)
@@ -99,3 +100,9 @@ def build_ours(cfg: ModelConfig, dispatch: Optional[str] = None, seed: int = 0, 
 def built_params(m: nn.Module) -> int:
     """Parameters stored in a built module, shared (tied) tensors once."""
     return sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
+
+
+def bench_device(preset: Preset) -> str:
+    """Where the preset's runs train (``train.device``, ``auto``: CUDA when available), for the
+    benchmarks to time the same device."""
+    return str(resolve_device(preset.train))

@@ -4,15 +4,16 @@ Plain functions (unit-tested; the widgets only call them), by module:
 
 * :mod:`.runs` -- :func:`list_runs` finds run directories under an outputs folder
   (``<root>/<preset>/runs/<model>/seed<N>/``, or a preset's own folder) as :class:`RunInfo`
-  (path + preset / model / seed labels). Everything else about a run directory (its saved
-  steps, loading a model at a step) is :class:`studylib.run.rundir.RunDir`;
+  (path + preset / model / tag / seed labels; its saved steps, its model at a step), variants'
+  runs included; :func:`runs_table` lists them;
 * :mod:`.view` -- :class:`RoutingView`, how one model routed one token sequence;
 * :mod:`.routing` -- :func:`route_text` / :func:`route_ids` run tokens through a model and return
   a view: the tokens (SentencePiece pieces) and, per layer, each token's chosen expert(s) and their
   gate weights (the renormalised top-k weights of the sparse MoE; the soft MoE's gate over all K
   experts); a dense model gives a view whose :attr:`RoutingView.status` says there is nothing to
   route. :func:`generate_and_route` continues a prompt with :func:`studylib.run.decode.generate`
-  and routes the prompt and the generated tokens;
+  and routes the prompt and the generated tokens; :func:`samples_per_model` does it for one run
+  of each model;
 * :mod:`.tables` -- :func:`expert_shares` (per layer, the share of the text's tokens each expert
   got), :func:`compare_views` (two runs or two checkpoints on the same tokens: top-1 agreement per
   layer, also after the best relabelling of experts, overlap of the chosen sets, weight distance);
@@ -30,8 +31,8 @@ an image, the shares and comparison tables, the diagnostics plot with its own st
 from studylib.tools.explorer.diagnostics import ROUTER_METRICS, SOFT_METRICS, diagnostics_over_training
 from studylib.tools.explorer.figures import DIAG_PLOT_METRICS, diagnostics_figure, figure_png, routing_grid_figure
 from studylib.tools.explorer.markup import table_html, tokens_html
-from studylib.tools.explorer.routing import generate_and_route, route_ids, route_text
-from studylib.tools.explorer.runs import RunInfo, list_runs, run_info
+from studylib.tools.explorer.routing import generate_and_route, route_ids, route_text, samples_per_model
+from studylib.tools.explorer.runs import RunInfo, list_runs, run_info, runs_table
 from studylib.tools.explorer.tables import compare_views, expert_shares
 from studylib.tools.explorer.view import RoutingView
 from studylib.tools.explorer.widget import PRESET_PROMPTS, Explorer, build_explorer
@@ -40,5 +41,5 @@ __all__ = [
     "DIAG_PLOT_METRICS", "PRESET_PROMPTS", "ROUTER_METRICS", "SOFT_METRICS", "Explorer", "RoutingView", "RunInfo",
     "build_explorer", "compare_views", "diagnostics_figure", "diagnostics_over_training", "expert_shares",
     "figure_png", "generate_and_route", "list_runs", "route_ids", "route_text", "routing_grid_figure", "run_info",
-    "table_html", "tokens_html",
+    "runs_table", "samples_per_model", "table_html", "tokens_html",
 ]

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from studylib.run.rundir import RunDir
+from studylib.study.frames import layer_stats
 
 ROUTER_METRICS = ("busiest", "usage_var", "entropy", "top1", "margin", "logz")
 SOFT_METRICS = ("usage_entropy", "max_gt_0.9")
@@ -36,9 +37,9 @@ def _eval_rows(rec: dict, layer_kinds: Optional[list[str]]) -> list[dict]:
             ("dense" if not isinstance(st, dict) else ("soft" if "usage_entropy" in st else "moe"))
         row = {"step": rec.get("step"), "tokens": rec.get("tokens"), "layer": layer, "kind": kind,
                "val_loss": rec.get("val_loss"), "train_loss": rec.get("train_loss")}
+        values = layer_stats(stats, (*ROUTER_METRICS, *SOFT_METRICS))
         for m in (*ROUTER_METRICS, *SOFT_METRICS):
-            v = stats.get(m)
-            row[m] = float(v) if isinstance(v, (int, float)) else np.nan
+            row[m] = values.get(m, np.nan)
         row["shares"] = list(stats["shares"]) if isinstance(stats.get("shares"), list) else None
         rows.append(row)
     return rows
@@ -48,8 +49,9 @@ def diagnostics_over_training(run_dir: str | os.PathLike, step: Optional[int] = 
     """The eval records of ``metrics.jsonl`` as one row per (eval step, layer): ``step``,
     ``tokens``, ``layer``, ``kind``, ``val_loss``, ``train_loss`` and the layer's router
     statistics (``busiest``, ``usage_var``, ``entropy``, ``top1``, ``margin``, ``logz``; soft
-    MoE also ``usage_entropy`` and ``max_gt_0.9``; ``shares`` as a list). Dense layers have NaN
-    router statistics.
+    MoE also ``usage_entropy`` and ``max_gt_0.9``; ``shares`` as a list), read as the notebooks
+    read them (:func:`studylib.study.frames.layer_stats`: ``busiest`` and ``usage_var`` from the
+    eval set's shares). Dense layers have NaN router statistics.
 
     ``step`` selects one evaluation: the last one at or before ``step`` (the first one if
     ``step`` is earlier). ``attrs["steps"]`` lists all eval steps, ``attrs["selected_step"]`` the

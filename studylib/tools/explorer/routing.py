@@ -1,8 +1,9 @@
 """Routing a token sequence through a model: which expert(s) each token used, per layer.
 
 One forward pass with ``stats=True`` gives each routed layer's combine weights (the model's own
-decision, made in :mod:`studylib.nn.router`); a pre-hook on every routed FFN adds the router
-probabilities over all experts (:func:`studylib.nn.router.probs`). The result is a
+decision, made in :mod:`studylib.nn.router`); the inputs each routed FFN saw
+(:class:`studylib.run.decode.RoutedInputs`) give the router probabilities over all experts
+(:func:`studylib.nn.router.probs`). The result is a
 :class:`~studylib.tools.explorer.view.RoutingView`.
 
 Every prompt is fed after an end-of-story token, as stories appear in the training windows
@@ -17,13 +18,8 @@ import numpy as np
 import torch
 
 from studylib.nn import router
-from studylib.nn.ffn import SoftMoE, SparseMoE
-from studylib.run.decode import ContextOverflowWarning, generate
+from studylib.run.decode import ContextOverflowWarning, RoutedInputs, ffn_kind, generate
 from studylib.tools.explorer.view import RoutingView
-
-
-def _layer_kind(ffn) -> str:
-    return "moe" if isinstance(ffn, SparseMoE) else "soft" if isinstance(ffn, SoftMoE) else "dense"
 
 
 def _pieces(tokenizer, ids: Sequence[int]) -> list[str]:
@@ -32,45 +28,25 @@ def _pieces(tokenizer, ids: Sequence[int]) -> list[str]:
     return [tokenizer.id_to_piece(int(i)) for i in ids]
 
 
-class _RouterProbs:
-    """Forward pre-hooks on the routed FFNs recording each layer's router probabilities (T, E)."""
-
-    def __init__(self, model, kinds: list[str]):
-        self.probs_TE: dict[int, torch.Tensor] = {}
-        self.handles = [blk.ffn.register_forward_pre_hook(self._hook(i))
-                        for i, blk in enumerate(model.blocks) if kinds[i] != "dense"]
-
-    def _hook(self, layer: int):
-        def hook(module, args):
-            x_BSD = args[0]
-            self.probs_TE[layer] = router.probs(module.router_logits(x_BSD.reshape(-1, x_BSD.shape[-1])))
-        return hook
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-
-
-def _forward(model, ids: list[int], kinds: list[str]):
+def _forward(model, ids: list[int]):
     """``(out, nll_S, probs)``: the model's output with router stats, each position's
     -log p(token | previous tokens) (NaN at 0) and the router probabilities per routed layer."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
-        with _RouterProbs(model, kinds) as probe, torch.inference_mode():
+        with RoutedInputs(model) as inputs, torch.inference_mode():
             x = torch.tensor([ids], dtype=torch.long, device=device)
             out = model(x, stats=True)
+            probs_TE = {i: router.probs(ffn.router_logits(inputs.x[i].reshape(-1, inputs.x[i].shape[-1])))
+                        for i, ffn, _ in inputs.layers}
             logp = torch.log_softmax(out.logits[0].float(), -1)
             nll = np.full(len(ids), np.nan)
             if len(ids) > 1:
                 nll[1:] = (-logp[:-1].gather(1, x[0, 1:, None])[:, 0]).cpu().numpy()
     finally:
         model.train(was_training)
-    return out, nll, probe.probs_TE
+    return out, nll, probs_TE
 
 
 def _chosen_experts(w_SE: np.ndarray, kind: str, top_k: int) -> list[list[int]]:
@@ -93,8 +69,8 @@ def route_ids(model, tokenizer, ids: Sequence[int], *, text: Optional[str] = Non
     ctx = model.cfg.context
     truncated = max(0, len(ids) - ctx)
     ids = ids[:ctx]
-    kinds = [_layer_kind(b.ffn) for b in model.blocks]
-    out, nll, probs_TE = _forward(model, ids, kinds)
+    kinds = [ffn_kind(b.ffn) for b in model.blocks]
+    out, nll, probs_TE = _forward(model, ids)
     weights, probs, experts = [], [], []
     E = K = 0
     for i, tr in enumerate(out.token_routing):
@@ -158,3 +134,26 @@ def generate_and_route(model, tokenizer, prompt: str, n_new: int, *, temperature
     view.continuation = tokenizer.decode(g.tokens)
     view.generation = g
     return view
+
+
+def samples_per_model(runs, prompt: str, max_new: int = 32, temperature: float = 0.8, seed: int = 0):
+    """One continuation of ``prompt`` per model: the first finished run of each model among
+    ``runs`` (:class:`~studylib.tools.explorer.runs.RunInfo`; the preset's own runs, not variants
+    at other budgets), at most ``max_new`` tokens (half the
+    context at most), routed as it was generated. A frame: model, kind, seed, continuation, its
+    pieces and what was routed."""
+    import pandas as pd
+
+    first: dict = {}
+    for r in runs:
+        if r.finished and r.tag is None and r.model not in first:
+            first[r.model] = r
+    rows = []
+    for name, r in first.items():
+        loaded = r.load()
+        g = generate_and_route(loaded.model, loaded.tokenizer, prompt, min(max_new, loaded.config.context // 2),
+                               temperature=temperature, seed=seed, label=name, step=loaded.step)
+        rows.append({"model": name, "kind": r.kind, "seed": r.seed, "continuation": g.continuation,
+                     "pieces": " ".join(g.tokens[g.n_prompt:]),
+                     "routing": "nothing to route (dense)" if not g.routed else f"{g.kind}, {g.num_experts} experts"})
+    return pd.DataFrame(rows)

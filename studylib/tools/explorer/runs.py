@@ -5,14 +5,18 @@ Everything about one run directory (its config, checkpoints, steps, loading a mo
 """
 from __future__ import annotations
 
-import itertools
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from studylib.run.rundir import CONFIG_FILE, RunDir
+import pandas as pd
+
+from studylib.config import ConfigError
+from studylib.run.layout import run_dirs
+from studylib.run.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -25,11 +29,13 @@ class RunInfo:
     seed: Optional[int]
     kind: str = "?"  # the model's FFN kind: dense | moe | soft
     finished: bool = False
+    tag: Optional[str] = None  # a variant's (runs/<model>/<tag>/seed<N>: budget map, lr sweep, ...)
 
     @property
     def label(self) -> str:
         seed = f"seed{self.seed}" if self.seed is not None else self.path.name
-        return f"{self.preset} / {self.model} / {seed} ({self.kind}{'' if self.finished else ', unfinished'})"
+        model = f"{self.model} [{self.tag}]" if self.tag else self.model
+        return f"{self.preset} / {model} / {seed} ({self.kind}{'' if self.finished else ', unfinished'})"
 
     @property
     def short_label(self) -> str:
@@ -39,10 +45,27 @@ class RunInfo:
     def __fspath__(self) -> str:
         return str(self.path)
 
+    @property
+    def preset_folder(self) -> Path:
+        """``<outputs>/<preset>`` (every run of this run's preset; the run itself outside that layout)."""
+        return RunDir(self.path).preset_folder or self.path
+
+    def steps(self) -> list[int]:
+        """The optimizer steps with a saved model (the checkpoint slider's values)."""
+        return RunDir(self.path).checkpoint_steps()
+
+    def load(self, step: Optional[int] = None):
+        """The model at ``step`` (default: the latest), with its tokenizer and config
+        (:meth:`studylib.run.rundir.RunDir.load_model`)."""
+        return RunDir(self.path).load_model(step=step)
+
 
 def run_info(run_dir: str | os.PathLike) -> RunInfo:
-    """The labels of one run directory (from its ``config.yaml``, else its path)."""
+    """The labels of one run directory (from its ``config.yaml``, else its path); a folder without
+    a ``config.yaml`` is a ConfigError naming it."""
     rd = RunDir(run_dir)
+    if not rd.config_path.is_file():
+        raise ConfigError(f"{rd.path}: not a run directory (no {rd.config_path.name})")
     doc = rd.read_config() or {}
     r = doc.get("run") or {}
     ffn = ((doc.get("model") or {}).get("ffn") or {})
@@ -50,37 +73,43 @@ def run_info(run_dir: str | os.PathLike) -> RunInfo:
     if seed is None:
         m = re.fullmatch(r"seed(\d+)", rd.path.name)
         seed = int(m.group(1)) if m else None
-    preset = r.get("preset") or (rd.path.parents[2].name if len(rd.path.parents) > 2 else "?")
-    return RunInfo(path=rd.path, preset=str(preset), model=str(r.get("model") or rd.path.parent.name),
-                   seed=seed, kind=str(ffn.get("kind", "?")), finished=rd.finished())
+    folder = rd.preset_folder
+    preset = r.get("preset") or (folder.name if folder is not None else "?")
+    tag = rd.tag
+    model = r.get("model") or (rd.path.parents[1].name if tag else rd.path.parent.name)
+    return RunInfo(path=rd.path, preset=str(preset), model=str(model), seed=seed, kind=str(ffn.get("kind", "?")),
+                   finished=rd.finished(), tag=tag)
 
 
-def _config_files(root: Path):
-    """The ``config.yaml`` files of the run directories at or below ``root``."""
-    if (root / CONFIG_FILE).is_file():
-        return [root / CONFIG_FILE]
-    return itertools.chain(root.glob(f"runs/*/*/{CONFIG_FILE}"), root.glob(f"*/runs/*/*/{CONFIG_FILE}"))
+def runs_table(runs: list[RunInfo]) -> pd.DataFrame:
+    """One row per run: model, variant tag, seed, FFN kind, finished, saved checkpoints."""
+    return pd.DataFrame([{"model": r.model, "tag": r.tag or "", "seed": r.seed, "kind": r.kind,
+                          "finished": r.finished, "checkpoints": len(r.steps())} for r in runs])
 
 
 def list_runs(outputs_root: str | os.PathLike, finished_only: bool = False) -> list[RunInfo]:
     """Run directories (holding ``config.yaml`` and a checkpoint) below ``outputs_root``.
 
-    ``outputs_root`` may be the outputs folder (``<root>/<preset>/runs/...``), one preset's
-    folder (``<root>/<preset>/runs/...``) or a run directory itself. Sorted by preset, model, seed.
+    ``outputs_root`` may be the outputs folder, one preset's folder or a run directory itself
+    (:func:`studylib.run.layout.run_dirs`: variants' runs included). A run whose ``config.yaml``
+    cannot be read is left out with a warning naming it. Sorted by preset, model, tag, seed.
     """
     root = Path(outputs_root)
     if not root.is_dir():
         return []
     found = []
-    for cfg in _config_files(root):
-        if not RunDir(cfg.parent).has_checkpoint():
+    for path in run_dirs(root):
+        rd = RunDir(path)
+        if not rd.config_path.is_file() or not rd.has_checkpoint():
             continue
         try:
-            info = run_info(cfg.parent)
-        except Exception:  # an unreadable config: not a run we can show
+            info = run_info(path)
+        except Exception as e:  # an unreadable config: say so, then go on
+            warnings.warn(f"{rd.config_path}: cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:160]}); "
+                          "this run is not offered", stacklevel=2)
             continue
         if finished_only and not info.finished:
             continue
         found.append(info)
-    found.sort(key=lambda i: (i.preset, i.model, -1 if i.seed is None else i.seed, str(i.path)))
+    found.sort(key=lambda i: (i.preset, i.model, i.tag or "", -1 if i.seed is None else i.seed, str(i.path)))
     return found

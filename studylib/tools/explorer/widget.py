@@ -18,7 +18,8 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from studylib.run.rundir import CONFIG_FILE, LoadedRun, RunDir
+from studylib.run.layout import CONFIG_FILE
+from studylib.run.rundir import LoadedRun, RunDir
 from studylib.tools.explorer.diagnostics import ROUTER_METRICS, diagnostics_over_training, nearest_step_at_or_before
 from studylib.tools.explorer.figures import diagnostics_figure, figure_png, routing_grid_figure
 from studylib.tools.explorer.markup import table_html, tokens_html

@@ -1,11 +1,11 @@
-"""studylib.run.dist: which autocast dtype a run gets (amp auto / bf16 / off)."""
+"""studylib.nn.precision: which autocast dtype a run gets (amp auto / bf16 / off)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from studylib.config import ConfigError, TrainConfig
-from studylib.run import dist as D
+from studylib.nn import precision as D
 
 CPU = torch.device("cpu")
 
