@@ -32,7 +32,7 @@ test: $(STAMP)
 	$(BIN)/python -m studylib study --params params/ci.yaml --no-report
 	$(BIN)/python -m pytest -q --nbval-lax outputs/ci/notebooks
 
-## quick loop for developers: skip the slow tests (subprocess kills, DDP, browser)
+## quick loop for developers: skip the slow tests (subprocess kills, DDP, the Dask cluster, browser)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 

@@ -75,6 +75,10 @@ class StudyPlugin(WorkerPlugin):
             env = os.environ.get(THREADS_ENV)
             share = available_cores() // max(1, self.per_host.get(get_address_host(worker.address), 1))
             self.threads = int(env) if env and env.isdigit() and int(env) > 0 else max(1, share)
+        for name in ("profile", "profile-cycle"):  # see QUIET_WORKERS
+            pc = worker.periodic_callbacks.get(name)
+            if pc is not None:
+                pc.stop()
         if self.gpus:  # a LocalCluster worker on a GPU machine: GPU number <worker name> (before CUDA starts)
             os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker.name) % self.gpus)
 
@@ -163,6 +167,15 @@ def gpu_count() -> int:
         return 0
 
 
+#: Dask's housekeeping that shares a worker process with a training run: its statistical profiler
+#: samples the training thread's stack every 10 ms and its event loop ticks every 20 ms, each time
+#: taking the GIL from a Python-heavy training loop (measured: 8% slower training on the 2-core
+#: machine, two runs side by side). Off, or at a slow pace, in the clusters started here; workers
+#: started elsewhere get their profiler stopped by :class:`StudyPlugin`.
+QUIET_WORKERS = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
+                 "distributed.admin.system-monitor.interval": "5s"}
+
+
 def worker_environment(threads: int) -> dict:
     """The environment a local worker process starts with: ``threads`` OpenMP / MKL / OpenBLAS
     threads and the fast allocator (:func:`studylib.run.alloc.fast_allocator_env`; already in
@@ -218,7 +231,8 @@ class Cluster:
             # MALLOC_TRIM_THRESHOLD_=65536, which overrides the allocator studylib chose
             # (run/alloc.py), so the workers get that allocator and their thread count instead
             with dask.config.set({"distributed.scheduler.worker-saturation": 1.0,
-                                  "distributed.nanny.pre-spawn-environ": worker_environment(threads)}):
+                                  "distributed.nanny.pre-spawn-environ": worker_environment(threads),
+                                  **QUIET_WORKERS}):
                 self.cluster = LocalCluster(n_workers=slots, threads_per_worker=1, processes=True, memory_limit=0,
                                             resources={"GPU": 1} if gpus else None,
                                             silence_logs=logging.ERROR, dashboard_address=":8787")
@@ -285,7 +299,7 @@ class Cluster:
     def train(self, specs: Sequence[RunSpec], markers: dict, on_done: Callable[[RunSpec], None],
               on_tick: Callable[[list], None] = lambda running: None) -> None:
         """Train ``specs`` (in this order of priority); ``on_done(spec)`` after each finished run,
-        ``on_tick(specs in flight)`` about once a second. The first failure raises a SweepError
+        ``on_tick(specs in flight)`` about every 2 s. The first failure raises a SweepError
         (the other runs are cancelled; those in flight on a LocalCluster stop with it)."""
         from distributed import wait
 
@@ -301,7 +315,7 @@ class Cluster:
         try:
             while pending:
                 try:
-                    wait(pending, timeout=1.0, return_when="FIRST_COMPLETED")
+                    wait(pending, timeout=2.0, return_when="FIRST_COMPLETED")
                 except TimeoutError:
                     pass
                 except Exception:  # cancelled futures (a scheduler restarted): _check names the run

@@ -225,7 +225,7 @@ def _train_on_cluster(preset: Preset, missing: Sequence[RunSpec], slots: int, ad
     from studylib.study.cluster import Cluster, Markers
 
     shown = {"at": 0.0}
-    every = 1.0 if sys.stderr.isatty() else 10.0  # a log file gets a line every 10 s, not every second
+    every = 2.0 if sys.stderr.isatty() else 10.0  # a log file gets a line every 10 s
 
     def tick(running: list) -> None:
         if time.monotonic() - shown["at"] >= every:
