@@ -79,6 +79,9 @@ class StudyPlugin(WorkerPlugin):
             pc = worker.periodic_callbacks.get(name)
             if pc is not None:
                 pc.stop()
+        tick = worker.periodic_callbacks.get("tick")
+        if tick is not None:  # the event loop's health check: every 1 s, not every 20 ms
+            tick.callback_time = max(tick.callback_time, 1000)
         if self.gpus:  # a LocalCluster worker on a GPU machine: GPU number <worker name> (before CUDA starts)
             os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker.name) % self.gpus)
 
@@ -171,7 +174,7 @@ def gpu_count() -> int:
 #: samples the training thread's stack every 10 ms and its event loop ticks every 20 ms, each time
 #: taking the GIL from a Python-heavy training loop (measured: 8% slower training on the 2-core
 #: machine, two runs side by side). Off, or at a slow pace, in the clusters started here; workers
-#: started elsewhere get their profiler stopped by :class:`StudyPlugin`.
+#: started elsewhere get the same from :class:`StudyPlugin` (profiler stopped, tick every 1 s).
 QUIET_WORKERS = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
                  "distributed.admin.system-monitor.interval": "5s"}
 

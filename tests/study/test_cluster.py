@@ -183,13 +183,22 @@ def test_a_killed_or_interrupted_sweep_leaves_no_worker_training_and_no_stale_lo
 class DaskProcesses:
     """``dask scheduler`` and ``dask worker`` processes on localhost (stopped by :meth:`stop`)."""
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, workers: tuple = ()):
+        """A scheduler, then one worker per name in ``workers`` (waited for)."""
         self.tmp, self.procs, self.workers = tmp, [], {}
         self.file = tmp / "scheduler.json"
         self._start([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
                      "--no-dashboard", "--scheduler-file", str(self.file)], "scheduler")
         _wait_for(lambda: self.file.exists() and self.file.read_text().strip(), "the scheduler is up", 60)
         self.address = json.loads(self.file.read_text())["address"]
+        try:
+            for name in workers:
+                self.worker(name)
+            if workers:
+                self.wait_for_workers(len(workers))
+        except BaseException:
+            self.stop()
+            raise
 
     def _start(self, cmd: list, name: str, prefix: tuple = ()) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "w")
@@ -239,11 +248,8 @@ def _all_metrics(out: Path) -> dict:
 
 
 def test_the_ci_study_on_two_dask_workers_equals_a_local_run(dask_dir, cache, monkeypatch):
-    d = DaskProcesses(dask_dir / "dask")
+    d = DaskProcesses(dask_dir / "dask", workers=("w1", "w2"))
     try:
-        d.worker("w1")
-        d.worker("w2")
-        d.wait_for_workers(2)
         p = ci_preset(cache)
         grids = _ci_study_runs(p)
         monkeypatch.setenv("STUDYLIB_OUTPUTS", str(dask_dir / "remote"))
@@ -267,11 +273,8 @@ def test_the_ci_study_on_two_dask_workers_equals_a_local_run(dask_dir, cache, mo
 
 
 def test_a_worker_killed_mid_run_has_its_run_resumed_elsewhere_bit_identical(dask_dir, cache, monkeypatch):
-    d = DaskProcesses(dask_dir / "dask")
+    d = DaskProcesses(dask_dir / "dask", workers=("w1", "w2"))
     try:
-        d.worker("w1")
-        d.worker("w2")
-        d.wait_for_workers(2)
         p = ci_preset(cache, *(f"{k}={v}" for k, v in LONG.items()))
         monkeypatch.setenv("STUDYLIB_OUTPUTS", str(dask_dir / "whole"))
         sweep.ensure_runs(p, ["moe_top2_z"], [1337], progress=False, scheduler=d.address)
@@ -355,3 +358,20 @@ def test_local_workers_start_with_studylibs_allocator_and_their_share_of_the_cor
         assert env["OMP_NUM_THREADS"] == str(max(1, sweep.available_cores() // 2))
         if os.environ.get("STUDYLIB_ALLOCATOR") != "system":
             assert env["STUDYLIB_ALLOCATOR"] in ("tcmalloc", "glibc-tuned") and (env["GLIBC_TUNABLES"] or env["LD_PRELOAD"])
+
+
+def test_a_worker_started_elsewhere_stops_profiling_the_training_thread(dask_dir):
+    """A `dask worker` started by the user samples its task thread every 10 ms and ticks every
+    20 ms, taking the GIL from training; the sweep's plugin stops the profiler and slows the tick."""
+    from studylib.study.cluster import Cluster
+
+    d = DaskProcesses(dask_dir / "dask")
+    try:
+        d.worker("w1")
+        d.wait_for_workers(1)
+        with Cluster(address=d.address) as cluster:
+            state = cluster.client.run(lambda dask_worker: (dask_worker.periodic_callbacks["profile"].is_running(),
+                                                            dask_worker.periodic_callbacks["tick"].callback_time))
+    finally:
+        d.stop()
+    assert list(state.values()) == [(False, 1000)]
