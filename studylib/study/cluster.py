@@ -12,7 +12,7 @@
   any machines that see the same outputs and data cache (a shared filesystem). Each worker trains
   one run at a time; a worker that declares ``--resources GPU=1`` takes the runs that need a GPU.
 
-A run is one task (:func:`train_task`): it checks that its worker sees the run directory and the
+A run is one task (:func:`studylib.study.worker.train_task`): it checks that its worker sees the run directory and the
 data cache (:func:`visibility_error`, also run on every worker before anything is queued), trains
 the run with the worker's torch threads and everything it prints appended to the run's
 ``train.log``, and answers ``{"ok": True}`` or ``{"ok": False, "error": ...}``. A run that fails
@@ -26,26 +26,15 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import socket
-import sys
-import traceback
-import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
-
-from distributed import WorkerPlugin
 
 from studylib.run.alloc import GUARD, fast_allocator_env
 from studylib.run.layout import LOG_FILE
 from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
 from studylib.study.sweep import SweepError, available_cores
-
-THREADS_ENV = "STUDYLIB_THREADS"  # a remote worker's torch threads (default: its share of the host's cores)
-PLUGIN = "studylib"
-SHARED_FS = ("outputs and the data cache must be on a filesystem every worker sees, at the same path "
-             "(see the README, 'Runs on several machines')")
-
+from studylib.study.worker import PLUGIN, StudyPlugin, train_task, worker_visibility
 
 def log_tail(path: Path, n: int = 15) -> str:
     try:
@@ -53,109 +42,6 @@ def log_tail(path: Path, n: int = 15) -> str:
     except OSError:
         return "    (no log)"
     return "\n".join("    " + ln for ln in lines[-n:]) or "    (empty log)"
-
-
-# --------------------------------------------------------------------------------------------
-# on a worker
-# --------------------------------------------------------------------------------------------
-class StudyPlugin(WorkerPlugin):
-    """Per-worker state (a Dask worker plugin): the torch threads a run gets, the GPU a local
-    worker owns, and the data each distinct data section loaded once per worker process."""
-
-    name = PLUGIN
-
-    def __init__(self, threads: Optional[int] = None, per_host: Optional[dict] = None, gpus: int = 0):
-        self.threads, self.per_host, self.gpus = threads, per_host or {}, gpus
-        self.datas = None
-
-    def setup(self, worker) -> None:
-        from distributed.comm import get_address_host
-
-        if self.threads is None:  # a worker we did not start: its share of its host's cores
-            env = os.environ.get(THREADS_ENV)
-            share = available_cores() // max(1, self.per_host.get(get_address_host(worker.address), 1))
-            self.threads = int(env) if env and env.isdigit() and int(env) > 0 else max(1, share)
-        for name in ("profile", "profile-cycle"):  # see QUIET_WORKERS
-            pc = worker.periodic_callbacks.get(name)
-            if pc is not None:
-                pc.stop()
-        tick = worker.periodic_callbacks.get("tick")
-        if tick is not None:  # the event loop's health check: every 1 s, not every 20 ms
-            tick.callback_time = max(tick.callback_time, 1000)
-        if self.gpus:  # a LocalCluster worker on a GPU machine: GPU number <worker name> (before CUDA starts)
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker.name) % self.gpus)
-
-    def data(self, cfg):
-        if self.datas is None:
-            from studylib.run.data import DataMemo
-
-            self.datas = DataMemo(progress=False)
-        return self.datas.get(cfg)
-
-
-def visibility_error(markers: dict, where: str = "") -> Optional[str]:
-    """None when this process sees every marker file (``{path: token}``, written by the sweep
-    into the runs folder and the data cache) with its token; else one line naming the worker and
-    the folder it cannot see."""
-    for path, (what, token) in markers.items():
-        try:
-            seen = Path(path).read_text()
-        except OSError:
-            seen = None
-        if seen != token:
-            state = "missing" if seen is None else "another sweep's"
-            return (f"worker {where or '?'} on host {socket.gethostname()} cannot see the {what} "
-                    f"{Path(path).parent} (its marker file {Path(path).name} is {state}): {SHARED_FS}")
-    return None
-
-
-def train_task(spec: RunSpec, markers: dict) -> dict:
-    """One run on a Dask worker (see the module docstring); the reply ``{"ok": ...}``."""
-    from distributed import get_worker
-
-    worker = get_worker()
-    refused = visibility_error(markers, worker.address)
-    if refused:
-        return {"ok": False, "refused": refused}
-    plugin = worker.plugins[PLUGIN]
-    import torch
-
-    torch.set_num_threads(plugin.threads)
-    from studylib.run.trainer import train_spec
-
-    return train_logged(lambda: train_spec(spec, progress=False, data=plugin.data(spec.preset.data)), spec,
-                        f"dask worker {worker.address} (pid {os.getpid()}, {plugin.threads} torch threads)")
-
-
-def train_logged(train: Callable[[], dict], spec: RunSpec, who: str) -> dict:
-    """``train()`` with file descriptors 1 and 2 appended to the run's ``train.log``; the reply
-    ``{"ok": True}`` or ``{"ok": False, "error": "<Type>: <message>"}`` (the traceback is in the log)."""
-    spec.run_dir.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with open(spec.run_dir / LOG_FILE, "a") as log:
-        log.write(f"$ {who}: {spec.label} -> {spec.run_dir}\n")
-        log.flush()
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        try:
-            with warnings.catch_warnings():  # a fresh "warn once" memory for this run's log
-                s = train()
-            print(f"{spec.label}: best val loss {s['best_val_loss']:.4f} at step {s.get('best_step')}; "
-                  f"final {s.get('final_val_loss', float('nan')):.4f}; {s.get('steps')} steps")
-            reply = {"ok": True}
-        except Exception as e:
-            traceback.print_exc()
-            reply = {"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())}"}
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-    return reply
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,7 +60,7 @@ def gpu_count() -> int:
 #: samples the training thread's stack every 10 ms and its event loop ticks every 20 ms, each time
 #: taking the GIL from a Python-heavy training loop (measured: 8% slower training on the 2-core
 #: machine, two runs side by side). Off, or at a slow pace, in the clusters started here; workers
-#: started elsewhere get the same from :class:`StudyPlugin` (profiler stopped, tick every 1 s).
+#: started elsewhere get the same from :class:`studylib.study.worker.StudyPlugin`.
 QUIET_WORKERS = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
                  "distributed.admin.system-monitor.interval": "5s"}
 
@@ -295,7 +181,7 @@ class Cluster:
     # ---- the runs ----------------------------------------------------------------------------
     def check_workers(self, markers: dict) -> None:
         """Every connected worker sees every marker (:func:`visibility_error`), else a SweepError."""
-        for addr, err in sorted(self.client.run(_worker_visibility, markers).items()):
+        for addr, err in sorted(self.client.run(worker_visibility, markers).items()):
             if err:
                 raise SweepError(err)
 
@@ -369,10 +255,6 @@ class Cluster:
                              f"is {log}. Last lines:\n{log_tail(log)}")
 
 
-def _worker_visibility(markers: dict, dask_worker=None) -> Optional[str]:
-    return visibility_error(markers, getattr(dask_worker, "address", ""))
-
-
 def _locked(spec: RunSpec) -> bool:
     """Whether a process holds the run's lock now (the holder's PID is in the lock file)."""
     try:
@@ -411,4 +293,4 @@ class Markers:
                 pass
 
 
-__all__ = ["Cluster", "Markers", "StudyPlugin", "train_task", "train_logged", "visibility_error", "THREADS_ENV"]
+__all__ = ["Cluster", "Markers", "QUIET_WORKERS", "worker_environment", "needs_gpu", "gpu_count"]
