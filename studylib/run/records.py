@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 from studylib.config import count_params
 from studylib.nn.precision import precision_label
 
@@ -105,6 +107,9 @@ def summary_record(t) -> dict:
         "train_tok_per_s": tokens / max(clock["train_s"], 1e-9),
         "params": count_params(t.mcfg).as_dict(), "num_params": t.model.num_params(),
         "device": str(t.device), "amp": amp,
+        # fp32 results depend on it (~1e-7 between 1 and 2 threads): --jobs 1 trains in-process on
+        # every core, a sweep's workers on cores // jobs each (README, "Measured")
+        "torch_threads": torch.get_num_threads(),
         "world_size": t.dist.world, "config_hash": t.chash, "data": data_summary(t.data),
         "finished": True,
     }

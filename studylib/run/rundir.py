@@ -243,6 +243,12 @@ class RunDir:
         with atomic_open(self.metrics_path, "w") as f:
             f.write("".join(line + "\n" for line in lines))
 
+    def forget_unsaved(self) -> None:
+        """Remove the config and metrics of an attempt that stopped before its first checkpoint
+        (nothing can resume it; a rerun with a corrected config would otherwise be refused)."""
+        for p in (self.config_path, self.metrics_path):
+            p.unlink(missing_ok=True)
+
     # ---- summary ---------------------------------------------------------------------------
     def summary(self) -> Optional[dict]:
         if not self.summary_path.is_file():

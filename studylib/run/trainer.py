@@ -274,8 +274,10 @@ class Trainer:
         return gnorm
 
     def _last_good(self) -> str:
-        if self.last_ckpt is None:
-            return "No checkpoint was written yet; the run directory"
+        if self.last_ckpt is None:  # train_run removes what this attempt wrote (RunDir.forget_unsaved)
+            return (f"No checkpoint was written yet, so nothing can resume: this attempt's {self.rd.config_path.name} "
+                    f"and {self.rd.metrics_path.name} are removed and a corrected rerun starts afresh in "
+                    f"{self.rd.path}; the rest")
         return f"The last good checkpoint ({self.rd.checkpoints / checkpoint.LATEST}, step {self.last_ckpt})"
 
     def _tally(self, result: StepResult) -> None:
@@ -399,6 +401,10 @@ def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.Path
         trainer.dist.init(trainer.device)
         try:
             return trainer.run(data)
+        except NonFiniteLossError:
+            if trainer.dist.main and trainer.last_ckpt is None:
+                trainer.rd.forget_unsaved()  # nothing to resume: a corrected rerun is not refused
+            raise
         finally:
             trainer.dist.close()
             torch.set_num_threads(threads)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
 from studylib.run.alloc import GUARD, fast_allocator_env
+from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import LOG_FILE
 from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
@@ -247,6 +248,8 @@ class Cluster:
         reply = fut.result()
         if reply.get("refused"):
             raise SweepError(reply["refused"])
+        if reply.get("locked"):  # another process trains this run: one line, exit 2 (a known error)
+            raise RunDirLocked(reply["locked"])
         if not reply.get("ok"):
             raise SweepError(f"training {spec.label} failed ({reply.get('error')}); its log is {log}. "
                              f"Last lines:\n{log_tail(log)}")

@@ -31,6 +31,7 @@ from typing import Iterable, Optional, Sequence
 
 from studylib.config import ConfigError, Preset, override
 from studylib.config.presets import Overrides
+from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import outputs_root
 from studylib.run.spec import RunSpec
 from studylib.study.frames import collect_runs
@@ -215,6 +216,8 @@ def _train_in_process(missing: Sequence[RunSpec], datas, bar, progress: bool) ->
         bar.set_postfix_str(f"{spec.model} seed{spec.seed}")
         try:
             train_spec(spec, progress=progress, data=datas.get(spec.preset.data))
+        except RunDirLocked:  # another process trains this run: one line, exit 2 (a known error)
+            raise
         except Exception as e:
             raise SweepError(f"training {spec.label} failed ({spec.run_dir}): {type(e).__name__}: {e}") from e
         bar.update(1)

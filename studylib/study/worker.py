@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 from distributed import WorkerPlugin
 
+from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import LOG_FILE
 from studylib.run.spec import RunSpec
 from studylib.study.sweep import available_cores
@@ -121,7 +122,8 @@ def train_logged(train: Callable[[], dict], spec: RunSpec, who: str) -> dict:
             reply = {"ok": True}
         except Exception as e:
             traceback.print_exc()
-            reply = {"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())}"}
+            reply = {"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())}",
+                     "locked": " ".join(str(e).split()) if isinstance(e, RunDirLocked) else None}
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

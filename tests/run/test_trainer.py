@@ -297,8 +297,21 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, data, monkeypat
 def test_huge_lr_reports_non_finite(tmp_path, data):
     preset = tiny_preset(train={"lr": 1e30, "min_lr": 1e29, "grad_clip": 0.0, "warmup_frac": 0.0,
                                 "max_steps": 30, "eval_every": 30})
-    with pytest.raises(T.NonFiniteLossError, match="non-finite"):
+    with pytest.raises(T.NonFiniteLossError, match="non-finite.*No checkpoint was written yet.*removed"):
         T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=data)
+    # issue #24: it said "untouched" but left config.yaml and metrics.jsonl, and the corrected rerun
+    # into the same directory was refused as "a different configuration"
+    assert not (tmp_path / "config.yaml").exists() and not (tmp_path / "metrics.jsonl").exists()
+    fixed = tiny_preset(train={"max_steps": 3, "eval_every": 3})
+    assert T.train_run(fixed, "dense", 1, run_dir=tmp_path, progress=False, data=data)["finished"]
+
+
+def test_the_summary_records_the_torch_thread_count_the_run_trained_with(tmp_path, data):
+    """issue #24: --jobs 1 (in-process, every core) and --jobs 2 (one thread per worker) differ by
+    ~1e-7 in fp32; the summary says which thread count a run had."""
+    s = T.train_run(tiny_preset(train={"max_steps": 2, "eval_every": 2, "num_threads": 1}), "dense", 1,
+                    run_dir=tmp_path / "one", progress=False, data=data)
+    assert s["torch_threads"] == 1
 
 
 # --------------------------------------------------------------------------------------------

@@ -375,3 +375,18 @@ def test_a_worker_started_elsewhere_stops_profiling_the_training_thread(dask_dir
     finally:
         d.stop()
     assert list(state.values()) == [(False, 1000)]
+
+
+def test_a_run_another_process_trains_stops_the_study_with_one_line_and_exit_2(cache, tmp_path):
+    """issue #24: a lock conflict inside `study` exited 1 with a wrapped message; the README promises
+    one `error:` line and exit 2 for a known error."""
+    env = dict(os.environ, STUDYLIB_OUTPUTS=str(tmp_path / "out"), STUDYLIB_DATA_DIR=str(require_subset()),
+               STUDYLIB_CACHE_DIR=str(cache))
+    rd = RunDir.of(ci_preset(cache), "dense_total", 1337, root=tmp_path / "out")
+    with dir_lock(rd.path, rd.lock_path.name):  # "another training process" holds this run
+        r = subprocess.run([sys.executable, "-m", "studylib", "study", "--params", str(ROOT / "params" / "ci.yaml"),
+                            "--notebooks", "03", "--no-report", "--no-progress"], env=env, capture_output=True,
+                           text=True, timeout=600)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert len(errors) == 1 and f"in use by another training process (pid {os.getpid()} " in errors[0], errors
