@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -121,10 +122,33 @@ def model_card(rd: RunDir, cfg, step: Optional[int], eos_id: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+MARKER = "studylib_export.json"
+
+
+def _check_target(out: Path, rd: RunDir, force: bool) -> None:
+    """``out`` may be new, empty, a previous export of this same run, or anything with ``force``;
+    otherwise one ConfigError naming it (an export never overwrites a user's files silently)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder; give a folder to write the export into")
+    if force or not out.is_dir() or not any(out.iterdir()):
+        return
+    try:
+        previous = json.loads((out / MARKER).read_text()).get("run")
+    except (OSError, ValueError, AttributeError):
+        previous = None
+    if previous != str(rd.path):
+        what = f"an export of another run ({previous})" if previous else "files that are not an export of this run"
+        raise ConfigError(f"--out {out}: holds {what}; give an empty or new folder, or --force to replace it")
+
+
 def export(run: os.PathLike, out: os.PathLike, step: Optional[int] = None,
-           tokenizer: Optional[os.PathLike] = None) -> Path:
-    """Write the transformers folder of ``run`` (its checkpoint at ``step``; None: the latest)."""
+           tokenizer: Optional[os.PathLike] = None, force: bool = False) -> Path:
+    """Write the transformers folder of ``run`` (its checkpoint at ``step``; None: the latest) to
+    ``out``: a new or empty folder, a previous export of this run, or anything with ``force``
+    (:func:`_check_target`). Everything is written into a temporary folder beside ``out`` that then
+    replaces it, so a kill or a full disk leaves the old export or the new one, never a mix."""
     rd, out = RunDir(run), Path(out)
+    _check_target(out, rd, force)
     cfg = rd.model_config()
     hf_format.check(cfg)  # before anything is loaded or written
     sp_path = Path(tokenizer) if tokenizer else rd.tokenizer_path()
@@ -133,7 +157,37 @@ def export(run: os.PathLike, out: os.PathLike, step: Optional[int] = None,
     tok = build_tokenizer(sp_path)
     loaded = rd.load_model(step=step, tokenizer=sp_path)
     ids = dict(bos_id=tok.bos_token_id, eos_id=tok.eos_token_id, pad_id=tok.eos_token_id)
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    final, out = out, Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}.", dir=out.parent))
+    try:
+        _write(out, rd, cfg, loaded, tok, sp_path, ids)
+        os.chmod(out, 0o777 & ~_umask())  # mkdtemp makes it 0700; the export is a normal folder
+        _swap(out, final)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return final
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _swap(new: Path, final: Path) -> None:
+    """Put folder ``new`` at ``final``: a previous folder there is renamed aside first and removed
+    after (each rename is atomic)."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}.{os.getpid()}")
+        os.replace(final, old)
+    os.replace(new, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write(out: Path, rd: RunDir, cfg, loaded, tok, sp_path: Path, ids: dict) -> None:
     _safetensors(loaded.model, out / "model.safetensors")
     write_json_atomic(out / "config.json", hf_format.config_dict(cfg, **ids), indent=2)
     write_json_atomic(out / "generation_config.json",
@@ -142,9 +196,8 @@ def export(run: os.PathLike, out: os.PathLike, step: Optional[int] = None,
     tok.save_pretrained(str(out))
     shutil.copyfile(sp_path, out / "tokenizer.model")
     write_atomic(out / "README.md", model_card(rd, cfg, loaded.step, ids["eos_id"]))
-    write_json_atomic(out / "studylib_export.json", {"run": str(rd.path), "step": loaded.step,
-                                                     "checkpoint": str(loaded.checkpoint)}, indent=2)
-    return out
+    write_json_atomic(out / MARKER, {"run": str(rd.path), "step": loaded.step,
+                                     "checkpoint": str(loaded.checkpoint)}, indent=2)
 
 
 def add_cli(parser) -> None:
@@ -152,11 +205,14 @@ def add_cli(parser) -> None:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--out", required=True, help="folder to write (AutoModelForCausalLM.from_pretrained)")
     parser.add_argument("--tokenizer", default=None, help="SentencePiece model (default: the run's)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace --out even when it holds other files (default: only a new or empty "
+                             "folder, or a previous export of this run)")
 
 
 def run_cli(args) -> int:
     try:
-        out = export(args.run, args.out, args.step, args.tokenizer)
+        out = export(args.run, args.out, args.step, args.tokenizer, force=args.force)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

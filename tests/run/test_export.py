@@ -157,6 +157,33 @@ def test_cli(runs, tmp_path):
     assert ex.run_cli(args) == 0 and (tmp_path / "o" / "model.safetensors").is_file()
 
 
+def test_export_never_overwrites_a_users_folder_and_swaps_in_whole(runs, tmp_path):
+    """issue #24: `export` into a non-empty folder overwrote the user's README.md and config.json;
+    `--out` naming a file was a traceback. Now: a new or empty folder, a previous export of the same
+    run, or --force; the export is written beside the target and swapped in whole."""
+    run = runs["root"] / "dense"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes")
+    with pytest.raises(ConfigError, match=r"--out .*mine: holds files that are not an export of this run; .*--force"):
+        ex.export(run, mine, tokenizer=runs["sp"])
+    assert [p.name for p in mine.iterdir()] == ["README.md"] and (mine / "README.md").read_text() == "my notes"
+    again = ex.export(run, tmp_path / "hf", tokenizer=runs["sp"])
+    first = (again / "model.safetensors").stat().st_ino
+    assert ex.export(run, again, tokenizer=runs["sp"]) == again  # a previous export of this run: replaced
+    assert (again / "model.safetensors").stat().st_ino != first
+    with pytest.raises(ConfigError, match=r"holds an export of another run"):
+        ex.export(runs["root"] / "moe", again, tokenizer=runs["sp"])
+    ex.export(run, mine, tokenizer=runs["sp"], force=True)
+    assert (mine / "config.json").is_file() and "my notes" not in (mine / "README.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine"]  # no temporary folder left
+    (tmp_path / "afile").write_text("x")
+    p = argparse.ArgumentParser()
+    ex.add_cli(p)
+    args = p.parse_args(["--run", str(run), "--out", str(tmp_path / "afile"), "--tokenizer", str(runs["sp"])])
+    assert ex.run_cli(args) == 2 and (tmp_path / "afile").read_text() == "x"
+
+
 @pytest.mark.parametrize("ffn,reason", [
     ({"kind": "soft", "hidden": 32, "num_experts": 4}, "soft"),
     ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 1, "renormalize": False}, "renormalize"),
