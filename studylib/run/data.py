@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 
 from studylib.config import DataConfig
 from studylib.config.identity import DATA_SPLIT
-from studylib.run.files import atomic_open
+from studylib.run.files import atomic_open, clean_temp_files
 from studylib.run.stories import DataError, fingerprint, story_source
 
 SPM_OPTIONS = dict(  # everything that changes the trained model (part of the cache key)
@@ -385,6 +385,7 @@ def load_data(cfg: DataConfig, progress: bool = True) -> TokenData:
     stories, corpus, n_stories = read_corpus(cfg)
     is_val = split_stories(n_stories, cfg.val_fraction, cfg.split_seed)
     cache.mkdir(parents=True, exist_ok=True)  # only once the data has been read
+    clean_temp_files(cache, stale_only=True)  # what a killed prepare-data left (issue #24)
     build["read_seconds"] = time.perf_counter() - t0
     sides = {side: (lambda side=side: side_stories(stories, is_val, side)) for side in SIDES}
     n_side = {"train": int((~is_val).sum()), "val": int(is_val.sum())}

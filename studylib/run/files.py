@@ -117,12 +117,30 @@ def write_json_atomic(path: str | os.PathLike, obj, **dump_kwargs) -> None:
     write_atomic(path, json.dumps(obj, **dump_kwargs) + "\n")
 
 
-def clean_temp_files(folder: str | os.PathLike) -> list[Path]:
-    """Remove temporary files an interrupted write left in ``folder``; returns what was removed."""
+def _writer_alive(tmp: Path) -> bool:
+    """Whether the process that is writing ``tmp`` (its name ends in ``.<pid>``) still runs."""
+    pid = tmp.name.rsplit(".", 1)[-1]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def clean_temp_files(folder: str | os.PathLike, stale_only: bool = False) -> list[Path]:
+    """Remove temporary files an interrupted write left in ``folder``; returns what was removed.
+    ``stale_only``: only those whose writer (the pid in the name) is gone, for a folder other
+    processes may be writing now (a shared data cache)."""
     d = Path(folder)
     removed = []
     if d.is_dir():
         for p in d.glob(f"{TMP_PREFIX}*"):
+            if stale_only and _writer_alive(p):
+                continue
             p.unlink(missing_ok=True)
             removed.append(p)
     return removed

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from pathlib import Path
 
@@ -189,6 +190,26 @@ def test_tokenizer_is_trained_on_the_training_stories_only(tiny_corpus, tmp_path
     ours = td.tokenizer_path.read_bytes()
     assert ours == (tmp_path / "train.model").read_bytes() != (tmp_path / "all.model").read_bytes()
     assert "z" in D.load_tokenizer(tmp_path / "all.model").encode(VAL_WORD, out_type=str)
+
+
+def test_a_killed_writers_temp_files_are_removed_and_a_live_ones_kept(tiny_corpus, tmp_path):
+    """issue #24: a killed prepare-data left a 0-byte temporary file in the cache that nothing
+    removed. The next load removes the temporary files whose writer is gone (the pid in the name),
+    and leaves those of a writer still running (two processes may fill one cache)."""
+    import subprocess
+    import sys
+
+    root, _, _ = tiny_corpus
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # a pid that has exited
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead = cache / f".tmp-tokenizer-0123.model.{gone}"
+    live = cache / f".tmp-tokens-4567.bin.{os.getpid()}"
+    dead.touch()
+    live.touch()
+    D.load_data(_tiny_cfg(root, cache_dir=str(cache)), progress=False)
+    assert not dead.exists() and live.exists()
 
 
 def test_window_split_caches_are_never_reused(tiny_corpus, tmp_path):
