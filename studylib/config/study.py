@@ -14,8 +14,8 @@ from typing import Any, Mapping, Optional
 
 from studylib.config.schema import ConfigError, _coerce
 
-#: a trio's roles, in the order its ``models`` list gives them
-TRIO_ROLES = ("dense_active", "moe", "dense_total")
+#: the knobs that list model names (each checked against the preset's models)
+MODEL_LISTS = ("headline", "ablation", "granularity", "iso_width")
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ def study_from_dict(raw: Any, models: Mapping, ffn_kind) -> StudyConfig:
             kw[key] = None if key not in ("bench", "decode") else {}
         elif key == "notebooks":
             kw[key] = _notebooks(v)
-        elif key in ("headline", "ablation", "granularity", "iso_width"):
+        elif key in MODEL_LISTS:
             kw[key] = _models(v, where, models)
         elif key == "reference_moe":
             if not isinstance(v, str) or v not in models:
@@ -274,5 +274,5 @@ def study_from_dict(raw: Any, models: Mapping, ffn_kind) -> StudyConfig:
     return StudyConfig(**kw)
 
 
-__all__ = ["StudyConfig", "TrioConfig", "TokenBudgetConfig", "NoiseSplitConfig", "LrSweepConfig", "TRIO_ROLES",
+__all__ = ["MODEL_LISTS", "StudyConfig", "TrioConfig", "TokenBudgetConfig", "NoiseSplitConfig", "LrSweepConfig",
            "study_from_dict"]

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from studylib.config import ConfigError, Preset, load_preset, override
-from studylib.config.study import TOKEN_BUDGET_SHAPE
+from studylib.config.study import MODEL_LISTS, TOKEN_BUDGET_SHAPE
 from studylib.run.rundir import RunDir
 from studylib.study.crossing import Crossing, Trend, crossings, trend
 from studylib.study.frames import collect_runs
@@ -119,8 +119,7 @@ def budgets(preset: Preset, trios: Sequence[Trio],
 # --------------------------------------------------------------------------------------------
 def _study_lists(preset: Preset, model: str) -> list[str]:
     """The other ``study`` lists that name ``model`` (e.g. ``headline``: notebook 03 trains it)."""
-    return [k for k in ("headline", "ablation", "granularity", "iso_width")
-            if model in (getattr(preset.study, k) or ())]
+    return [k for k in MODEL_LISTS if model in (getattr(preset.study, k) or ())]
 
 
 def run_plan(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], budget_map: dict) -> pd.DataFrame:

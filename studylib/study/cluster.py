@@ -32,7 +32,6 @@ from typing import Callable, Iterable, Optional, Sequence
 from studylib.run.alloc import GUARD, fast_allocator_env
 from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import LOG_FILE
-from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
 from studylib.study.sweep import SweepError, available_cores
 from studylib.study.worker import PLUGIN, StudyPlugin, train_task, worker_visibility
@@ -253,7 +252,7 @@ class Cluster:
         if not reply.get("ok"):
             raise SweepError(f"training {spec.label} failed ({reply.get('error')}); its log is {log}. "
                              f"Last lines:\n{log_tail(log)}")
-        if not RunDir(spec.run_dir).finished():
+        if not spec.rundir.finished():
             raise SweepError(f"training {spec.label} ended without a finished summary in {spec.run_dir}; its log "
                              f"is {log}. Last lines:\n{log_tail(log)}")
 

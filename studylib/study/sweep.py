@@ -123,11 +123,14 @@ class Grid:
     overrides: Overrides = None
     tag: Optional[str] = None
 
+    def seeds_of(self, preset: Preset) -> list[int]:
+        """The grid's seeds (default: the preset's, with the grid's overrides applied), each once."""
+        return _unique(self.seeds if self.seeds is not None else override(preset, self.overrides).seeds)
+
 
 def grid_run_dirs(preset: Preset, grid: Grid) -> dict:
     """``{model: {seed: RunDir}}`` of a grid's runs (where :func:`ensure_grid` trains them)."""
-    seeds = grid.seeds if grid.seeds is not None else override(preset, grid.overrides).seeds
-    return {m: {s: RunSpec.resolve(preset, m, s, grid.overrides, grid.tag).rundir for s in _unique(seeds)}
+    return {m: {s: RunSpec.resolve(preset, m, s, grid.overrides, grid.tag).rundir for s in grid.seeds_of(preset)}
             for m in _unique(grid.models)}
 
 
@@ -162,7 +165,7 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
     plans, runs, missing = [], set(), []
     for g in grids:
         models = _unique(g.models)
-        seeds = _unique(g.seeds if g.seeds is not None else override(preset, g.overrides).seeds)
+        seeds = g.seeds_of(preset)
         if not models or not seeds:
             raise ConfigError("ensure_runs: give at least one model and one seed")
         finished, todo = plan_runs(preset, models, seeds, g.overrides, g.tag)
