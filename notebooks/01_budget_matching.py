@@ -39,8 +39,9 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from studylib import config as budget
-from studylib.study import paper, plan, plots, tables
-from studylib.study.notebooks import notebook_context
+from studylib.study.analysis import paper, plots, tables
+from studylib.study.orchestration import plan
+from studylib.study.runner.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out = ctx.preset, ctx.study, ctx.out
@@ -128,7 +129,7 @@ else:
 
 # %%
 from studylib.config import load_preset
-from studylib.study import shape
+from studylib.study.analysis import shape
 
 presets = {p.stem: load_preset(p) for p in sorted((ctx.root / "params").glob("*.yaml"))}
 presets[preset.name] = preset  # this notebook's preset (with any overrides) as it runs
@@ -154,7 +155,7 @@ display(Markdown(
 #
 # The stories are shuffled with `data.split_seed` and 5 % of them are held out; the tokenizer is
 # trained on the training stories only, and each side is tokenised and cut into windows on its
-# own, so no validation text is ever trained on (tests/run/test_data.py checks it on the real
+# own, so no validation text is ever trained on (tests/data/test_data.py checks it on the real
 # subset). One epoch of the training side is the headline budget.
 
 # %%

@@ -54,9 +54,10 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 import pandas as pd
 from IPython.display import Markdown, display
 
-from studylib.study import frames, paper, plan, plots, routing, text
-from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import ensure_grid, grid_run_dirs
+from studylib.study.analysis import frames, paper, plots, routing, text
+from studylib.study.orchestration import plan
+from studylib.study.orchestration.sweep import ensure_grid, grid_run_dirs
+from studylib.study.runner.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds

@@ -41,9 +41,10 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 # %%
 from IPython.display import Markdown, display
 
-from studylib.study import frames, noise, paper, plan, plots, probes, tables, text
-from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import ensure_runs, grid_run_dirs
+from studylib.study.analysis import frames, noise, paper, plots, probes, tables, text
+from studylib.study.orchestration import plan
+from studylib.study.orchestration.sweep import ensure_runs, grid_run_dirs
+from studylib.study.runner.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
@@ -97,7 +98,7 @@ fig = plots.intervals(gaps, title=f"Headline gaps ({preset.name}, {len(seeds)} s
 # bound: a std from few seeds is itself uncertain), the CI half-width it gives at this and other
 # seed counts, the seeds a half-width of `study.power_target` (default ±0.03 nats) needs, and the
 # seeds that resolve the paper's gap with 80% power if the true gap here equals the paper's
-# (`studylib.study.stats.power_of`).
+# (`studylib.study.analysis.stats.power_of`).
 
 # %%
 power = tables.power_table(gaps, gaps["paper_mean"], target=study.power_target)
@@ -122,7 +123,7 @@ display(spread)
 #
 # With `study.noise_split: {seeds: k}` the first k seeds are trained twice more around the first
 # seed: once with the initialisation varied and the data order fixed (`train.data_seed`), once
-# with the order varied and the initialisation fixed (`studylib.study.noise`). A factor dominates
+# with the order varied and the initialisation fixed (`studylib.study.analysis.noise`). A factor dominates
 # only when the F interval of the variance ratio excludes 1.
 
 # %%
@@ -130,7 +131,7 @@ spec = noise.noise_spec(preset)
 if spec is None:
     print(f"preset {preset.name!r} has no study.noise_split; params/cpu_full.yaml runs it")
 else:
-    noise_runs = noise.noise_runs(preset, headline, spec, jobs=ctx.jobs)
+    noise_runs = plan.noise_runs(preset, headline, spec, jobs=ctx.jobs)
     noise_table = noise.noise_table(noise_runs, headline, {"matched-active gap": (dense_active, moe),
                                                             "matched-total gap": (moe, dense_total)})
     plots.save_table(noise_table, "noise_split", out)

@@ -39,9 +39,10 @@ import math
 
 from IPython.display import Markdown, display
 
-from studylib.study import frames, paper, plan, plots, routing
-from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import ensure_grid
+from studylib.study.analysis import frames, paper, plots, routing
+from studylib.study.orchestration import plan
+from studylib.study.orchestration.sweep import ensure_grid
+from studylib.study.runner.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds

@@ -42,8 +42,8 @@ import math
 
 from IPython.display import Markdown, display
 
-from studylib.study import paper, plots, tables
-from studylib.study.notebooks import notebook_context
+from studylib.study.analysis import paper, plots, tables
+from studylib.study.runner.notebooks import notebook_context
 from studylib.tools import bench
 
 ctx = notebook_context(params, jobs, seeds, overrides)

@@ -43,9 +43,10 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from studylib import config as budget
-from studylib.study import frames, paper, plan, plots, probes, routing, tables, text
-from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import ensure_grid, grid_run_dirs
+from studylib.study.analysis import frames, paper, plots, probes, routing, tables, text
+from studylib.study.orchestration import plan
+from studylib.study.orchestration.sweep import ensure_grid, grid_run_dirs
+from studylib.study.runner.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds

@@ -43,10 +43,11 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 # %%
 from IPython.display import Markdown, display
 
-from studylib.study import frames, paper, plan, plots, tables, text
-from studylib.study.notebooks import notebook_context
+from studylib.study.analysis import frames, paper, plots, tables, text
+from studylib.study.orchestration import plan
+from studylib.study.orchestration.sweep import ensure_grid
+from studylib.study.runner.notebooks import notebook_context
 from studylib.tools import bench
-from studylib.study.sweep import ensure_grid
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds

@@ -48,14 +48,13 @@ seeds = None  # e.g. [1, 2] or "1337-1346": replaces the preset's seeds
 overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived name
 
 # %%
-from pathlib import Path
-
 import pandas as pd
 from IPython.display import Image, Markdown, display
 
-from studylib.study import plan, plots
-from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import Grid, ensure_grid, grid_run_dirs
+from studylib.study.analysis import plots
+from studylib.study.orchestration import plan
+from studylib.study.orchestration.sweep import Grid, ensure_grid, grid_run_dirs
+from studylib.study.runner.notebooks import notebook_context
 from studylib.tools import explorer as explore
 
 ctx = notebook_context(params, jobs, seeds, overrides)

@@ -34,7 +34,7 @@
 # * `epochs: 1.0` is the preset's own run (for the headline trio: notebook 03's runs, reused, not
 #   retrained).
 # * Gaps are paired by seed: per-seed gaps, then mean, sample std, n and a paired-t 95% CI
-#   (`studylib.study.stats.paired`); a gap is **resolved** only when its CI excludes zero.
+#   (`studylib.study.analysis.stats.paired`); a gap is **resolved** only when its CI excludes zero.
 # * The trend is the slope of the gap per decade of tokens/param, fitted per seed by least squares
 #   and summarised with the same paired statistics over the per-seed slopes. A zero crossing is
 #   interpolated linearly in log10(tokens/param) between the two budgets whose means bracket it;
@@ -54,9 +54,10 @@ t_start = time.perf_counter()
 
 from IPython.display import Markdown, display
 
-from studylib.study import budget_map as bm
-from studylib.study import budget_checks, budget_plots, plots, text
-from studylib.study.notebooks import notebook_context
+from studylib.study.analysis import budget_checks, budget_plots, plots, text
+from studylib.study.analysis import budget_map as bm
+from studylib.study.orchestration import plan
+from studylib.study.runner.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds=seeds, overrides=overrides)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
@@ -74,17 +75,17 @@ for t in trios:
 # ## The runs: which are the preset's own (reused), which are budgets of their own
 
 # %%
-plan = bm.run_plan(preset, trios, seeds, budget_map)
-plots.save_table(plan, "token_budget_plan", out, index=False)
-display(plan)
-own, shared = plan["preset_run"], plan["also_in"] != ""
-print(f"{len(plan)} (model, budget) pairs, {int(plan['seeds'].sum())} runs: {int(own.sum())} pairs are the preset's own runs "
+runs_table = bm.run_plan(preset, trios, seeds, budget_map)
+plots.save_table(runs_table, "token_budget_plan", out, index=False)
+display(runs_table)
+own, shared = runs_table["preset_run"], runs_table["also_in"] != ""
+print(f"{len(runs_table)} (model, budget) pairs, {int(runs_table['seeds'].sum())} runs: {int(own.sum())} pairs are the preset's own runs "
       f"({int(shared.sum())} of them other notebooks' runs too, named in 'also_in': trained once, reused), "
-      f"{int((~own).sum())} are budget runs of their own; {int(plan['finished'].sum())} of "
-      f"{int(plan['seeds'].sum())} runs already exist.")
+      f"{int((~own).sum())} are budget runs of their own; {int(runs_table['finished'].sum())} of "
+      f"{int(runs_table['seeds'].sum())} runs already exist.")
 
 # %%
-summaries = bm.train_budgets(preset, trios, seeds, budget_map, jobs=ctx.jobs)
+summaries = plan.train_budgets(preset, trios, seeds, budget_map, jobs=ctx.jobs)
 assert len(summaries) == sum(len(t.epochs) * 3 * len(t.seeds_of(seeds)) for t in trios)
 print(f"{len(summaries)} runs ready")
 

@@ -41,9 +41,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from IPython.display import display
 
-from studylib.study import downstream, plan, plots
-from studylib.study.notebooks import notebook_context
-from studylib.study.sweep import ensure_runs
+from studylib.study.analysis import downstream, plots
+from studylib.study.orchestration import plan
+from studylib.study.orchestration.sweep import ensure_runs
+from studylib.study.runner.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds, overrides)
 preset, out = ctx.preset, ctx.out
@@ -64,7 +65,7 @@ cols = [c for c, *_ in downstream.METRICS]
 means = df.groupby("model")[cols].agg(["mean", "std"]).loc[list(headline)]
 plots.save_table(means, "table10_downstream", out)
 display(means)
-gaps = downstream.paired_gaps(df, moe, [dense_active, dense_total])
+gaps = downstream.metric_gaps(df, moe, [dense_active, dense_total])
 plots.save_table(gaps, "table10_downstream_gaps", out, index=False)
 display(gaps)
 
@@ -78,7 +79,7 @@ fig = plots.downstream_gaps(gaps, cols, outdir=out)
 # %%
 from IPython.display import Markdown
 
-from studylib.study import text
+from studylib.study.analysis import text
 
 display(Markdown(
     "**Outcome.** " + " ".join(

@@ -26,7 +26,7 @@
 #
 # **The rule, computed below.** A model's *best lr* is the grid lr with the lowest mean best
 # validation loss. The *cost* of another lr is its loss minus the best lr's, **paired by seed**
-# (mean, 95% CI; `studylib.study.stats.paired`). An lr is **within the flat optimum** of a model when
+# (mean, 95% CI; `studylib.study.analysis.stats.paired`). An lr is **within the flat optimum** of a model when
 # the mean cost is below the tolerance (`study.lr_sweep.tolerance`, default 0.01 nats, about a
 # seventh of the smaller headline gap measured in `cpu`). The criterion is the mean, not "the CI
 # includes 0": with 2 seeds the interval has one degree of freedom (t = 12.7) and includes 0 for
@@ -48,14 +48,15 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 # %%
 from IPython.display import Markdown, display
 
-from studylib.study import lr_plots, lr_sweep, plots, text
-from studylib.study.notebooks import notebook_context
+from studylib.study.analysis import lr_plots, lr_sweep, plots, text
+from studylib.study.orchestration import plan
+from studylib.study.runner.notebooks import notebook_context
 
 ctx = notebook_context(params, jobs, seeds=seeds, overrides=overrides)
 preset, study, out = ctx.preset, ctx.study, ctx.out
 models = list(study.headline)
 spec = lr_sweep.sweep_spec(preset)
-runs = lr_sweep.ensure_sweep(preset, models, spec, jobs=ctx.jobs)
+runs = plan.ensure_sweep(preset, models, spec, jobs=ctx.jobs)
 steps, tokens = runs["steps"].unique(), runs["tokens"].unique()
 assert len(steps) == 1 and len(tokens) == 1, "every run of the sweep must train the same budget"
 reused = int(runs["reused"].sum())

@@ -21,13 +21,13 @@ from studylib.config.args import seed_error
 COMMANDS = {
     # name: (module, one-line help)
     "budget": ("studylib.config.report", "parameter accounting table and budget-matched dense widths"),
-    "prepare-data": ("studylib.run.data", "train the SentencePiece tokenizer and build the token cache"),
+    "prepare-data": ("studylib.data.pipeline", "train the SentencePiece tokenizer and build the token cache"),
     "train": ("studylib.run.train_cli", "train one model of a preset with one seed"),
-    "study": ("studylib.study.notebooks", "execute the study notebooks with papermill (and an HTML report)"),
+    "study": ("studylib.study.runner.notebooks", "execute the study notebooks with papermill (and an HTML report)"),
     "bench": ("studylib.tools.bench", "training / decoding throughput benchmarks"),
     "generate": ("studylib.run.decode", "sample text from a trained run"),
-    "export": ("studylib.run.export", "write a run as a Hugging Face model folder (Llama / Mixtral)"),
-    "evaluate": ("studylib.run.lm_eval_tasks", "lm-evaluation-harness on a run (local TinyStories suite offline)"),
+    "export": ("studylib.run.hf.export", "write a run as a Hugging Face model folder (Llama / Mixtral)"),
+    "evaluate": ("studylib.run.hf.suite", "lm-evaluation-harness on a run (local TinyStories suite offline)"),
 }
 
 # Known errors besides ConfigError (and its DataError / RunDirConflict / ...): (module, class).

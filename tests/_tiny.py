@@ -19,7 +19,7 @@ VOCAB, CONTEXT = 256, 33  # 32 input tokens per window
 
 @dataclass
 class SyntheticData:
-    """The parts of :class:`studylib.run.data.TokenData` the trainer uses, over generated tokens."""
+    """The parts of :class:`studylib.data.windows.TokenData` the trainer uses, over generated tokens."""
 
     tokens: np.ndarray
     context: int

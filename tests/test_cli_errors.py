@@ -225,7 +225,7 @@ def test_a_command_imports_only_its_own_module():
     other commands' modules (pandas, scipy, the bench: seconds per run)."""
     code = ("import sys\nfrom studylib.cli import main\n"
             "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('pandas', 'scipy', 'studylib.study.sweep', 'studylib.tools.bench')"
+            "print(sorted(m for m in ('pandas', 'scipy', 'studylib.study.orchestration.sweep', 'studylib.tools.bench')"
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]", out

@@ -1,5 +1,5 @@
 """The one-way import rule of studylib: a module imports its own package and the packages below it
-(config < nn < run < study < tools < the CLI), never one above. Every import counts, the
+(config, storage < nn, data < run < study < tools < the CLI), never one above. Every import counts, the
 function-local ones too, so an upward edge cannot hide inside a function."""
 from __future__ import annotations
 
@@ -9,16 +9,22 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "studylib"
-LAYERS = {"config": 0, "nn": 1, "run": 2, "study": 3, "tools": 4, "cli": 5, "__main__": 5}
+LAYERS = {"config": 0, "storage": 0, "nn": 1, "data": 1, "run": 2, "study": 3, "tools": 4, "cli": 5, "__main__": 5}
 
 
-def _layer(module: str) -> int:
-    """The layer of a dotted studylib module name (``studylib.run.rundir`` -> 2)."""
+# Inside study/, its three parts import one way too: analysis < orchestration < runner.
+STUDY_PARTS = {"analysis": 0, "orchestration": 1, "runner": 2}
+
+
+def _layer(module: str) -> tuple[int, int]:
+    """The (layer, part) of a dotted studylib module name (``studylib.run.rundir`` -> (2, 0),
+    ``studylib.study.runner.execute`` -> (3, 2)); the part counts inside study/ only."""
     parts = module.split(".")
     assert parts[0] == "studylib", module
     if len(parts) == 1:
-        return 5
-    return LAYERS[parts[1]]
+        return (5, 0)
+    part = STUDY_PARTS.get(parts[2], 0) if parts[1] == "study" and len(parts) > 2 else 0
+    return (LAYERS[parts[1]], part)
 
 
 def _module_name(path: Path) -> str:
@@ -61,6 +67,8 @@ def test_every_module_belongs_to_a_layer():
         if name == "studylib":
             continue
         assert name.split(".")[1] in LAYERS, f"{path}: not in a layer package {sorted(LAYERS)}"
+        if name.split(".")[1] == "study" and name != "studylib.study":
+            assert name.split(".")[2] in STUDY_PARTS, f"{path}: not in a part of study/ {sorted(STUDY_PARTS)}"
 
 
 def _upward(path: Path, me: str) -> list[str]:
@@ -84,6 +92,9 @@ def test_the_checker_finds_hidden_and_relative_upward_edges(tmp_path):
                    "def g():\n    from ..study import frames\n    return frames\n")
     assert [u.split(":")[0] for u in _upward(src, "studylib.nn.probe")] == ["line 3", "line 6"]
     assert _upward(src, "studylib.tools.probe") == []
+    src.write_text("from studylib.study.orchestration import sweep\n")  # a part of study/ above
+    assert _upward(src, "studylib.study.analysis.probe") != []
+    assert _upward(src, "studylib.study.runner.probe") == []
 
 
 def test_run_storage_and_the_analysis_import_without_torch():
@@ -92,8 +103,8 @@ def test_run_storage_and_the_analysis_import_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, studylib.run.rundir, studylib.run.spec, studylib.study.frames, studylib.study.tables, "
-            "studylib.study.watch; print('torch' in sys.modules)")
+    code = ("import sys, studylib.run.rundir, studylib.run.spec, studylib.study.analysis.frames, studylib.study.analysis.tables, "
+            "studylib.study.orchestration.watch; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False", "importing them imported torch"
 
@@ -103,5 +114,5 @@ def test_notebooks_call_the_study_and_tools_layers_not_the_ones_below(path):
     """A notebook is a view: it calls studylib.study and studylib.tools (and reads configs), never
     the model or a run's storage directly (those go through study / tools functions)."""
     me = "studylib.tools.notebook"  # the layer a notebook sits on
-    below = [f"line {ln}: {mod}" for ln, mod in _imports(path, me) if mod.split(".")[1] in ("nn", "run")]
+    below = [f"line {ln}: {mod}" for ln, mod in _imports(path, me) if mod.split(".")[1] in ("nn", "data", "run")]
     assert not below, f"{path.name} imports " + "; ".join(below)

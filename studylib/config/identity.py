@@ -12,7 +12,7 @@ config). The identity document keeps only what changes results, by two rules:
   earlier version is compared by the same rule (:func:`same_run`).
 
 One thing is not a schema field: how the corpus is cut into training and validation data
-(:data:`DATA_SPLIT`, see ``studylib.run.data``). It is always part of the identity, and a run's
+(:data:`DATA_SPLIT`, see ``studylib.data``). It is always part of the identity, and a run's
 ``config.yaml`` records it as ``run.data_split``. A document without it was written before the
 split by story (windows were split, so every validation window shared a story with a training
 window): such a run is a *different* run, and its directory is refused, never silently resumed.
@@ -28,7 +28,7 @@ from typing import Any, Mapping, Optional
 
 from studylib.config.schema import DataConfig, FFNConfig, ModelConfig, TrainConfig, to_dict
 
-DATA_SPLIT = "story/v1"  # stories split into train / val, each side windowed on its own (run/data.py)
+DATA_SPLIT = "story/v1"  # stories split into train / val, each side windowed on its own (studylib.data)
 
 EXEC_ONLY = {
     DataConfig: ("source", "data_dir", "cache_dir", "tokenizer_threads"),

@@ -22,7 +22,7 @@ Files in a run's ``checkpoints/``: ``latest.pt`` (full; the resume point), ``pre
 previous ``latest.pt``, kept as a fallback should ``latest.pt`` ever be damaged) and, with
 ``train.keep_checkpoints``, ``step_<N>.pt`` model-only snapshots for the explorer.
 
-Saving writes a temporary file in the same folder (:func:`studylib.run.files.atomic_open`),
+Saving writes a temporary file in the same folder (:func:`studylib.storage.files.atomic_open`),
 moves the old ``latest.pt`` to ``prev.pt`` (unless it is unreadable or its digest is bad: a
 damaged file never replaces a good ``prev.pt``), renames the new file over ``latest.pt`` and
 fsyncs the folder: a crash at any point leaves a complete ``latest.pt`` or ``prev.pt``. A full
@@ -42,7 +42,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from studylib.run.files import DiskFullError, atomic_open
+from studylib.storage.files import DiskFullError, atomic_open
 
 FORMAT = "studylib-ckpt"
 VERSION = 2  # written; version 1 (no digest trailer) is still read

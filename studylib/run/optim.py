@@ -7,6 +7,7 @@ import math
 import torch
 
 from studylib.config import ConfigError, TrainConfig
+from studylib.data.windows import steps_per_epoch
 
 
 def warmup_steps(total_steps: int, cfg: TrainConfig) -> int:
@@ -51,13 +52,6 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
         except (RuntimeError, TypeError, ValueError):
             continue
     raise RuntimeError("could not build AdamW")  # pragma: no cover
-
-
-def steps_per_epoch(n_train: int, batch_size: int, grad_accum: int) -> int:
-    """Optimizer steps of one epoch: ceil(windows / (batch_size * grad_accum)). The last step takes
-    the remaining windows (a partial batch; see :mod:`studylib.run.batches`), so every training
-    window is seen exactly once per epoch. The paper: 834,322 / 32 -> 26,073 steps."""
-    return -(-n_train // (batch_size * grad_accum))
 
 
 def total_steps_for(cfg: TrainConfig, n_train: int) -> int:

@@ -19,7 +19,7 @@ import yaml
 
 from studylib.config import ConfigError, ModelConfig, Preset, identity_diff, model_from_dict, override, same_run
 from studylib.run.dirlock import dir_lock
-from studylib.run.files import atomic_open, write_atomic, write_json_atomic
+from studylib.storage.files import atomic_open, write_atomic, write_json_atomic
 from studylib.run.layout import (CHECKPOINT_DIR, CONFIG_FILE, LOCK_FILE, LOG_FILE, METRICS_FILE, SUMMARY_FILE,
                                  run_dir_for, variant_dir)
 
@@ -387,7 +387,7 @@ def _tokenizer_in_cache(doc: dict, vocab_size: int) -> Optional[Path]:
         return found[0]
     if len(found) > 1:  # several corpora share the cache: recompute the exact key from the data
         from studylib.config import DataConfig, dataclass_from_dict
-        from studylib.run.data import load_data
+        from studylib.data.pipeline import load_data
 
         keys = {f for f in DataConfig.__dataclass_fields__}
         dcfg = dataclass_from_dict(DataConfig, {k: v for k, v in pdata.items() if k in keys}, "data")

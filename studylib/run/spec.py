@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from studylib.config import Preset, override, run_document, with_absolute_paths
+from studylib.config import ConfigError, Preset, override, run_document, with_absolute_paths
 from studylib.run.layout import variant_dir
 from studylib.run.rundir import RunDir
 
@@ -56,4 +56,26 @@ class RunSpec:
         return run_document(self.preset, self.preset.model_config(self.model), self.model, self.seed)
 
 
-__all__ = ["RunSpec"]
+def epoch_steps(preset: Preset) -> int:
+    """Optimizer steps of the preset's own schedule: ``train.max_steps`` when set, else one epoch
+    of its training windows (builds or loads the data cache to count them)."""
+    if preset.train.max_steps is not None:
+        return preset.train.max_steps
+    from studylib.data.pipeline import load_data
+    from studylib.run.optim import total_steps_for
+
+    return total_steps_for(preset.train, len(load_data(preset.data, progress=False).train_idx))
+
+
+def budget_overrides(preset: Preset, epochs: float) -> dict:
+    """Overrides that train ``epochs`` times the preset's own schedule (:func:`epoch_steps`) as a
+    run of its own (its own warmup and cosine to its own end): ``{"train.max_steps": N}``, or
+    ``{}`` for ``epochs == 1`` (the preset's runs themselves, reused)."""
+    if not epochs > 0:
+        raise ConfigError(f"budget: epochs must be > 0, got {epochs!r}")
+    if epochs == 1:
+        return {}
+    return {"train.max_steps": max(1, round(epochs * epoch_steps(preset)))}
+
+
+__all__ = ["RunSpec", "epoch_steps", "budget_overrides"]

@@ -5,7 +5,7 @@ seed, and trains it with AdamW (decay on >=2-D tensors only), linear warmup + co
 (:func:`studylib.run.optim.lr_at`), gradient accumulation, clipping and bf16 autocast where the hardware has bf16
 (:func:`studylib.nn.precision.resolve_amp`; never fp16). :class:`Trainer` holds the run in progress;
 its methods are the phases: setup, resume, train_step, evaluate, save, log and finish. Which windows a step reads is
-:mod:`studylib.run.batches`; the validation pass is :mod:`studylib.run.evaluation`.
+:mod:`studylib.data.windows`; the validation pass is :mod:`studylib.run.evaluation`.
 
 Evaluation every ``eval_every`` optimizer steps and at the end, on a fixed subset of
 ``eval_windows`` validation windows; the end also makes a full pass (``final_full_eval``), which is
@@ -40,11 +40,11 @@ from studylib.config import ConfigError, Preset, run_document
 from studylib.nn.model import Decoder
 from studylib.nn.precision import autocast, describe_amp, precision_label, resolve_amp
 from studylib.run import checkpoint
-from studylib.run.batches import BatchSampler, eval_subset
-from studylib.run.data import load_data
+from studylib.data.windows import BatchSampler, eval_subset
+from studylib.data.pipeline import load_data
 from studylib.run.dist import Dist, resolve_device, seed_everything
 from studylib.run.evaluation import evaluate
-from studylib.run.files import clean_temp_files
+from studylib.storage.files import clean_temp_files
 from studylib.run.optim import lr_at, make_optimizer, total_steps_for
 from studylib.run.records import (SUMMARY_REQUIRED, RunningSums, StepResult, eval_record, expected_steps,
                                   summary_record, train_record)
@@ -387,7 +387,7 @@ def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.Path
     ``run_dir`` defaults to :func:`studylib.run.layout.run_dir_for`. A finished run is not redone
     (its summary is returned), an unfinished one resumes from its last good checkpoint, and a
     run directory with a different config raises :class:`studylib.run.rundir.RunDirConflict`.
-    ``data``: a :class:`studylib.run.data.TokenData` (or look-alike) to use instead of loading it.
+    ``data``: a :class:`studylib.data.windows.TokenData` (or look-alike) to use instead of loading it.
     """
     trainer = Trainer(preset, model_name, seed, run_dir, progress)
     # one writer per run directory: rank 0 holds its lock for the whole run (RunDirLocked if taken)

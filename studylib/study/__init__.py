@@ -1,2 +1,3 @@
-"""L3, many runs: sweeps, metric frames, statistics, tables, probes, verdict text, plots and the
-notebook runner."""
+"""L3, many runs, in three parts that import one way (analysis < orchestration < runner):
+:mod:`.analysis` (runs -> tables, figures, verdicts), :mod:`.orchestration` (plan and train the
+runs: one queue on Dask distributed) and :mod:`.runner` (execute the notebooks, the report)."""

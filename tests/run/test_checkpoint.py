@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from studylib.run import checkpoint as C
-from studylib.run.files import clean_temp_files
+from studylib.storage.files import clean_temp_files
 
 
 def _state(step=3, chash="abc"):
@@ -132,7 +132,7 @@ def test_keep_prev_and_resume_fallback(tmp_path):
 DYING_SAVER = """
 import io, os, sys, torch
 from studylib.run import checkpoint as C
-from studylib.run.files import clean_temp_files
+from studylib.storage.files import clean_temp_files
 
 real_save, calls = torch.save, [0]
 

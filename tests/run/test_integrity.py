@@ -18,7 +18,7 @@ import torch
 from _tiny import comparable, synthetic_data, tiny_preset
 from studylib.run import checkpoint as C
 from studylib.run import trainer as T
-from studylib.run.files import DiskFullError, write_atomic
+from studylib.storage.files import DiskFullError, write_atomic
 from studylib.run.rundir import RunDir
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny shapes: threads only contend

@@ -37,7 +37,7 @@ def build_tiny_study(root: Path) -> dict:
     """A preset at ``root/params/explore_tiny.yaml`` (data cache in ``root/cache``) and one
     finished run per model in ``root/outputs/explore_tiny/runs/<model>/seed1`` with snapshots at
     steps 4, 8, 12. Idempotent (finished runs are skipped). Returns paths."""
-    from studylib.run.data import load_data
+    from studylib.data.pipeline import load_data
     from studylib.run.trainer import train_run
 
     root = Path(root)

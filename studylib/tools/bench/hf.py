@@ -1,7 +1,7 @@
 """The transformers peer: the same architecture as transformers' ``LlamaForCausalLM`` (dense) or
 ``MixtralForCausalLM`` (MoE), with our weights copied in, so both sides start from the same point
 and route the same tokens. transformers is optional (``pip install studylib[bench]``) and imported
-only when a peer is built. The config and weight mapping is :mod:`studylib.run.hf_format`
+only when a peer is built. The config and weight mapping is :mod:`studylib.run.hf.format`
 (shared with ``python -m studylib export``).
 
 Dropout: SPEC puts dropout on the attention output and on the FFN path; HF's Llama / Mixtral have
@@ -19,11 +19,11 @@ import torch
 import torch.nn as nn
 
 from studylib.config import ModelConfig
-from studylib.run import hf_format
+from studylib.run.hf import format as hf_format
 
 
 def hf_supported(cfg: ModelConfig) -> Optional[str]:
-    """None if an HF peer exists for this config, else why not (:func:`studylib.run.hf_format.refusal`)."""
+    """None if an HF peer exists for this config, else why not (:func:`studylib.run.hf.format.refusal`)."""
     return hf_format.refusal(cfg)
 
 

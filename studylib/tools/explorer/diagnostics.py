@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from studylib.run.rundir import RunDir
-from studylib.study.frames import layer_stats
+from studylib.study.analysis.frames import layer_stats
 
 ROUTER_METRICS = ("busiest", "usage_var", "entropy", "top1", "margin", "logz")
 SOFT_METRICS = ("usage_entropy", "max_gt_0.9")
@@ -50,7 +50,7 @@ def diagnostics_over_training(run_dir: str | os.PathLike, step: Optional[int] = 
     ``tokens``, ``layer``, ``kind``, ``val_loss``, ``train_loss`` and the layer's router
     statistics (``busiest``, ``usage_var``, ``entropy``, ``top1``, ``margin``, ``logz``; soft
     MoE also ``usage_entropy`` and ``max_gt_0.9``; ``shares`` as a list), read as the notebooks
-    read them (:func:`studylib.study.frames.layer_stats`: ``busiest`` and ``usage_var`` from the
+    read them (:func:`studylib.study.analysis.frames.layer_stats`: ``busiest`` and ``usage_var`` from the
     eval set's shares). Dense layers have NaN router statistics.
 
     ``step`` selects one evaluation: the last one at or before ``step`` (the first one if

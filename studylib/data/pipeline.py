@@ -1,0 +1,99 @@
+"""The pipeline in order (:func:`load_data`: stories, split, tokenizer, token file, windows),
+once per data section per process (:class:`DataMemo`), and the ``prepare-data`` command."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from studylib.config import DataConfig
+from studylib.config.identity import DATA_SPLIT
+from studylib.data.split import SIDES, read_corpus, side_stories, split_key, split_stories
+from studylib.data.stories import DataError
+from studylib.data.tokenizer import tokenizer_for
+from studylib.data.tokens import token_file
+from studylib.data.windows import TokenData, split_windows
+from studylib.storage.files import clean_temp_files
+
+
+class DataMemo:
+    """:func:`load_data` once per distinct data section in this process (a sweep's runs and a
+    training worker's runs share their data)."""
+
+    def __init__(self, progress: bool = True):
+        self.progress = progress
+        self._loaded: list = []  # [(DataConfig, TokenData)]
+
+    def get(self, cfg: DataConfig) -> TokenData:
+        for c, data in self._loaded:
+            if c == cfg:
+                return data
+        data = load_data(cfg, progress=self.progress)
+        self._loaded.append((cfg, data))
+        return data
+
+
+def load_data(cfg: DataConfig, progress: bool = True) -> TokenData:
+    """The stages of the module doc in order: stories, split by story, tokenizer (training stories),
+    token file, windows per side; the tokenizer and token file come from ``cfg.cache_dir`` when
+    they are there and intact."""
+    cfg.validate()
+    threads = cfg.tokenizer_threads or os.cpu_count() or 1
+    cache = Path(cfg.cache_dir)
+    if cache.exists() and not cache.is_dir():
+        raise DataError(f"data.cache_dir={str(cache)!r} exists and is not a directory")
+    t0, build = time.perf_counter(), {}
+    stories, corpus, n_stories = read_corpus(cfg)
+    is_val = split_stories(n_stories, cfg.val_fraction, cfg.split_seed)
+    cache.mkdir(parents=True, exist_ok=True)  # only once the data has been read
+    clean_temp_files(cache, stale_only=True)  # what a killed prepare-data left (issue #24)
+    build["read_seconds"] = time.perf_counter() - t0
+    sides = {side: (lambda side=side: side_stories(stories, is_val, side)) for side in SIDES}
+    n_side = {"train": int((~is_val).sum()), "val": int(is_val.sum())}
+
+    sp, tok_path, tok_key = tokenizer_for(cfg, corpus, sides["train"], n_side["train"], cache, threads,
+                                          progress, build)
+    tokens, meta = token_file(sp, tok_key, sides, n_side, cache, threads, progress, build,
+                              corpus_sha256=corpus, split=split_key(cfg))
+    train_idx, val_idx = split_windows(meta["n_train_tokens"], len(tokens), cfg.context)
+    build.update(tokenizer_key=tok_key, tokens_key=meta["key"], corpus_sha256=corpus)
+    return TokenData(tokens=tokens, context=cfg.context, train_idx=train_idx, val_idx=val_idx,
+                     vocab_size=sp.get_piece_size(), tokenizer_path=tok_path,
+                     n_train_tokens=meta["n_train_tokens"], n_train_stories=n_side["train"],
+                     n_val_stories=n_side["val"], build=build)
+
+
+
+# --------------------------------------------------------------------------------------------
+# CLI: python -m studylib prepare-data --params params/X.yaml [--set data.key=value ...]
+# --------------------------------------------------------------------------------------------
+def add_cli(parser) -> None:
+    parser.add_argument("--params", required=True, help="preset YAML (params/*.yaml)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a preset value, e.g. data.max_stories=1000 (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run_cli(args) -> int:
+    from studylib.config import load_preset
+
+    preset = load_preset(args.params, args.set)
+    data = load_data(preset.data, progress=True)
+    s = data.summary()
+    s.update(split=DATA_SPLIT, tokenizer=str(data.tokenizer_path), tokens_file=str(data.tokens.filename),
+             **{k: data.build[k] for k in ("tokenizer_seconds", "tokenize_seconds", "tokens_per_s")
+                if k in data.build})
+    if args.json:
+        print(json.dumps(s, indent=1))
+        return 0
+    print(f"stories {s['stories']:,}  tokens {s['tokens']:,}  vocab {s['vocab_size']:,}  "
+          f"context {s['context']}  (split by story: {DATA_SPLIT})")
+    for side in SIDES:
+        print(f"{side + ':':6} {s[side + '_stories']:,} stories, {s[side + '_tokens']:,} tokens, "
+              f"{s[side + '_windows']:,} windows, {s[side + '_targets']:,} target tokens")
+    print("tokenizer: " + (f"trained in {s['tokenizer_seconds']:.1f} s" if "tokenizer_seconds" in s
+                           else "cached") + f"  ({s['tokenizer']})")
+    print("tokens: " + (f"{s['tokens_per_s']:,.0f} tok/s ({s['tokenize_seconds']:.1f} s)"
+                        if "tokens_per_s" in s else "cached") + f"  ({s['tokens_file']})")
+    return 0

@@ -1,0 +1,178 @@
+"""The ONE mapping between a studylib decoder and transformers' ``LlamaForCausalLM`` (dense) /
+``MixtralForCausalLM`` (top-k MoE): which configs it can represent, the HF config, and the weights
+under HF's names. Used by the export (:mod:`studylib.run.hf.export`) and by the benchmark's HF peer.
+
+Numerically the models are LLaMA / Mixtral: rotate-half RoPE, SwiGLU (our fused ``w_in`` rows are
+gate then up), RMSNorm, GQA (our ``wqkv`` rows are the Q heads, then K, then V), tied embeddings and
+Mixtral's renormalised top-k gate. ``ffn.router_scale`` is folded into the gate weight.
+
+Two transformers layouts are supported: 4.x keeps the Mixtral experts as separate modules
+(``block_sparse_moe.experts.N.w1|w2|w3``) and reads ``rope_theta``; 5.x fuses them
+(``mlp.experts.gate_up_proj`` / ``down_proj``) and reads ``rope_parameters``. Files on disk use the
+4.x names (5.x converts them when loading), and config.json carries both rope fields, so one export
+loads in either. torch and transformers are imported inside functions only.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from studylib.config import ConfigError, ModelConfig
+
+LEGACY, FUSED = "legacy", "fused"
+
+
+def refusal(cfg: ModelConfig) -> Optional[str]:
+    """None if transformers can represent ``cfg`` exactly, else the reason it cannot."""
+    f = cfg.ffn
+    if f.kind == "soft":
+        return "ffn.kind=soft: the soft (always-active) MoE has no transformers architecture"
+    if f.kind == "moe" and f.layers is not None and set(f.layers) != set(range(cfg.n_layers)):
+        return (f"ffn.layers={list(f.layers)}: mixed FFN kinds across layers (dense and MoE) have no "
+                f"transformers architecture")
+    if f.kind == "moe" and not f.renormalize:
+        return ("ffn.renormalize=false: Mixtral always renormalises the top-k gate weights; a gate "
+                "scaled by the router probability (Switch) has no transformers equivalent")
+    return None
+
+
+def check(cfg: ModelConfig) -> None:
+    """Raise ConfigError naming the reason when ``cfg`` cannot be written in the HF format."""
+    why = refusal(cfg)
+    if why:
+        raise ConfigError(f"{cfg.name}: cannot be written in the Hugging Face format: {why}")
+
+
+def architecture(cfg: ModelConfig) -> str:
+    return "LlamaForCausalLM" if cfg.ffn.kind == "dense" else "MixtralForCausalLM"
+
+
+def transformers_major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
+def hf_aux_coef(cfg: ModelConfig) -> float:
+    """HF Mixtral's ``router_aux_loss_coef`` meaning our ``balance_coef``: HF's per-layer balance
+    loss counts the k assignments of a token (its f sums to k), ours normalises f to 1."""
+    return cfg.ffn.balance_coef / cfg.ffn.top_k
+
+
+def config_kwargs(cfg: ModelConfig, attention_dropout: float = 0.0, bos_id=None, eos_id=None,
+                  pad_id=0) -> dict:
+    """Keyword arguments of the HF config (plain values, both rope fields)."""
+    kw = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn.hidden,
+              num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+              num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, hidden_act="silu",
+              max_position_embeddings=cfg.context, rms_norm_eps=cfg.norm_eps,
+              tie_word_embeddings=True, attention_dropout=attention_dropout,
+              bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id)
+    if cfg.ffn.kind == "dense":
+        kw.update(attention_bias=False, mlp_bias=False)
+    else:
+        kw.update(num_local_experts=cfg.ffn.num_experts, num_experts_per_tok=cfg.ffn.top_k,
+                  router_aux_loss_coef=hf_aux_coef(cfg), router_jitter_noise=0.0,
+                  output_router_logits=cfg.ffn.balance_coef > 0)
+    return kw
+
+
+def hf_config(cfg: ModelConfig, experts: str = "eager", attention_dropout: float = 0.0, **ids):
+    """The transformers config of the same architecture, for the installed transformers."""
+    import transformers
+
+    check(cfg)
+    kw = config_kwargs(cfg, attention_dropout, **ids)
+    if transformers_major() >= 5:
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    else:
+        kw["rope_theta"] = cfg.rope_theta
+    cls = transformers.LlamaConfig if cfg.ffn.kind == "dense" else transformers.MixtralConfig
+    c = cls(**kw)
+    if cfg.ffn.kind != "dense":
+        c._experts_implementation = experts
+    c._attn_implementation = "sdpa"
+    got = (c.rope_parameters or {}).get("rope_theta") if hasattr(c, "rope_parameters") else c.rope_theta
+    if got is not None and float(got) != float(cfg.rope_theta):
+        raise ConfigError(f"{cfg.name}: transformers kept rope_theta={got}, expected {cfg.rope_theta}")
+    return c
+
+
+def state_dict(model, layout: str = LEGACY) -> dict:
+    """Our weights under HF's state-dict names (``layout``: LEGACY = 4.x / on-disk, FUSED = 5.x)."""
+    import torch
+
+    cfg = model.cfg
+    check(cfg)
+    Q, G, A = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    sd = {"model.embed_tokens.weight": model.tok_emb.weight, "model.norm.weight": model.norm.weight}
+    for i, b in enumerate(model.blocks):
+        p = f"model.layers.{i}."
+        q, k, v = b.attn.wqkv.weight.split([Q * A, G * A, G * A], 0)
+        sd.update({p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
+                   p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": b.attn.wo.weight,
+                   p + "input_layernorm.weight": b.attn_norm.weight,
+                   p + "post_attention_layernorm.weight": b.ffn_norm.weight})
+        f = b.ffn
+        if hasattr(f, "w_in"):
+            gate, up = f.w_in.weight.chunk(2, 0)
+            sd.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                       p + "mlp.down_proj.weight": f.w_out.weight})
+            continue
+        router = f.router.weight * f.cfg.router_scale if f.cfg.router_scale != 1.0 else f.router.weight
+        if layout == FUSED:
+            sd.update({p + "mlp.gate.weight": router, p + "mlp.experts.gate_up_proj": f.w_in_EFD,
+                       p + "mlp.experts.down_proj": f.w_out_EDH})
+        else:
+            m = p + "block_sparse_moe."
+            sd[m + "gate.weight"] = router
+            for e in range(f.w_in_EFD.shape[0]):
+                gate, up = f.w_in_EFD[e].chunk(2, 0)
+                sd.update({f"{m}experts.{e}.w1.weight": gate, f"{m}experts.{e}.w3.weight": up,
+                           f"{m}experts.{e}.w2.weight": f.w_out_EDH[e]})
+    return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
+
+
+def layout_of(hf_model) -> str:
+    """FUSED if the HF model keeps fused expert tensors (transformers 5.x), else LEGACY."""
+    return FUSED if any(k.endswith("experts.gate_up_proj") for k in hf_model.state_dict()) else LEGACY
+
+
+def copy_to_hf(ours, hf) -> None:
+    """Load our weights into an HF model (exact mapping; raises on any name or shape mismatch)."""
+    import torch
+
+    sd = state_dict(ours, layout_of(hf))
+    own = hf.state_dict()
+    missing = [k for k in own if k not in sd and k != "lm_head.weight"]
+    extra = [k for k in sd if k not in own]
+    if missing or extra:
+        raise RuntimeError(f"HF layout differs: missing {missing[:4]}, unexpected {extra[:4]}")
+    with torch.no_grad():
+        for k, v in sd.items():
+            if own[k].shape != v.shape:
+                raise RuntimeError(f"HF {k}: shape {tuple(own[k].shape)} != ours {tuple(v.shape)}")
+            own[k].copy_(v)
+    if hf.lm_head.weight.data_ptr() != hf.model.embed_tokens.weight.data_ptr():
+        raise RuntimeError("HF model: the LM head is not tied to the embedding")
+
+
+def build_hf(cfg: ModelConfig, ours=None, experts: str = "eager", device="cpu",
+             attention_dropout: float = 0.0, use_cache: bool = True):
+    """transformers' LlamaForCausalLM / MixtralForCausalLM of ``cfg`` (with ``ours``' weights)."""
+    import transformers
+
+    hc = hf_config(cfg, experts, attention_dropout)
+    hc.use_cache = use_cache
+    m = getattr(transformers, architecture(cfg))(hc)
+    if ours is not None:
+        copy_to_hf(ours, m)
+    return m.to(device)
+
+
+def config_dict(cfg: ModelConfig, **ids) -> dict:
+    """config.json for an export: both rope fields, so transformers 4.x and 5.x read the same."""
+    kw = config_kwargs(cfg, 0.0, **ids)
+    kw.update(architectures=[architecture(cfg)], model_type="llama" if cfg.ffn.kind == "dense" else "mixtral",
+              rope_theta=cfg.rope_theta, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+              torch_dtype="float32", dtype="float32", use_cache=True)
+    return kw

@@ -1,0 +1,240 @@
+"""Executing notebooks: Jupytext -> papermill, each in its own kernel over private IPC sockets,
+several at a time (:func:`execute_all`). :mod:`studylib.study.runner.notebooks` runs the study with it.
+
+A notebook that times something (its Jupytext header holds ``studylib: {run_alone: true}``, e.g.
+05_throughput's benchmarks) runs alone: it starts once the running notebooks have finished, and
+nothing starts beside it. A failing notebook stops the phase: nothing new starts, the running
+notebooks finish, and the first failure in file order is raised as a :class:`StudyError` naming
+the notebook, the failing cell and the error. Ctrl+C ends the running kernels.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from studylib.config import ConfigError
+from studylib.study.runner.report import KERNEL
+
+
+class StudyError(RuntimeError):
+    """A notebook of the study failed; the message names the notebook and the failing cell."""
+
+
+def to_ipynb(py_path: os.PathLike):
+    """The Jupytext ``py:percent`` file as an nbformat notebook (kernel python3)."""
+    import jupytext
+
+    nb = jupytext.read(str(py_path))
+    # the executed copy is a plain notebook: without this, JupyterLab's jupytext extension looks
+    # for the paired .py next to it and refuses to open it
+    nb.metadata.pop("jupytext", None)
+    nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def notebook_parameters(py_path: os.PathLike) -> list[str]:
+    """The names the cell tagged ``parameters`` of a Jupytext notebook assigns, in order."""
+    import jupytext
+
+    nb = jupytext.read(str(py_path))
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
+            names = []
+            for node in ast.parse(cell.source).body:
+                targets = node.targets if isinstance(node, ast.Assign) else \
+                    [node.target] if isinstance(node, ast.AnnAssign) else []
+                names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
+            return names
+    return []
+
+
+def _failure_message(name: str, err, out_path: Path) -> str:
+    src = (getattr(err, "source", "") or "").strip().splitlines()
+    head = "\n".join("    " + ln for ln in src[:6]) + ("\n    ..." if len(src) > 6 else "")
+    return (f"notebook {name} failed in cell {err.cell_index} (execution count {err.exec_count}): "
+            f"{err.ename}: {err.evalue}\n  cell source:\n{head}\n"
+            f"  the partly executed notebook (with the traceback) is {out_path}")
+
+
+def ipc_kernel_manager():
+    """A jupyter kernel manager that talks to its kernel over local IPC sockets, not TCP on
+    localhost: nothing listens on the network, and the kernel does not warn "Kernel is running
+    over TCP without encryption" on every notebook. The sockets live in a private temporary
+    folder, not in the working directory: two studies run side by side must not pick the same
+    ``kernel-ipc-N`` names (their kernels then reject each other's messages: "Invalid Signature").
+    (jupyter_client is imported here, lazily.)"""
+    import tempfile
+
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import CaselessStrEnum, default
+
+    class IPCKernelManager(AsyncKernelManager):
+        transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+        @default("ip")
+        def _private_ipc_path(self):
+            return os.path.join(tempfile.mkdtemp(prefix="studylib-kernel-"), "kernel-ipc")
+
+        async def cleanup_resources(self, restart: bool = False) -> None:
+            await super().cleanup_resources(restart=restart)
+            if not restart:  # the sockets are gone: the private folder goes too
+                try:
+                    os.rmdir(os.path.dirname(self.ip))
+                except OSError:
+                    pass
+
+    return IPCKernelManager
+
+
+def execute_notebook(py_path: os.PathLike, out_path: os.PathLike, parameters: dict, cwd: os.PathLike,
+                     timeout: Optional[float] = None, progress: bool = True, kernel_manager_class=None) -> float:
+    """Convert and execute one notebook; returns seconds. Raises :class:`StudyError` on failure.
+
+    The kernel starts in ``cwd``; the process's own working directory is left alone (papermill's
+    ``cwd`` would change it for the whole process, which notebooks executing in other threads
+    share). ``kernel_manager_class``: default :func:`ipc_kernel_manager`. Safe to call from
+    several threads at once: each thread runs its kernel in its own event loop."""
+    import nbformat
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    py_path, out_path = Path(py_path), Path(out_path).resolve()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    nb = to_ipynb(py_path)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="studylib-nb-") as tmp:
+        src = Path(tmp) / (py_path.stem + ".ipynb")
+        nbformat.write(nb, str(src))
+        try:
+            # resources.metadata.path: nbclient starts the kernel there
+            pm.execute_notebook(str(src), str(out_path), parameters=parameters, kernel_name=KERNEL,
+                                resources={"metadata": {"path": str(Path(cwd).resolve())}},
+                                progress_bar=progress, execution_timeout=timeout, log_output=False,
+                                kernel_manager_class=kernel_manager_class or ipc_kernel_manager())
+        except PapermillExecutionError as e:
+            raise StudyError(_failure_message(py_path.name, e, out_path)) from None
+        except Exception as e:  # kernel died, timeout, bad notebook ...
+            raise StudyError(f"notebook {py_path.name} failed: {type(e).__name__}: {e}\n"
+                             f"  the partly executed notebook is {out_path}") from None
+    return time.perf_counter() - t0
+
+
+def run_alone(py_path: os.PathLike) -> bool:
+    """Whether a notebook must execute with no other notebook's kernel beside it: its Jupytext
+    header holds ``studylib: {run_alone: true}`` (a notebook that times things, which a second
+    kernel on the same cores would slow down). Anything else under ``studylib`` is a
+    :class:`ConfigError` naming the file."""
+    import jupytext
+
+    meta = jupytext.read(str(py_path)).metadata.get("studylib", {})
+    if not isinstance(meta, dict) or set(meta) - {"run_alone"} \
+            or not isinstance(meta.get("run_alone", False), bool):
+        raise ConfigError(f"{py_path}: header metadata studylib: expected {{run_alone: true}} or "
+                          f"{{run_alone: false}}, got {meta!r}")
+    return meta.get("run_alone", False)
+
+
+class _Kernels:
+    """The kernels of the notebooks executing now, by process group, so that Ctrl+C can end them:
+    a worker thread waits on its kernel inside its own event loop, and only the kernel's end ends
+    that wait early. ``manager_class`` is :func:`ipc_kernel_manager`'s class, recording its kernel
+    from start to clean-up."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._groups: set = set()
+        kernels, base = self, ipc_kernel_manager()
+
+        class TrackedKernelManager(base):
+            async def start_kernel(self, **kw):
+                await super().start_kernel(**kw)
+                self._studylib_pgid = getattr(self.provisioner, "pgid", None)
+                kernels._update(add=self._studylib_pgid)
+
+            async def cleanup_resources(self, restart: bool = False) -> None:
+                if not restart:
+                    kernels._update(discard=getattr(self, "_studylib_pgid", None))
+                await super().cleanup_resources(restart=restart)
+
+        self.manager_class = TrackedKernelManager
+
+    def _update(self, add=None, discard=None) -> None:
+        with self._lock:
+            if add:
+                self._groups.add(add)
+            self._groups.discard(discard)
+
+    def stop(self) -> None:
+        """SIGTERM to each running kernel's process group (the kernel and what it started)."""
+        with self._lock:
+            groups = sorted(self._groups)
+        for pgid in groups:
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _may_start(alone: bool, running_alone: Sequence[bool], notebook_jobs: int) -> bool:
+    """Whether the next notebook (``alone``: it runs alone) may start beside the running ones."""
+    if not running_alone:
+        return True
+    return len(running_alone) < notebook_jobs and not alone and not any(running_alone)
+
+
+def execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path, timeout, progress,
+                 echo, t_start: float, notebook_jobs: int = 1, alone: Optional[Mapping[Path, bool]] = None) -> dict:
+    """Execute ``nbs`` into ``nb_out`` (``parameters``: ``{notebook: its parameters}``), at most
+    ``notebook_jobs`` at a time, each from a worker thread, started in file order; a notebook with
+    ``alone[notebook]`` (default :func:`run_alone`) waits for the running ones to finish and runs
+    with nothing beside it. After a failure nothing new starts; once the running ones have
+    finished, the first failure in file order is raised. ``{stem: seconds}`` in file order."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    from studylib.study.orchestration.watch import RunWatcher
+
+    alone = dict(alone) if alone is not None else {py: run_alone(py) for py in nbs}
+    bar = progress and notebook_jobs == 1  # interleaved progress bars are unreadable
+    n, todo = len(nbs), list(enumerate(nbs, 1))
+    times: dict = {}
+    failed: dict = {}  # file position -> StudyError
+    running: dict = {}  # future -> (file position, notebook)
+    kernels = _Kernels()
+    pool = ThreadPoolExecutor(max_workers=notebook_jobs, thread_name_prefix="studylib-notebook")
+    try:
+        with RunWatcher(nb_out.parent / "runs", echo, tty=progress and sys.stderr.isatty()):  # runs, step, ETA
+            while running or (todo and not failed):
+                while todo and not failed and _may_start(alone[todo[0][1]], [alone[py] for _, py in running.values()],
+                                                         notebook_jobs):
+                    i, py = todo.pop(0)
+                    echo(f"[{i}/{n}] {py.name} ..." + (" (alone)" if alone[py] and notebook_jobs > 1 else ""))
+                    fut = pool.submit(execute_notebook, py, nb_out / (py.stem + ".ipynb"), parameters[py], root,
+                                      timeout, bar, kernels.manager_class)
+                    running[fut] = (i, py)
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in sorted(done, key=lambda f: running[f][0]):
+                    i, py = running.pop(fut)
+                    try:
+                        times[py.stem] = fut.result()
+                    except Exception as e:  # a StudyError (execute_notebook wraps what fails in papermill)
+                        failed[i] = e
+                        echo(f"[{i}/{n}] {py.name} failed" + (f"; waiting for {len(running)} running notebook(s) to "
+                                                              "finish" if running else ""))
+                        continue
+                    echo(f"[{i}/{n}] {py.name} done in {times[py.stem]:.1f} s "
+                         f"(total {time.perf_counter() - t_start:.1f} s)")
+    except BaseException:  # Ctrl+C (or a bug here): end the kernels, so that their threads end too
+        kernels.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if failed:
+        raise failed[min(failed)]
+    return {py.stem: times[py.stem] for py in nbs}

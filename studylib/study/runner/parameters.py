@@ -1,0 +1,101 @@
+"""The notebook parameters ``seeds`` and ``overrides`` (a seed sweep, or a variant preset under a
+name of its own), as :func:`studylib.study.runner.notebooks.notebook_context` applies them: the same
+values reach a notebook from ``studylib study -p`` and from plain ``papermill -p``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Mapping, Optional
+
+import yaml
+
+from studylib.config import ConfigError, Preset, config_hash, override, override_pairs, to_dict, value_at
+from studylib.config.args import seed_error
+
+_SEED_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def parse_seeds(value) -> Optional[list[int]]:
+    """The ``seeds`` parameter as a list of seeds, or None (keep the preset's): a list of ints, one
+    int, or a string: a range ``"1337-1346"`` (both ends included), a YAML list ``"[1, 2]"``, a
+    comma list ``"1,2,3"`` or one seed ``"1337"``. Raises :class:`ConfigError` naming what was
+    expected."""
+    what = ("seeds: expected a list of integer seeds, a range like '1337-1346', '[1, 2]' or '1,2,3'; "
+            f"got {value!r}")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        m = _SEED_RANGE.match(value)
+        if m:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if hi < lo:
+                raise ConfigError(f"seeds: range {value!r} ends before it starts")
+            value = list(range(lo, hi + 1))
+        else:
+            try:
+                value = yaml.safe_load(value if "[" in value or "," not in value else f"[{value}]")
+            except yaml.YAMLError:
+                raise ConfigError(what) from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(what)
+    for i, v in enumerate(value):
+        if seed_error(v, f"seeds[{i}]"):
+            raise ConfigError(seed_error(v, f"seeds[{i}]"))
+    if len(set(value)) != len(value):
+        raise ConfigError(f"seeds: {list(value)} repeats a seed")
+    return list(value)
+
+
+def parse_overrides(value) -> dict:
+    """The ``overrides`` parameter as ``{"section.key": value}``: a mapping, a list of
+    ``"key=value"`` strings (values parsed as YAML, as ``--set`` parses them), one such string, or a
+    string holding a YAML mapping / list (what ``papermill -p`` passes). None or empty: ``{}``."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return {}
+        if "=" in text and not text.startswith(("{", "[")):
+            value = [text]
+        else:
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError:
+                value = None
+            if not isinstance(value, (Mapping, list)):
+                raise ConfigError(f"overrides: expected a mapping like {{'train.lr': 0.001}} or a list of "
+                                  f"'key=value' strings; got {text!r}")
+    if isinstance(value, Mapping):
+        return {str(k): v for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return {k: v for k, v, _ in override_pairs(value, label="overrides:")}
+    raise ConfigError(f"overrides: expected a mapping or a list of 'key=value' strings; got {value!r}")
+
+
+def _described(preset: Preset) -> dict:
+    raw = to_dict(preset)
+    raw.pop("path", None)
+    return raw
+
+
+def apply_parameters(preset: Preset, seeds=None, overrides=None) -> tuple[Preset, dict]:
+    """``preset`` with the notebook parameters applied: ``overrides`` (:func:`parse_overrides`)
+    through :func:`studylib.config.override`, and ``seeds`` (:func:`parse_seeds`) in place of
+    ``preset.seeds``. When the overrides change anything, the preset gets a derived name
+    ``<name>-<hash of the overrides, 8 hex>`` (unless they set ``name`` themselves), so its outputs
+    and run directories never mix with the base preset's. Returns (preset, the parsed overrides)."""
+    ov = parse_overrides(overrides)
+    out = override(preset, ov) if ov else preset
+    if ov and "name" not in ov and _described(out) != _described(preset):
+        # the hash of what the overrides resolve to, so "train.amp=off" and {"train.amp": False} agree
+        desc = _described(out)
+        resolved = {k: value_at(desc, k, v) for k, v in ov.items()}
+        out = dataclasses.replace(out, name=f"{preset.name}-{config_hash(resolved)[:8]}")
+    chosen = parse_seeds(seeds)
+    if chosen is not None:
+        out = dataclasses.replace(out, seeds=tuple(chosen))
+    return out, ov

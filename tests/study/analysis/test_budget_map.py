@@ -1,0 +1,379 @@
+"""The token-budget map of notebook 09 (studylib.study.analysis.budget_map): the knob, the run plan (which
+(model, budget) runs are the preset's own and reused, which are budget runs of their own), the gap
+table from hand-written run summaries (no training), the zero crossings and the per-decade trend on
+known numbers, and the sentences worded from them."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from _tiny import tiny_preset, tiny_raw
+from studylib.config import ConfigError, override, run_document
+from studylib.run.rundir import RunDir
+from studylib.study.analysis import budget_checks, budget_map as bm, crossing, paper
+from studylib.study.orchestration import plan
+
+T975_2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2): the 95% paired-t factor for n = 3
+
+MODELS = {"dense2": {"ffn": {"kind": "dense", "hidden": 96}}}
+TB = {"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [0.5, 1.0, 1.01, 2.0]}]}
+
+
+def _preset(**study):
+    return tiny_preset(models=MODELS, study={"headline": ["dense", "moe", "dense2"], **study})
+
+
+# --------------------------------------------------------------------------------------------
+# the knob
+# --------------------------------------------------------------------------------------------
+def test_budget_trios_reads_the_knob_in_order():
+    (t,) = bm.budget_trios(_preset(token_budget={"trios": [{"models": ["dense", "moe", "dense2"],
+                                                            "epochs": [2, 0.5, 1.0]}]}))
+    assert t.models == ("dense", "moe", "dense2") and t.size == "moe"
+    assert t.epochs == (0.5, 1.0, 2.0)
+
+
+@pytest.mark.parametrize("tb, where", [
+    (None, "study.token_budget: missing"),
+    ({"trio": []}, "study.token_budget: expected a mapping"),
+    ({"trios": []}, "study.token_budget.trios: expected a non-empty list"),
+    ({"trios": [{"models": ["dense", "moe"], "epochs": [1.0]}]}, "study.token_budget.trios[0].models: expected three"),
+    ({"trios": [{"models": ["dense", "mo", "dense2"], "epochs": [1.0]}]},
+     "study.token_budget.trios[0].models[1]: no model named 'mo'"),
+    ({"trios": [{"models": ["moe", "dense", "dense2"], "epochs": [1.0]}]},
+     "study.token_budget.trios[0].models[1]: the reference MoE 'dense' has a dense FFN"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0, -0.5]}]},
+     "study.token_budget.trios[0].epochs: expected a non-empty list of different positive numbers"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [True]}]}, "study.token_budget.trios[0].epochs"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0]}] * 2},
+     "study.token_budget.trios[1].models[1]: the reference MoE 'moe' names a second trio"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0], "seeds": 1}]},
+     "study.token_budget.trios[0].seeds: expected how many"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0], "seed": 3}]},
+     "study.token_budget.trios[0]: expected a mapping with keys"),
+])
+def test_a_bad_knob_is_one_line_naming_the_key(tb, where):
+    with pytest.raises(ConfigError) as e:  # when the preset loads (the knob), or when it is read (missing)
+        bm.budget_trios(_preset() if tb is None else _preset(token_budget=tb))
+    assert str(e.value).startswith(where) and "\n" not in str(e.value)
+
+
+def test_a_trio_may_train_the_first_k_seeds_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
+    p = _preset(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [2.0], "seeds": 2}]})
+    (t,) = bm.budget_trios(p)
+    assert t.seeds_of([5, 6, 7]) == [5, 6] and bm.Trio("a", "b", "c", (1.0,)).seeds_of([5, 6, 7]) == [5, 6, 7]
+    budget_map = bm.budgets(p, [t])
+    (g,) = plan.budget_grids([t], [5, 6, 7], budget_map)
+    assert list(g.seeds) == [5, 6]
+    assert (bm.run_plan(p, [t], [5, 6, 7], budget_map)["seeds"] == 2).all()
+
+
+# --------------------------------------------------------------------------------------------
+# the run plan: reused vs trained
+# --------------------------------------------------------------------------------------------
+def _fake_run(preset, model, seed, overrides, loss, train_targets=960.0):
+    """A finished run (config + summary, no training) where ``ensure_runs`` looks for it."""
+    varied = override(preset, overrides)
+    rd = RunDir.variant(preset, model, seed, overrides)
+    rd.path.mkdir(parents=True, exist_ok=True)
+    rd.write_config(run_document(varied, varied.model_config(model), model, seed))
+    steps = varied.train.max_steps
+    rd.write_summary({"model": model, "seed": seed, "best_val_loss": loss, "tokens": steps * 16 * 32,
+                      "steps": steps, "finished": True, "params": {"total": 5, "active": 4},
+                      "data": {"train_targets": train_targets}})
+    return rd
+
+
+def test_run_plan_reuses_the_presets_own_runs_and_trains_the_other_budgets(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
+    p = _preset(token_budget=TB)  # train.max_steps 12: the "epoch" is 12 steps
+    trios = bm.budget_trios(p)
+    budget_map = bm.budgets(p, trios)
+    assert budget_map == {0.5: {"train.max_steps": 6}, 1.0: {}, 1.01: {"train.max_steps": 12},
+                          2.0: {"train.max_steps": 24}}
+    _fake_run(p, "moe", 1, {}, 2.0)
+    plan = bm.run_plan(p, trios, [1, 2], budget_map).set_index(["epochs", "model"])
+    # 1.0 epoch is the preset's own run; 1.01 rounds to the same 12 steps, so it is that run too
+    for e in (1.0, 1.01):
+        assert plan.loc[(e, "moe"), "preset_run"] and plan.loc[(e, "moe"), "also_in"] == "headline"
+        assert plan.loc[(e, "moe"), "run_dir"] == str(tmp_path / "tiny/runs/moe/seed*")
+        assert plan.loc[(e, "moe"), "finished"] == 1 and plan.loc[(e, "dense"), "finished"] == 0
+    for e, steps in ((0.5, 6), (2.0, 24)):
+        row = plan.loc[(e, "dense2")]
+        assert not row["preset_run"] and row["also_in"] == "" and row["max_steps"] == steps
+        assert row["run_dir"] == str(tmp_path / f"tiny/runs/dense2/train.max_steps={steps}/seed*")
+    assert list(plan["role"][:3]) == ["dense_active", "moe", "dense_total"]
+
+
+def test_train_budgets_reads_finished_runs_without_training_and_builds_the_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
+
+    def no_data(*a, **k):
+        raise AssertionError("every run exists: nothing may train or load data")
+
+    monkeypatch.setattr("studylib.data.pipeline.load_data", no_data)
+    p = _preset(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0, 2.0]}]})
+    trios = bm.budget_trios(p)
+    budget_map = bm.budgets(p, trios)
+    # per seed: active gap 0.01/0.02/0.03 at 1 epoch and 0.10/0.11/0.12 at 2; total gap -0.05 everywhere
+    for s, (g1, g2) in zip((1, 2, 3), ((0.01, 0.10), (0.02, 0.11), (0.03, 0.12))):
+        for e, g in ((1.0, g1), (2.0, g2)):
+            ov = budget_map[e]
+            _fake_run(p, "moe", s, ov, 3.0, train_targets=12 * 16 * 32 * 1.5)
+            _fake_run(p, "dense", s, ov, 3.0 + g, train_targets=12 * 16 * 32 * 1.5)
+            _fake_run(p, "dense2", s, ov, 3.0 - 0.05, train_targets=12 * 16 * 32 * 1.5)
+    summ = plan.train_budgets(p, trios, [1, 2, 3], budget_map, jobs=1, progress=False)
+    assert len(summ) == 18 and set(summ["epochs"]) == {1.0, 2.0} and set(summ["size"]) == {"moe"}
+    active = bm.active_params(p, trios)
+    assert active["moe"] == p.model_config("moe").num_params.active
+    per_seed = bm.gap_frame(summ, trios, active)
+    table = bm.gap_table(per_seed, active)
+    assert list(table["epochs"]) == [1.0, 2.0]
+    assert list(table["tokens"]) == [12 * 512, 24 * 512]
+    np.testing.assert_allclose(table["tokens_per_param"], [12 * 512 / active["moe"], 24 * 512 / active["moe"]])
+    np.testing.assert_allclose(table["data_passes"], [1 / 1.5, 2 / 1.5])
+    assert list(table["repeats"]) == [False, True] and list(table["max_views"]) == [1, 2]
+    r1, r2 = table.iloc[0], table.iloc[1]
+    half = T975_2 * 0.01 / math.sqrt(3)  # std 0.01 of the per-seed gaps, n = 3
+    assert r1["active_mean"] == pytest.approx(0.02) and r1["active_std"] == pytest.approx(0.01)
+    assert r1["active_n"] == 3
+    assert (r1["active_ci_low"], r1["active_ci_high"]) == pytest.approx((0.02 - half, 0.02 + half))
+    assert not r1["active_resolved"]  # [-0.0048, +0.0448] includes 0
+    assert r2["active_mean"] == pytest.approx(0.11) and r2["active_resolved"]
+    assert r1["total_mean"] == pytest.approx(-0.05) and r1["total_std"] == pytest.approx(0.0, abs=1e-12)
+    assert r1["active_fmt"] == "+0.0200 [-0.0048, +0.0448] (n=3)"
+
+
+# --------------------------------------------------------------------------------------------
+# gaps from hand-built summaries
+# --------------------------------------------------------------------------------------------
+def _summaries(points: dict, trio=("da", "moe", "dt"), size="moe", targets=1000.0) -> pd.DataFrame:
+    """``{(epochs, tokens): {"active": [per-seed gap], "total": [...]}}`` -> collect_runs-like rows
+    (MoE loss 3.0 per seed, the dense losses 3.0 + gap) with ``size``, ``epochs``, ``train_targets``."""
+    rows = []
+    for (e, tokens), g in points.items():
+        for i, (ga, gt) in enumerate(zip(g["active"], g["total"])):
+            for m, loss in zip(trio, (3.0 + ga, 3.0, 3.0 + gt)):
+                rows.append({"model": m, "seed": 10 + i, "best_val_loss": loss, "tokens": tokens, "size": size,
+                             "epochs": e, "train_targets": targets})
+    return pd.DataFrame(rows)
+
+
+TRIO = bm.Trio("da", "moe", "dt", (0.1, 1.0))
+
+
+def test_gap_frame_refuses_a_trio_whose_runs_saw_different_tokens():
+    df = _summaries({(1.0, 1000): {"active": [0.1, 0.2], "total": [0.0, 0.1]}})
+    df.loc[df["model"] == "dt", "tokens"] = 999
+    with pytest.raises(ValueError, match="different numbers of tokens"):
+        bm.gap_frame(df, [TRIO], {"moe": 100})
+
+
+def test_gap_frame_pairs_by_seed_and_signs_both_gaps_dense_minus_moe():
+    df = _summaries({(1.0, 1000): {"active": [0.1, 0.2], "total": [-0.3, -0.1]}})
+    df = df[~((df["model"] == "dt") & (df["seed"] == 11))]  # seed 11 lacks its total-matched run
+    ps = bm.gap_frame(df, [TRIO], {"moe": 100})
+    act, tot = ps[ps["gap"] == "active"], ps[ps["gap"] == "total"]
+    assert list(act["seed"]) == [10, 11] and act["value"].tolist() == pytest.approx([0.1, 0.2])
+    assert list(tot["seed"]) == [10] and tot["value"].tolist() == pytest.approx([-0.3])
+    assert set(ps["tokens_per_param"]) == {10.0} and set(ps["data_passes"]) == {1.0}
+
+
+# --------------------------------------------------------------------------------------------
+# zero crossings
+# --------------------------------------------------------------------------------------------
+def test_crossing_interpolates_in_log_tokens_and_its_band_interval():
+    (c,) = crossing.crossings([10, 1], [0.02, -0.02], [0.01, -0.03], [0.03, -0.01])  # unsorted on purpose
+    assert c.x == pytest.approx(10 ** 0.5) and c.between == (1.0, 10.0) and c.rising
+    # the CI band includes zero between where the upper bound (-0.01 -> 0.03) and the lower bound
+    # (-0.03 -> 0.01) cross zero: log10 x = 0.25 and 0.75
+    assert (c.x_low, c.x_high) == pytest.approx((10 ** 0.25, 10 ** 0.75))
+    assert not c.low_open and not c.high_open
+
+
+def test_crossing_with_a_band_open_at_both_edges_and_a_falling_gap():
+    (c,) = crossing.crossings([1, 100], [0.02, -0.01], [-0.01, -0.03], [0.05, 0.01])
+    assert c.x == pytest.approx(10 ** (2 * 0.02 / 0.03)) and not c.rising
+    assert (c.x_low, c.x_high) == pytest.approx((1.0, 100.0)) and c.low_open and c.high_open
+
+
+def test_crossing_picks_the_bracketing_pair_among_several_budgets():
+    (c,) = crossing.crossings([1, 10, 100, 1000], [-0.05, -0.01, 0.03, 0.04], [-0.06, -0.02, 0.02, 0.03],
+                        [-0.04, 0.0, 0.04, 0.05])
+    assert c.between == (10.0, 100.0) and c.x == pytest.approx(10 ** 1.25)
+    # band: upper bound touches 0 at x = 10; lower bound crosses at log10 x = 1 + 0.02/0.04 = 1.5
+    assert (c.x_low, c.x_high) == pytest.approx((10.0, 10 ** 1.5))
+
+
+def test_no_crossing_and_no_interval_without_seeds():
+    assert crossing.crossings([1, 10, 100], [0.01, 0.02, 0.05], [-0.01, 0.0, 0.04], [0.03, 0.04, 0.06]) == []
+    (c,) = crossing.crossings([1, 10], [-0.02, 0.02], [np.nan, np.nan], [np.nan, np.nan])  # one seed
+    assert c.x == pytest.approx(10 ** 0.5) and math.isnan(c.x_low) and math.isnan(c.x_high)
+
+
+def test_two_sign_changes_are_two_crossings():
+    cs = crossing.crossings([1, 10, 100], [-0.01, 0.01, -0.01], [-0.02, 0.0, -0.02], [0.0, 0.02, 0.0])
+    assert [c.x for c in cs] == pytest.approx([10 ** 0.5, 10 ** 1.5]) and [c.rising for c in cs] == [True, False]
+
+
+# --------------------------------------------------------------------------------------------
+# the trend
+# --------------------------------------------------------------------------------------------
+def _one_gap(per_seed_values: dict, x=(1.0, 10.0, 100.0)) -> pd.DataFrame:
+    return pd.DataFrame([{"seed": s, "tokens_per_param": xi, "value": v}
+                         for s, vals in per_seed_values.items() for xi, v in zip(x, vals)])
+
+
+def test_slope_per_decade_is_fitted_per_seed_then_paired():
+    # seed 1: -0.01 + 0.01 u, seed 2: -0.02 + 0.02 u, seed 3: -0.03 + 0.03 u  (u = log10 tokens/param)
+    ps = _one_gap({1: [-0.01, 0.0, 0.01], 2: [-0.02, 0.0, 0.02], 3: [-0.03, 0.0, 0.03]})
+    s = crossing.seed_slopes(ps)
+    assert s["slope"].tolist() == pytest.approx([0.01, 0.02, 0.03])
+    assert s["intercept"].tolist() == pytest.approx([-0.01, -0.02, -0.03])
+    tr = crossing.trend(ps)
+    half = T975_2 * 0.01 / math.sqrt(3)
+    assert tr.slope.mean == pytest.approx(0.02) and tr.slope.std == pytest.approx(0.01) and tr.slope.n == 3
+    assert (tr.slope.ci_low, tr.slope.ci_high) == pytest.approx((0.02 - half, 0.02 + half))
+    assert tr.intercept == pytest.approx(-0.02) and tr.zero() == pytest.approx(10.0)
+    assert tr.x_range == (1.0, 100.0) and tr.n_points == 3
+
+
+def test_slope_of_a_noisy_seed_by_hand():
+    # least squares through (0, 0.00), (1, 0.03), (2, 0.03): slope 0.015, intercept 0.005
+    s = crossing.seed_slopes(_one_gap({7: [0.0, 0.03, 0.03]}))
+    assert s["slope"].tolist() == pytest.approx([0.015]) and s["intercept"].tolist() == pytest.approx([0.005])
+    assert crossing.trend(_one_gap({7: [0.1]}, x=(5.0,))) is None  # one budget: no slope
+
+
+# --------------------------------------------------------------------------------------------
+# sentences
+# --------------------------------------------------------------------------------------------
+def _table(points: dict, active=100):
+    ps = bm.gap_frame(_summaries(points), [TRIO], {"moe": active})
+    return bm.gap_table(ps, {"moe": active}), ps
+
+
+def test_sentences_state_the_crossing_the_resolved_count_and_the_trend():
+    table, ps = _table({(0.1, 100): {"active": [-0.03, -0.02, -0.01], "total": [-0.03, -0.02, -0.01]},
+                        (1.0, 1000): {"active": [0.01, 0.02, 0.03], "total": [-0.02, -0.015, -0.01]}})
+    (act,) = bm.gap_sentences(table, ps, "active")
+    assert act.startswith("Matched-active gap (> 0: the MoE is better; dense_active - MoE), size moe (0.1k active), "
+                          "2 budgets over 1-10 tokens/param: it crosses zero at 3.16 tokens/param (the MoE "
+                          "overtakes the dense model")
+    assert "between the budgets at 1 and 10" in act
+    assert "0 of 2 budgets resolved" in act
+    # per-seed slopes 0.04, 0.04, 0.04 per decade: std 0, a resolved trend
+    assert "Trend: +0.0400 per decade" in act and "resolved, the gap grows" in act
+    (tot,) = bm.gap_sentences(table, ps, "total")
+    assert "does not cross zero within the measured range" in tot and "negative (the dense model is better)" in tot
+    # slopes 0.01, 0.005, 0.0 -> mean 0.005, std 0.005, CI [-0.0074, +0.0174]: not resolved
+    assert "not resolved (the CI includes 0), so no extrapolation" in tot
+
+
+def test_two_crossings_in_one_ci_band_name_the_band_once():
+    """The gap's mean changes sign twice while every budget's CI includes 0: one band holds both
+    crossings, and the sentence gives it once."""
+    table, ps = _table({(0.1, 100): {"active": [-0.03, -0.01, 0.01], "total": [0.0, 0.0, 0.0]},
+                        (1.0, 1000): {"active": [0.01, 0.03, 0.05], "total": [0.0, 0.0, 0.0]},
+                        (10.0, 10000): {"active": [-0.05, -0.01, 0.03], "total": [0.0, 0.0, 0.0]}})
+    (act,) = bm.gap_sentences(table, ps, "active")
+    assert act.count("crosses zero at") == 2 and act.count("the 95% CI band includes zero from") == 1
+    assert "inside the same 95% CI band" in act
+
+
+def test_extrapolation_beyond_the_measured_range_is_labelled():
+    table, ps = _table({(0.1, 100): {"active": [-0.05, -0.051, -0.049], "total": [-0.05, -0.04, -0.06]},
+                        (1.0, 1000): {"active": [-0.03, -0.032, -0.028], "total": [-0.05, -0.04, -0.06]}})
+    (act,) = bm.gap_sentences(table, ps, "active")
+    # per seed (u = log10 tokens/param, 0 and 1): slopes 0.02, 0.019, 0.021, intercepts -0.05, -0.051,
+    # -0.049 -> mean line -0.05 + 0.02 u, zero at u = 2.5 (316 tokens/param), beyond 1-10
+    assert "does not cross zero" in act and "Extrapolation (beyond the measured 1-10 tokens/param" in act
+    assert "would reach zero at ~316 tokens/param" in act
+    (tot,) = bm.gap_sentences(table, ps, "total")
+    assert "Extrapolation" not in tot  # a flat trend (slope 0 in every seed) is not extrapolated
+
+
+def test_a_trend_away_from_zero_is_not_a_crossing_ahead():
+    # positive and growing: the line -> zero only below the measured range (at 10**-2.5)
+    table, ps = _table({(0.1, 100): {"active": [0.05, 0.051, 0.049], "total": [0.05, 0.04, 0.06]},
+                        (1.0, 1000): {"active": [0.07, 0.072, 0.068], "total": [0.05, 0.04, 0.06]}})
+    (act,) = bm.gap_sentences(table, ps, "active")
+    assert "with more tokens it moves away from zero" in act and "(~0.00316 tokens/param)" in act
+
+
+def test_paper_point_and_budgets():
+    assert paper.PAPER_TOKENS_PER_PARAM == pytest.approx(28.86, abs=0.01)
+    assert bm.PAPER_POINT["active"] == 0.0758 and bm.PAPER_POINT["total"] == -0.0180
+    table, _ = _table({(1.0, 1000): {"active": [0.1, 0.2], "total": [0.0, 0.1]},
+                       (0.1, 100): {"active": [0.1, 0.2], "total": [0.0, 0.1]}})
+    s = bm.paper_sentence(table)
+    assert "1-10 tokens per active parameter (1.00 decades)" in s and "is outside it" in s
+    assert "40.5M, 150M, 426.3M target tokens" in s and "2.74, 10.2, 28.9 tokens/param" in s
+
+
+# --------------------------------------------------------------------------------------------
+# the paper preset's own points: found when they exist, never trained, no data loaded
+# --------------------------------------------------------------------------------------------
+def test_paper_preset_points_are_read_from_its_runs_without_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
+
+    def no_data(*a, **k):
+        raise AssertionError("the paper preset's data must not be loaded")
+
+    monkeypatch.setattr("studylib.data.pipeline.load_data", no_data)
+    raw = tiny_raw(name="paper", models=MODELS, train={"max_steps": None},
+                   study={"token_budget": {"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [0.5, 1.0]}]}})
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "paper.yaml").write_text(yaml.safe_dump(raw))
+    here = _preset()
+    assert bm.paper_preset_points(tmp_path, here)[0] is None  # no runs yet
+    from studylib.config import load_preset
+
+    paper_p = load_preset(tmp_path / "params" / "paper.yaml")
+    for s in (1, 2):
+        for ov, steps in (({}, 10), ({"train.max_steps": 5}, 5)):
+            for m, loss in (("dense", 3.1), ("moe", 3.0), ("dense2", 2.9)):
+                rd = RunDir.variant(paper_p, m, s, ov)
+                rd.path.mkdir(parents=True, exist_ok=True)
+                rd.write_summary({"model": m, "seed": s, "best_val_loss": loss + 0.01 * s, "tokens": steps * 100,
+                                  "steps": steps, "finished": True, "data": {"train_targets": 1000}})
+    table, note = bm.paper_preset_points(tmp_path, here)
+    assert "12 finished runs" in note
+    assert list(table["epochs"]) == [0.5, 1.0] and list(table["tokens"]) == [500, 1000]
+    assert table["active_mean"].tolist() == pytest.approx([0.1, 0.1])  # dense 3.1 - MoE 3.0, every seed
+    assert table["total_mean"].tolist() == pytest.approx([-0.1, -0.1]) and list(table["active_n"]) == [2, 2]
+    assert bm.paper_preset_points(tmp_path, paper_p)[0] is None  # the paper preset itself
+
+
+def test_repetition_table_and_power_frame_from_finished_runs(tmp_path, monkeypatch):
+    """val - train from each run's last eval record (written by hand here), and the power of every
+    point from its per-seed gaps."""
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
+    p = _preset(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [0.5, 1.0, 2.0]}]})
+    trios = bm.budget_trios(p)
+    budget_map = bm.budgets(p, trios)
+    for s in (1, 2, 3):
+        for e in (0.5, 1.0, 2.0):
+            for m, loss in (("moe", 3.0), ("dense", 3.02 + 0.01 * s), ("dense2", 2.95)):
+                rd = _fake_run(p, m, s, budget_map[e], loss, train_targets=12 * 16 * 32)
+                memorised = 0.1 * max(0.0, e - 1) * (1 + (m == "dense2"))
+                rd.append_metrics({"kind": "eval", "step": 6, "val_loss": loss + 1, "train_loss": loss + 1})
+                rd.append_metrics({"kind": "eval", "step": round(12 * e), "val_loss": loss, "train_loss": loss - memorised})
+    summ = plan.train_budgets(p, trios, [1, 2, 3], budget_map, jobs=1, progress=False)
+    rep = budget_checks.repetition_table(p, trios, [1, 2, 3], budget_map, summ).set_index(["epochs", "model"])
+    assert 0.5 not in rep.index.get_level_values("epochs")  # under one pass: nothing about repetition
+    assert rep.loc[(1.0, "moe"), "data_passes"] == pytest.approx(1.0) and rep.loc[(2.0, "moe"), "data_passes"] == 2.0
+    assert rep.loc[(1.0, "dense2"), "val_minus_train"] == pytest.approx(0.0)
+    assert rep.loc[(2.0, "moe"), "val_minus_train"] == pytest.approx(0.1)
+    assert rep.loc[(2.0, "dense2"), "val_minus_train"] == pytest.approx(0.2) and rep.loc[(2.0, "dense2"), "n"] == 3
+    active = bm.active_params(p, trios)
+    pw = budget_checks.power_frame(bm.gap_frame(summ, trios, active), active, target=0.05).set_index(["epochs", "gap"])
+    # active gap per seed 0.03 / 0.04 / 0.05: std 0.01; the paper's 0.0758 with 80% power needs 3 seeds
+    assert pw.loc[(1.0, "active"), "std"] == pytest.approx(0.01)
+    assert pw.loc[(1.0, "active"), "effect"] == pytest.approx(0.0758) and pw.loc[(1.0, "total"), "effect"] == 0.018
+    assert pw.loc[(1.0, "active"), "seeds_effect"] == 3 and pw.loc[(1.0, "active"), "seeds_target"] == 3
