@@ -11,6 +11,7 @@ runs). Any other exception keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -67,8 +68,15 @@ def check_common(args) -> None:
                           "expected a run directory (or a path that does not exist yet)")
 
 
+# Where a file cannot be written (a read-only filesystem or folder, a full disk): the file and the
+# reason are the whole story, a traceback adds nothing.
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
 def known_error(e: BaseException) -> bool:
     if isinstance(e, ConfigError):
+        return True
+    if isinstance(e, OSError) and e.errno in UNWRITABLE:
         return True
     for mod, name in KNOWN_ERRORS:
         cls = getattr(sys.modules.get(mod), name, None)
@@ -102,5 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if not known_error(e):
             raise
-        print("error: " + " ".join(str(e).split()), file=sys.stderr)
+        print("error: " + " ".join(_message(e).split()), file=sys.stderr)
         return 2
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.errno in UNWRITABLE and type(e).__str__ is OSError.__str__:
+        where = e.filename if e.filename is not None else "a file"
+        return f"{where}: {e.strerror}; cannot write there (a read-only filesystem or folder, or a full disk)"
+    return str(e)

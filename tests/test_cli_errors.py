@@ -70,6 +70,21 @@ def test_bad_set_value_and_derive_cycle(box, capsys):
     assert "cycle" in line and "dense_active -> dense_total -> dense_active" in line
 
 
+@pytest.mark.parametrize("value", ["0", "48", "32"])
+def test_set_on_a_shared_model_field_no_model_uses_is_refused(box, capsys, value):
+    """Every ci model sets its own d_model or derives it: model.d_model changed nothing, not even
+    the run identity, and 0 was never checked (issue #24)."""
+    line = _call(["train", "--params", CI, "--model", "dense_active", "--set", f"model.d_model={value}"], capsys, box)
+    assert f"model.d_model={value}" in line and "changes no model" in line and "models.moe_top2_z.d_model" in line
+
+
+def test_set_on_a_shared_model_field_that_applies_changes_the_models():
+    from studylib.config import load_preset
+
+    assert load_preset(CI, ["model.dropout=0.25"]).model_config("dense_active").dropout == 0.25
+    assert load_preset(CI, ["model.dropout=0.0"]).model_config("moe_top2_z").dropout == 0.0  # its value already
+
+
 @pytest.mark.parametrize("seeds", [[-5], [2**40]])
 def test_preset_seeds_are_validated(box, capsys, seeds):
     text, n = re.subn(r"(?m)^seeds: .*$", f"seeds: {seeds}", Path(CI).read_text())
@@ -93,6 +108,7 @@ def _gz_truncated() -> bytes:
     ("train.jsonl", b'{"text": "a"}\nnot json\n', "train.jsonl:2: not a JSON object"),
     ("train.jsonl", b'{"text": "a"}\n{"story": "b"}\n', "train.jsonl:2: a .jsonl row needs a 'text' field"),
     ("train.jsonl", b'[1, 2]\n', "train.jsonl:1: a .jsonl row needs a 'text' field"),
+    ("train.txt", b"A story.\n<|endoftext|>\n" + b"x" * 1_000_001 + b"\n", "train.txt:3: a story of 1,000,002 characters"),
 ])
 def test_bad_data_file_names_the_file_and_line(box, capsys, name, content, expect):
     d = box / "data"
@@ -163,6 +179,29 @@ def tiny_run(tmp_path_factory):
 def test_generate_bad_arguments(tiny_run, box, capsys, monkeypatch, argv, expect):
     monkeypatch.delenv("STUDYLIB_CACHE_DIR")
     assert expect in _call(["generate", "--run", str(tiny_run), *argv], capsys, box, tiny_run)
+
+
+def test_generate_prompt_that_is_not_utf8(tiny_run, box, capsys, monkeypatch):
+    """Bytes that are not UTF-8 reach Python as lone surrogates (a pybind cast error before)."""
+    monkeypatch.delenv("STUDYLIB_CACHE_DIR")
+    line = _call(["generate", "--run", str(tiny_run), "--prompt", "caf\udce9"], capsys, box, tiny_run)
+    assert "--prompt: not valid UTF-8 text (byte 0xe9 at character 3)" in line
+
+
+def test_generate_on_weights_that_do_not_fit_the_config(tiny_run, box, capsys, monkeypatch):
+    """config.yaml edited to another shape: one line naming the checkpoint and the mismatch."""
+    import shutil
+
+    import yaml
+
+    monkeypatch.delenv("STUDYLIB_CACHE_DIR")
+    run = box / "run"
+    shutil.copytree(tiny_run, run)
+    doc = yaml.safe_load((run / "config.yaml").read_text())
+    doc["model"]["ffn"]["hidden"] = 96
+    (run / "config.yaml").write_text(yaml.safe_dump(doc))
+    line = _call(["generate", "--run", str(run)], capsys, box)
+    assert "latest.pt: its weights do not fit the model in" in line and "size mismatch" in line
 
 
 def test_generate_missing_run_and_tokenizer(tiny_run, box, capsys, monkeypatch):

@@ -113,7 +113,30 @@ def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
 def load_preset(path: str | os.PathLike, overrides: Overrides = None) -> Preset:
     """Load a preset YAML file (following ``extends``: :func:`read_preset_file`), apply
     ``key.sub=value`` overrides, validate everything."""
-    return preset_from_dict(apply_overrides(read_preset_file(path), overrides), str(path))
+    raw = read_preset_file(path)
+    preset = preset_from_dict(apply_overrides(raw, overrides), str(path))
+    check_model_overrides(raw, overrides, preset)
+    return preset
+
+
+def check_model_overrides(raw: dict, overrides: Overrides, preset: Preset) -> None:
+    """Refuse a ``model.<field>`` override that no model uses (each model of the preset sets that
+    field itself, or derives it): it would change nothing, not even the run identity, without a
+    word (issue #24). Setting a shared field to the value it already has is allowed."""
+    pairs = override_pairs(overrides)
+    for i, (key, value, where) in enumerate(pairs):
+        if not key.startswith("model.") or value_at(raw, key, _MISSING) == value:
+            continue
+        others = [(k, v) for j, (k, v, _) in enumerate(pairs) if j != i]
+        base = preset_from_dict(apply_overrides(raw, dict(others)), preset.path)
+        if all(to_dict(base.model_config(m)) == to_dict(preset.model_config(m)) for m in preset.model_names()):
+            field, first = key.split(".", 1)[1], preset.model_names()[0]
+            raise ConfigError(f"{where}: changes no model of preset {preset.name!r}: each model sets its own "
+                              f"{field} or derives it, so the shared model.{field} is ignored; set it per model "
+                              f"(e.g. models.{first}.{field}) or in a derive rule")
+
+
+_MISSING = object()
 
 
 class DuplicateKeyError(yaml.YAMLError):
@@ -245,7 +268,9 @@ def override(preset: Preset, overrides: Overrides) -> Preset:
         return preset
     raw = to_dict(preset)
     raw.pop("path", None)
-    return preset_from_dict(apply_overrides(raw, overrides), preset.path)
+    varied = preset_from_dict(apply_overrides(raw, overrides), preset.path)
+    check_model_overrides(raw, overrides, varied)
+    return varied
 
 
 def with_absolute_paths(preset: Preset) -> Preset:

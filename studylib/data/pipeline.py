@@ -2,6 +2,7 @@
 once per data section per process (:class:`DataMemo`), and the ``prepare-data`` command."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -46,16 +47,21 @@ def load_data(cfg: DataConfig, progress: bool = True) -> TokenData:
     t0, build = time.perf_counter(), {}
     stories, corpus, n_stories = read_corpus(cfg)
     is_val = split_stories(n_stories, cfg.val_fraction, cfg.split_seed)
-    cache.mkdir(parents=True, exist_ok=True)  # only once the data has been read
-    clean_temp_files(cache, stale_only=True)  # what a killed prepare-data left (issue #24)
     build["read_seconds"] = time.perf_counter() - t0
     sides = {side: (lambda side=side: side_stories(stories, is_val, side)) for side in SIDES}
     n_side = {"train": int((~is_val).sum()), "val": int(is_val.sum())}
-
-    sp, tok_path, tok_key = tokenizer_for(cfg, corpus, sides["train"], n_side["train"], cache, threads,
-                                          progress, build)
-    tokens, meta = token_file(sp, tok_key, sides, n_side, cache, threads, progress, build,
-                              corpus_sha256=corpus, split=split_key(cfg))
+    try:
+        cache.mkdir(parents=True, exist_ok=True)  # only once the data has been read
+        clean_temp_files(cache, stale_only=True)  # what a killed prepare-data left (issue #24)
+        sp, tok_path, tok_key = tokenizer_for(cfg, corpus, sides["train"], n_side["train"], cache, threads,
+                                              progress, build)
+        tokens, meta = token_file(sp, tok_key, sides, n_side, cache, threads, progress, build,
+                                  corpus_sha256=corpus, split=split_key(cfg))
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DataError(f"data.cache_dir={str(cache)!r}: cannot write the tokenizer / token cache there "
+                        f"({e}); point STUDYLIB_CACHE_DIR or data.cache_dir at a writable folder with space") from None
     train_idx, val_idx = split_windows(meta["n_train_tokens"], len(tokens), cfg.context)
     build.update(tokenizer_key=tok_key, tokens_key=meta["key"], corpus_sha256=corpus)
     return TokenData(tokens=tokens, context=cfg.context, train_idx=train_idx, val_idx=val_idx,

@@ -20,6 +20,8 @@ from studylib.config import ConfigError, DataConfig
 
 EOT = "<|endoftext|>"
 DATA_EXTENSIONS = (".txt", ".txt.gz", ".jsonl", ".parquet")
+# A longer "story" is a file read wrongly (no separators): encoding one 50 MB story took 3.2 GB
+MAX_STORY_CHARS = 1_000_000
 
 
 class DataError(ConfigError):
@@ -68,9 +70,19 @@ def _read_jsonl(path: Path, where: list) -> Iterator[str]:
 
 
 def _read_file(path: Path) -> Iterator[str]:
-    """The texts of one data file; a file that cannot be read is a :class:`DataError` naming it
-    (and the line, for text files)."""
+    """The texts of one data file; a file that cannot be read, or a text longer than
+    :data:`MAX_STORY_CHARS`, is a :class:`DataError` naming it (and the line, for text files)."""
     where = [0]  # the last line read (1-based), for the error message
+    for n, text in enumerate(_read_texts(path, where), 1):
+        if text and len(text) > MAX_STORY_CHARS:
+            at = f"{path}:{where[0]}" if where[0] else f"{path} (row {n})"
+            raise DataError(f"{at}: a story of {len(text):,} characters, more than {MAX_STORY_CHARS:,} "
+                            f"(TinyStories' are under 10,000): are the stories separated by lines "
+                            f"'{EOT}' (.txt) or one per row (.jsonl, .parquet)?")
+        yield text
+
+
+def _read_texts(path: Path, where: list) -> Iterator[str]:
     try:
         if path.name.endswith(".jsonl"):
             yield from _read_jsonl(path, where)

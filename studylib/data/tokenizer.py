@@ -16,7 +16,7 @@ from studylib.config import DataConfig
 from studylib.data.cache import CacheWarning, cache_key, log
 from studylib.data.split import split_key
 from studylib.data.stories import DataError
-from studylib.storage.files import write_atomic
+from studylib.storage.files import sha256_file, write_atomic
 
 SPM_OPTIONS = dict(  # everything that changes the trained model (part of the cache key)
     model_type="bpe", byte_fallback=True, character_coverage=0.9995,
@@ -73,4 +73,5 @@ def tokenizer_for(cfg: DataConfig, corpus: str, train_stories: Callable[[], Iter
         build["tokenizer_seconds"] = time.perf_counter() - t0
         log(progress, f"tokenizer trained in {build['tokenizer_seconds']:.1f} s -> {tok_path}")
         sp = load_tokenizer(tok_path)
+    build["tokenizer_sha256"] = sha256_file(tok_path)  # the run's fingerprint of it (studylib.run.provenance)
     return sp, tok_path, tok_key

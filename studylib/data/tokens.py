@@ -3,7 +3,6 @@ then the validation stories, in one flat array with a sidecar (counts per side, 
 before use and rebuilt when corrupt or stale."""
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import sys
@@ -18,7 +17,7 @@ from tqdm.auto import tqdm
 
 from studylib.data.cache import CacheWarning, cache_key, log
 from studylib.data.split import SIDES
-from studylib.storage.files import write_atomic
+from studylib.storage.files import sha256_file, write_atomic
 
 TOKEN_FORMAT = "train+val/story+eos/v2"  # layout of the token file (part of its cache key)
 CHUNK = 4096  # stories per encode call
@@ -38,11 +37,7 @@ def _check_tokens(bin_path: Path, meta_path: Path, key: str) -> Optional[str]:
         size = bin_path.stat().st_size
         if size != meta["n_tokens"] * itemsize:
             return f"{size} bytes, expected {meta['n_tokens'] * itemsize}"
-        h = hashlib.sha256()
-        with open(bin_path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                h.update(block)
-        if h.hexdigest() != meta["sha256"]:
+        if sha256_file(bin_path) != meta["sha256"]:
             return "sha256 mismatch"
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"unreadable ({type(e).__name__}: {e})"

@@ -292,7 +292,18 @@ def _load(args):
     return loaded
 
 
+def _check_prompt(prompt: str) -> None:
+    """Text that is not valid UTF-8 reaches Python as lone surrogates (``surrogateescape``)."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = prompt[e.start].encode("utf-8", "surrogateescape")
+        raise ConfigError(f"argument --prompt: not valid UTF-8 text (byte 0x{bad.hex()} at character {e.start}); "
+                          f"give the prompt as UTF-8") from None
+
+
 def run_cli(args) -> int:
+    _check_prompt(args.prompt)
     loaded = _load(args)
     model, tok, cfg = loaded.model, loaded.tokenizer, loaded.config
     eos = tok.eos_id()

@@ -7,6 +7,7 @@ Used through :meth:`studylib.run.rundir.RunDir.lock`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 from pathlib import Path
@@ -29,7 +30,15 @@ def dir_lock(path: str | os.PathLike, name: str = ".lock"):
     created = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
     lock_path = path / name
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if e.errno != errno.EROFS:
+            raise
+        fd = None
+    if fd is None:  # a read-only filesystem: no process can write this run, so none can conflict;
+        yield  # a finished run is read as usual, and the first write fails with one clear line
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

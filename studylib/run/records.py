@@ -111,5 +111,6 @@ def summary_record(t) -> dict:
         # every core, a sweep's workers on cores // jobs each (README, "Measured")
         "torch_threads": torch.get_num_threads(),
         "world_size": t.dist.world, "config_hash": t.chash, "data": data_summary(t.data),
+        "provenance": t.prints,  # fingerprints of the corpus and tokenizer (studylib.run.provenance)
         "finished": True,
     }

@@ -8,6 +8,7 @@ a time). Everything that reads or writes those files goes through :class:`RunDir
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import warnings
@@ -18,10 +19,11 @@ from typing import Any, Optional
 import yaml
 
 from studylib.config import ConfigError, ModelConfig, Preset, identity_diff, model_from_dict, override, same_run
+from studylib.run import provenance
 from studylib.run.dirlock import dir_lock
-from studylib.storage.files import atomic_open, write_atomic, write_json_atomic
 from studylib.run.layout import (CHECKPOINT_DIR, CONFIG_FILE, LOCK_FILE, LOG_FILE, METRICS_FILE, SUMMARY_FILE,
                                  run_dir_for, variant_dir)
+from studylib.storage.files import atomic_open, disk_full_error, write_atomic, write_json_atomic
 
 
 def _checkpoint():
@@ -49,6 +51,7 @@ class LoadedRun:
     config: ModelConfig
     step: Optional[int]  # optimizer step the weights were saved at
     checkpoint: Path
+    tokenizer_path: Optional[Path] = None  # the verified SentencePiece model file
 
 
 class RunDir:
@@ -190,9 +193,14 @@ class RunDir:
     def append_metrics(self, rec: dict) -> str:
         """Append ``rec`` as one line; returns the line written (its newline included)."""
         line = json.dumps(rec, default=_json_default) + "\n"
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
+        try:
+            with open(self.metrics_path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+        except OSError as e:  # a torn last line is skipped by readers and replaced on resume
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise disk_full_error(self.metrics_path, len(line), 0) from None
+            raise
         return line
 
     def resume_metrics(self, step: int, written: Optional[str], expected: dict[str, list[int]]) -> Optional[str]:
@@ -315,33 +323,66 @@ class RunDir:
                    device: Any = "cpu", tokenizer: Optional[os.PathLike] = None) -> LoadedRun:
         """The run's model at ``step`` (None: the latest checkpoint; or the file ``checkpoint_path``),
         loaded through :func:`studylib.run.checkpoint.load` (no pickled code runs), in eval mode,
-        with its SentencePiece tokenizer (``tokenizer``: a path to use instead of the run's)."""
+        with its SentencePiece tokenizer (``tokenizer``: a path to use instead of the run's).
+
+        The checkpoint must be this run's (its config hash, its fingerprints) and the tokenizer the
+        one the run was trained with (:mod:`studylib.run.provenance`); else one error naming both."""
         from studylib.nn.model import Decoder
 
         cfg = self.model_config()
         state, path = self._checkpoint_state(step, checkpoint_path)
+        doc = self.read_config() or {}
+        expect = (doc.get("run") or {}).get("config_hash")
+        if expect and state["config_hash"] != expect:
+            raise _checkpoint().CheckpointError(
+                f"{path}: written by a run with config hash {state['config_hash']}, but {self.config_path} "
+                f"has {expect}: a checkpoint of another run (another seed, model or preset?); refusing to mix runs")
+        recorded = self.fingerprints()
+        provenance.check_checkpoint(self.path, path, state.get("provenance"), recorded)
+        prints = state.get("provenance") or recorded
         model = Decoder(cfg)
-        model.load_state_dict(state["model"])
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as e:
+            first = next((ln.strip() for ln in str(e).splitlines()[1:] if ln.strip()), str(e))
+            raise _checkpoint().CheckpointError(f"{path}: its weights do not fit the model in {self.config_path} "
+                                                f"({first[:200]})") from None
         model.to(device).eval()
-        return LoadedRun(model=model, tokenizer=self.load_tokenizer(tokenizer), config=cfg,
-                         step=state.get("step"), checkpoint=path)
+        tok_path = self.tokenizer_path(tokenizer, prints)
+        return LoadedRun(model=model, tokenizer=self._open_tokenizer(tok_path, tokenizer is not None), config=cfg,
+                         step=state.get("step"), checkpoint=path, tokenizer_path=tok_path)
 
     # ---- tokenizer -------------------------------------------------------------------------
-    def tokenizer_path(self) -> Optional[Path]:
-        """The run's SentencePiece model: recorded in its summary, else found in the data cache."""
-        s = self.summary() or {}
+    def fingerprints(self) -> dict:
+        """What the run recorded it was trained on (:data:`studylib.run.provenance.KEYS`; ``{}`` for
+        an unfinished run or one trained before fingerprints: its checkpoints carry them)."""
+        return dict((self.summary() or {}).get("provenance") or {})
+
+    def tokenizer_path(self, path: Optional[os.PathLike] = None, prints: Optional[dict] = None) -> Optional[Path]:
+        """The run's SentencePiece model, verified against its fingerprint (``prints``, default the
+        summary's): ``path`` when given, else the recorded path, else the cache file with that
+        fingerprint (a moved cache). None when it cannot be found."""
+        prints = self.fingerprints() if prints is None else prints
+        expected = prints.get("tokenizer_sha256")
+        if path is not None:
+            if not Path(path).is_file():
+                raise ConfigError(f"--tokenizer {path}: file not found (a SentencePiece .model file)")
+            provenance.check_tokenizer(path, expected, self.path, given=True)
+            return Path(path)
         doc = self.read_config() or {}
-        recorded = (s.get("data") or {}).get("tokenizer")
-        if recorded and _anchored(recorded, doc).is_file():
-            return _anchored(recorded, doc)
-        return _tokenizer_in_cache(doc, self.model_config().vocab_size)
+        recorded = ((self.summary() or {}).get("data") or {}).get("tokenizer")
+        found = provenance.find_tokenizer(doc, recorded, expected, self.model_config().vocab_size)
+        if found is not None:
+            provenance.check_tokenizer(found, expected, self.path, given=False)
+        return found
 
     def load_tokenizer(self, path: Optional[os.PathLike] = None):
+        """The run's tokenizer (:meth:`tokenizer_path`) loaded, or None with a warning."""
+        return self._open_tokenizer(self.tokenizer_path(path), path is not None)
+
+    def _open_tokenizer(self, found: Optional[Path], given: bool):
         import sentencepiece as spm
 
-        if path is not None and not Path(path).is_file():
-            raise ConfigError(f"--tokenizer {path}: file not found (a SentencePiece .model file)")
-        found = Path(path) if path is not None else self.tokenizer_path()
         if found is None:
             warnings.warn(f"{self.path}: could not find the run's tokenizer (data cache moved?); "
                           f"pass --tokenizer / load it yourself", UserWarning)
@@ -349,50 +390,8 @@ class RunDir:
         try:
             return spm.SentencePieceProcessor(model_file=str(found))
         except (OSError, RuntimeError) as e:
-            where = f"--tokenizer {found}" if path is not None else str(found)
+            where = f"--tokenizer {found}" if given else str(found)
             raise ConfigError(f"{where}: not a SentencePiece .model file ({' '.join(str(e).split())[:160]})") from None
-
-
-def _anchored(path: str | os.PathLike, doc: dict) -> Path:
-    """A path a run recorded: relative ones (older runs kept the default ``outputs/cache``) are
-    relative to the repository of the preset the run was made from, not to today's working
-    directory (a notebook under nbval runs in its own folder)."""
-    p = Path(path)
-    preset_path = (doc.get("run") or {}).get("preset_path")
-    if p.is_absolute() or not preset_path:
-        return p
-    return Path(preset_path).resolve().parent.parent / p
-
-
-def _tokenizer_in_cache(doc: dict, vocab_size: int) -> Optional[Path]:
-    pdata = ((doc.get("preset") or {}).get("data") or {})
-    cache = os.environ.get("STUDYLIB_CACHE_DIR") or pdata.get("cache_dir")
-    if not cache:
-        return None
-    cache = _anchored(cache, doc)
-    if not cache.is_dir():
-        return None
-    import sentencepiece as spm
-
-    want = pdata.get("vocab_size")
-    found = []
-    for p in sorted(cache.glob("tokenizer-*.model")):
-        try:
-            n = spm.SentencePieceProcessor(model_file=str(p)).get_piece_size()
-        except (OSError, RuntimeError):
-            continue
-        if n <= vocab_size and (want is None or n == want):
-            found.append(p)
-    if len(found) == 1:
-        return found[0]
-    if len(found) > 1:  # several corpora share the cache: recompute the exact key from the data
-        from studylib.config import DataConfig, dataclass_from_dict
-        from studylib.data.pipeline import load_data
-
-        keys = {f for f in DataConfig.__dataclass_fields__}
-        dcfg = dataclass_from_dict(DataConfig, {k: v for k, v in pdata.items() if k in keys}, "data")
-        return Path(load_data(dcfg, progress=False).tokenizer_path)
-    return None
 
 
 def _step_of(line: str) -> float:

@@ -39,7 +39,7 @@ import torch
 from studylib.config import ConfigError, Preset, run_document
 from studylib.nn.model import Decoder
 from studylib.nn.precision import autocast, describe_amp, precision_label, resolve_amp
-from studylib.run import checkpoint
+from studylib.run import checkpoint, provenance
 from studylib.data.windows import BatchSampler, eval_subset
 from studylib.data.pipeline import load_data
 from studylib.run.dist import Dist, resolve_device, seed_everything
@@ -111,6 +111,7 @@ class Trainer:
     # ---- setup: data, model and optimizer under the seed ------------------------------------
     def setup(self, data=None) -> None:
         self.data = self._load_data(data)
+        self.prints = provenance.of_data(self.data)  # what this run trains on, fingerprinted
         self._plan_batches()
         self.say(describe_amp(self.tcfg, self.device, self.amp_dtype))  # also the summary's "amp"
         seed_everything(self.seed)
@@ -161,6 +162,7 @@ class Trainer:
         if found is None:
             return
         state, path = found
+        provenance.check_resume(self.rd.path, state["step"], state.get("provenance"), self.prints)
         saved, now = state.get("amp"), precision_label(self.amp_dtype)
         if saved is not None and saved != now:  # train.amp: auto resolves per machine
             raise ConfigError(
@@ -348,7 +350,8 @@ class Trainer:
             if self.tcfg.keep_checkpoints:
                 checkpoint.save(checkpoint.snapshot_path(ckpt_dir, step),
                                 {"kind": "snapshot", "step": step, "total_steps": self.total,
-                                 "config_hash": self.chash, "model": self.model.state_dict()})
+                                 "config_hash": self.chash, "provenance": self.prints,
+                                 "model": self.model.state_dict()})
             checkpoint.save(ckpt_dir / checkpoint.LATEST, self._full_state(step, final_rec, rng, all_rng),
                             keep_prev=True)
         self.last_ckpt = step
@@ -358,6 +361,7 @@ class Trainer:
         lr = lr_at(min(step, total - 1), total, self.tcfg)
         return {
             "kind": "full", "step": step, "total_steps": total, "config_hash": self.chash,
+            "provenance": self.prints,
             "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "scheduler": {"step": step, "total_steps": total, "lr": lr},
             "rng": rng, "rng_ranks": all_rng,

@@ -114,6 +114,15 @@ def write_atomic(path: str | os.PathLike, data: Union[bytes, str, Iterable[bytes
     return h.hexdigest()
 
 
+def sha256_file(path: str | os.PathLike) -> str:
+    """The sha256 (hex) of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def write_json_atomic(path: str | os.PathLike, obj, **dump_kwargs) -> None:
     dump_kwargs.setdefault("indent", 1)
     write_atomic(path, json.dumps(obj, **dump_kwargs) + "\n")

@@ -13,13 +13,14 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Optional
 
 from studylib.config import ConfigError, count_params
 from studylib.run.hf import format as hf_format
-from studylib.storage.files import write_atomic, write_json_atomic
 from studylib.run.rundir import RunDir
+from studylib.storage.files import write_atomic, write_json_atomic
 
 # strings whose ids the export checks against SentencePiece before writing the tokenizer
 PROBES = ("Once upon a time, Lily said: \"Let's go!\"\nThey ran.", "  two  spaces ", "123 + 4.5 = 127.5",
@@ -151,11 +152,13 @@ def export(run: os.PathLike, out: os.PathLike, step: Optional[int] = None,
     _check_target(out, rd, force)
     cfg = rd.model_config()
     hf_format.check(cfg)  # before anything is loaded or written
-    sp_path = Path(tokenizer) if tokenizer else rd.tokenizer_path()
-    if sp_path is None or not sp_path.is_file():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*could not find the run's tokenizer")  # the error below says it
+        loaded = rd.load_model(step=step, tokenizer=tokenizer)  # weights and tokenizer verified as the run's
+    sp_path = loaded.tokenizer_path
+    if sp_path is None:
         raise ConfigError(f"{rd.path}: the run's SentencePiece tokenizer was not found; pass --tokenizer PATH")
     tok = build_tokenizer(sp_path)
-    loaded = rd.load_model(step=step, tokenizer=sp_path)
     ids = dict(bos_id=tok.bos_token_id, eos_id=tok.eos_token_id, pad_id=tok.eos_token_id)
     out.parent.mkdir(parents=True, exist_ok=True)
     final, out = out, Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}.", dir=out.parent))

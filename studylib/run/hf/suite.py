@@ -136,8 +136,10 @@ def task_manager(suite: os.PathLike, standard: bool):
 
 def evaluate(run: os.PathLike, tasks: Sequence[str] = LOCAL_TASKS, step: Optional[int] = None,
              limit: Optional[int] = None, max_docs: Optional[int] = 500, batch_size: int = 16,
-             tokenizer: Optional[os.PathLike] = None) -> dict:
-    """Export ``run`` (at ``step``), run lm-eval ``tasks`` on it, write ``lm_eval/results[-stepN].json``."""
+             tokenizer: Optional[os.PathLike] = None, out: Optional[os.PathLike] = None) -> dict:
+    """Export ``run`` (at ``step``), run lm-eval ``tasks`` on it, write ``results[-stepN].json`` (with
+    the export and the task files) into ``out`` (default: the run's ``lm_eval`` folder; another
+    folder for a run on a read-only filesystem)."""
     import lm_eval
 
     from studylib.run.hf import export, format as hf_format
@@ -148,7 +150,7 @@ def evaluate(run: os.PathLike, tasks: Sequence[str] = LOCAL_TASKS, step: Optiona
     if standard and not _hub_reachable():
         raise ConfigError(f"tasks {standard} need the Hugging Face Hub, which is unreachable (offline); "
                           f"the local tasks need no network: {list(LOCAL_TASKS)}")
-    base = rd.path / EVAL_DIR
+    base = Path(out) if out is not None else rd.path / EVAL_DIR
     tag = "" if step is None else f"-step{step}"
     model_dir = export.export(rd.path, base / f"hf{tag}", step, tokenizer)
     suite = write_suite(rd.path, base / "tasks", max_docs)
@@ -172,12 +174,14 @@ def add_cli(parser) -> None:
     parser.add_argument("--max-docs", type=int, default=500, help="validation stories in the local suite")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--tokenizer", default=None, help="SentencePiece model (default: the run's)")
+    parser.add_argument("--out", default=None,
+                        help=f"folder for the export, the task files and the results (default: <run>/{EVAL_DIR})")
 
 
 def run_cli(args) -> int:
     try:
         out = evaluate(args.run, args.tasks, args.step, args.limit, args.max_docs, args.batch_size,
-                       args.tokenizer)
+                       args.tokenizer, args.out)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
