@@ -4,7 +4,8 @@ SPEC Table 5: ``embedding`` (tied, V*D), ``non_ffn`` (attention projections, the
 RMSNorms of each layer and the final norm), ``ffn_total`` (dense FFNs + every expert),
 ``router`` (D*E per routed layer, reported separately), ``total`` (everything stored) and
 ``active`` (embedding + non-FFN + router + the FFN path one token uses: the dense FFN, k of E
-experts, or all K soft experts). ``count_params(cfg)`` equals ``sum(p.numel())`` of the built model.
+experts plus the shared experts, or all K soft experts). The aux-loss-free balancing bias is a
+buffer, not a parameter: it is not counted. ``count_params(cfg)`` equals ``sum(p.numel())`` of the built model.
 (also :attr:`ModelConfig.num_params <studylib.config.schema.ModelConfig.num_params>`).
 
 Training FLOPs per token (:func:`train_flops_per_token`), forward + backward = 3 x forward:
@@ -51,8 +52,8 @@ def ffn_params(d_model: int, f: FFNConfig) -> tuple[int, int, int]:
     if f.kind == "dense":
         return one, one, 0
     router = d_model * f.num_experts
-    used = f.num_experts if f.kind == "soft" else f.top_k
-    return one * f.num_experts, one * used, router
+    used = f.num_experts if f.kind == "soft" else f.top_k + f.n_shared  # shared experts: always active
+    return one * (f.num_experts + f.n_shared), one * used, router
 
 
 def count_params(cfg: ModelConfig) -> ParamCount:
@@ -87,4 +88,6 @@ def ffn_label(cfg: ModelConfig) -> str:
     f = cfg.ffn
     if f.kind == "dense":
         return f"dense {f.hidden}"
-    return f"{f.num_experts}x{f.hidden} top-{f.top_k}" if f.kind == "moe" else f"soft {f.num_experts}x{f.hidden}"
+    if f.kind == "soft":
+        return f"soft {f.num_experts}x{f.hidden}"
+    return f"{f.num_experts}x{f.hidden} top-{f.top_k}" + (f" +{f.n_shared} shared" if f.n_shared else "")

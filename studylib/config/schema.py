@@ -45,6 +45,14 @@ class FFNConfig:
     # renormalisation the gate is exactly 1, so the router gets no gradient from the LM loss.
     router_scale: float = 1.0  # multiplies router logits (soft-MoE variant; 1.0 = none)
     layers: Optional[tuple[int, ...]] = None  # layers that use this FFN; None = all. Others: dense
+    # --- router variants (moe only; studylib.nn.router; the defaults are the reference router) ---
+    score: Literal["softmax", "sigmoid"] = "softmax"  # sigmoid: s = sigmoid(x W), weights s_topk (/ sum)
+    bias_balance: bool = False  # aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the
+    # selection scores only, moved by bias_rate * sign(mean load - load) after each optimizer step
+    bias_rate: float = 1e-3  # u
+    seq_balance_coef: float = 0.0  # DeepSeek-V3's sequence-wise balance loss (alpha)
+    route_scale: float = 1.0  # multiplies the routed experts' combine weights (routed_scaling_factor)
+    n_shared: int = 0  # always-active shared experts of width `hidden` beside the routed ones
 
     def validate(self, where: str = "ffn") -> None:
         _positive(self.hidden, f"{where}.hidden")
@@ -63,6 +71,22 @@ class FFNConfig:
                 raise ConfigError(f"{where}.{name}: must be >= 0, got {getattr(self, name)}")
         if self.router_scale <= 0:
             raise ConfigError(f"{where}.router_scale: must be > 0, got {self.router_scale}")
+        variant = {"score": self.score != "softmax", "bias_balance": self.bias_balance,
+                   "seq_balance_coef": self.seq_balance_coef != 0.0, "route_scale": self.route_scale != 1.0,
+                   "n_shared": self.n_shared != 0}
+        if self.kind != "moe" and any(variant.values()):
+            name = next(k for k, v in variant.items() if v)
+            raise ConfigError(f"{where}.{name}: a router variant of the routed MoE (kind: moe), not of kind {self.kind!r}")
+        if self.score not in ("softmax", "sigmoid"):
+            raise ConfigError(f"{where}.score: must be 'softmax' or 'sigmoid', got {self.score!r}")
+        if not self.bias_rate > 0:
+            raise ConfigError(f"{where}.bias_rate: must be > 0, got {self.bias_rate}")
+        if self.seq_balance_coef < 0:
+            raise ConfigError(f"{where}.seq_balance_coef: must be >= 0, got {self.seq_balance_coef}")
+        if not self.route_scale > 0:
+            raise ConfigError(f"{where}.route_scale: must be > 0, got {self.route_scale}")
+        if self.n_shared < 0:
+            raise ConfigError(f"{where}.n_shared: must be >= 0, got {self.n_shared}")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from studylib.nn.dispatch import moe_experts, swiglu_rows
 class RouterOutput:
     balance: torch.Tensor  # scalar, Switch balance loss of this layer (0 for soft MoE)
     z: torch.Tensor  # scalar, router z-loss of this layer (0 for soft MoE)
+    seq_balance: Optional[torch.Tensor] = None  # scalar, sequence-wise balance loss (seq_balance_coef > 0)
     stats: Optional[dict] = None  # diagnostics (plain numbers) when requested
     token_weights: Optional[torch.Tensor] = None  # (T, E) combine weight of each expert per token
     # (0 for experts a token did not choose; the gate for the soft MoE), detached, when requested
@@ -64,28 +65,70 @@ class _Experts(nn.Module):
 
 
 class SparseMoE(_Experts):
-    """Top-k token-choice routed MoE (Mixtral style), dropless."""
+    """Top-k token-choice routed MoE (Mixtral style), dropless; with the router variants of
+    :mod:`studylib.nn.router` and ``n_shared`` always-active shared experts (one SwiGLU of width
+    ``n_shared * hidden``: by linearity the sum of ``n_shared`` experts of width ``hidden``).
+
+    Aux-loss-free balancing (``bias_balance``): the buffer ``expert_bias_E`` (saved with the
+    weights, no gradient, no weight decay) shifts the selection; training forwards count each
+    expert's assignments, and :meth:`update_bias` (the trainer, once per optimizer step, with
+    the counts summed over the step's micro-batches and the ranks) moves it by
+    ``bias_rate * sign(mean load - load)``. Evaluation and decoding (eval mode) count nothing."""
+
+    def __init__(self, d_model: int, cfg: FFNConfig):
+        super().__init__(d_model, cfg)
+        self.shared = DenseFFN(d_model, cfg.n_shared * cfg.hidden) if cfg.n_shared else None
+        if cfg.bias_balance:
+            self.register_buffer("expert_bias_E", torch.zeros(cfg.num_experts))
+        self.load_E: Optional[torch.Tensor] = None  # this step's counts (a plain tensor: DDP's
+        # buffer broadcast would overwrite other ranks' counts with rank 0's)
 
     def forward(self, x_BSD, stats: bool = False, aux: bool = True):
         B, S, D = x_BSD.shape
-        K = self.cfg.top_k
+        cfg, K = self.cfg, self.cfg.top_k
         x_TD = x_BSD.reshape(B * S, D)
         logits_TE = self.router_logits(x_TD)
-        probs_TE, idx_TK, w_TK = router.sparse(logits_TE, K, self.cfg.renormalize, self.router_mode)
+        bias_E = self.expert_bias_E if cfg.bias_balance else None
+        probs_TE, idx_TK, w_TK = router.sparse(logits_TE, K, cfg.renormalize, self.router_mode, cfg.score,
+                                               bias_E, cfg.route_scale)
+        if bias_E is not None and self.training:
+            counts_E = torch.bincount(idx_TK.reshape(-1), minlength=cfg.num_experts)
+            self.load_E = counts_E if self.load_E is None else self.load_E + counts_E
         if gemv.one_row(x_TD):  # decoding: the K chosen experts against cached transposed weights
             y_TD = self._decode_one(x_TD, idx_TK, w_TK)
         else:
             y_TD = moe_experts(x_TD, idx_TK, w_TK, self.w_in_EFD, self.w_out_EDH,
-                               self.cfg.dispatch, self.cfg.grouped_mm)
+                               cfg.dispatch, cfg.grouped_mm)
+        if self.shared is not None:
+            y_TD = y_TD + self.shared(x_TD)[0].to(y_TD.dtype)
         zero = logits_TE.new_zeros(()) if not aux else None
+        seq = None
+        if aux and cfg.seq_balance_coef > 0:
+            seq = router_losses.sequence_balance_loss(probs_TE.view(B, S, -1), idx_TK.view(B, S, K))
         out = RouterOutput(
             balance=router_losses.balance_loss(probs_TE, idx_TK) if aux else zero,
             z=router_losses.z_loss(logits_TE) if aux else zero,
-            stats=router_losses.router_stats(logits_TE, probs_TE, idx_TK) if stats else None,
+            seq_balance=seq,
+            stats=self._stats(logits_TE, probs_TE, idx_TK) if stats else None,
             token_weights=probs_TE.new_zeros(probs_TE.shape).scatter(1, idx_TK, w_TK).detach()
             if stats else None,
         )
         return y_TD.to(x_BSD.dtype).reshape(B, S, D), out
+
+    def _stats(self, logits_TE, probs_TE, idx_TK) -> dict:
+        out = router_losses.router_stats(logits_TE, probs_TE, idx_TK)
+        if self.cfg.bias_balance:
+            out["bias"] = self.expert_bias_E.tolist()
+        return out
+
+    @torch.no_grad()
+    def update_bias(self, load_E: torch.Tensor) -> None:
+        """One aux-loss-free step: ``b_e += bias_rate * sign(mean(load) - load_e)`` with the loads
+        counted over a whole optimizer step; the counts are reset."""
+        load_E = load_E.to(torch.float64)
+        step_E = torch.sign(load_E.mean() - load_E) * self.cfg.bias_rate
+        self.expert_bias_E += step_E.to(self.expert_bias_E.dtype)
+        self.load_E = None
 
     def _decode_one(self, x_1D, idx_1K, w_1K):
         """One token at inference: its K experts against cached transposed weights (studylib.nn.gemv)."""

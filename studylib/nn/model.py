@@ -28,7 +28,8 @@ class ModelOutput:
     loss: Optional[torch.Tensor]  # mean next-token cross-entropy (targets already shifted)
     balance_loss: torch.Tensor  # mean over MoE layers of the Switch balance loss (0 if none)
     z_loss: torch.Tensor  # mean over MoE layers of the router z-loss (0 if none)
-    aux_loss: torch.Tensor  # balance_coef * balance_loss + z_coef * z_loss (add it to `loss`)
+    aux_loss: torch.Tensor  # balance_coef * balance_loss + z_coef * z_loss (+ seq_balance_coef *
+    # the mean sequence-wise balance loss) (add it to `loss`)
     router_stats: list = field(default_factory=list)  # per layer: dict of diagnostics or None
     token_routing: list = field(default_factory=list)  # per layer: (B, S, E) combine weights or None
 
@@ -164,6 +165,10 @@ class Decoder(nn.Module):
                     nn.init.zeros_(f.router.weight)
                 else:
                     nn.init.normal_(f.router.weight, std=std)
+                if getattr(f, "shared", None) is not None:  # shared experts: as an expert (after the
+                    nn.init.normal_(f.shared.w_in.weight, std=1 / math.sqrt(D) if fan_in else std)  # draws
+                    nn.init.normal_(f.shared.w_out.weight,  # of models without them, unchanged)
+                                    std=1 / math.sqrt(f.shared.hidden // f.cfg.n_shared) if fan_in else out_std)
             blk.attn_norm.weight.fill_(1.0)
             blk.ffn_norm.weight.fill_(1.0)
         self.norm.weight.fill_(1.0)
@@ -178,6 +183,22 @@ class Decoder(nn.Module):
                 if mode == "balanced" and isinstance(blk.ffn, SoftMoE):
                     raise ValueError(f"layer {i}: 'balanced' applies to the sparse MoE only")
                 blk.ffn.router_mode = mode
+
+    def update_router_biases(self, all_reduce=None) -> None:
+        """Aux-loss-free balancing: one bias update per MoE layer with ``bias_balance``, from the
+        assignments counted since the last update (the trainer calls this once per optimizer step;
+        ``all_reduce`` sums the counts over DDP ranks in place)."""
+        layers = [b.ffn for b in self.blocks if isinstance(b.ffn, SparseMoE) and b.ffn.cfg.bias_balance]
+        if not layers:
+            return
+        E = layers[0].cfg.num_experts
+        ref = layers[0].expert_bias_E
+        loads = torch.stack([f.load_E if f.load_E is not None else torch.zeros(E, dtype=torch.long, device=ref.device)
+                             for f in layers]).to(torch.float64)
+        if all_reduce is not None:
+            all_reduce(loads)
+        for f, load_E in zip(layers, loads):
+            f.update_bias(load_E)
 
     def routed_layers(self) -> list[int]:
         return [i for i, b in enumerate(self.blocks) if isinstance(b.ffn, _Experts)]
@@ -221,6 +242,9 @@ class Decoder(nn.Module):
         z = torch.stack([r.z for r in moe]).mean() if moe else zero
         f = self.cfg.ffn
         aux = f.balance_coef * bal + f.z_coef * z if moe else zero
+        seq = [r.seq_balance for r in moe if r.seq_balance is not None]
+        if seq:
+            aux = aux + f.seq_balance_coef * torch.stack(seq).mean()
         return ModelOutput(
             logits=logits, loss=loss, balance_loss=bal, z_loss=z, aux_loss=aux,
             router_stats=[r.stats if r is not None else None for r in routers],

@@ -26,6 +26,20 @@ def balance_loss(probs_TE: torch.Tensor, idx_TK: torch.Tensor) -> torch.Tensor:
     return E * torch.sum(f_E * P_E)
 
 
+def sequence_balance_loss(probs_BSE: torch.Tensor, idx_BSK: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3's sequence-wise balance loss (before its coefficient alpha): per sequence
+    ``sum_e f_e * P_e`` with ``f_e = E / (K * S) * (tokens of the sequence that chose e)`` and
+    ``P_e`` the sequence's mean normalised affinity of e; averaged over the sequences. 1.0 at
+    perfectly uniform routing, as the Switch loss."""
+    B, S, E = probs_BSE.shape
+    K = idx_BSK.shape[-1]
+    counts_BE = torch.zeros(B, E, device=idx_BSK.device, dtype=torch.float32).scatter_add_(
+        1, idx_BSK.reshape(B, S * K), torch.ones(B, S * K, device=idx_BSK.device, dtype=torch.float32))
+    f_BE = counts_BE * (E / (K * S))
+    P_BE = probs_BSE.float().mean(1)
+    return (f_BE * P_BE).sum(-1).mean()
+
+
 def z_loss(logits_TE: torch.Tensor) -> torch.Tensor:
     """ST-MoE router z-loss: mean over tokens of logsumexp(logits)^2."""
     return torch.logsumexp(logits_TE.float(), dim=-1).pow(2).mean()

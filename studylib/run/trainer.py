@@ -236,6 +236,7 @@ class Trainer:
         gnorm = self._clip_gradients(step + 1, ce)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        self.model.update_router_biases(self.dist.all_reduce_sum)  # aux-loss-free balancing: once per step
         return StepResult(lr=lr, ce=ce, aux=aux, gnorm=gnorm, dt=time.perf_counter() - t0)
 
     def _micro_step(self, step: int, m: int) -> torch.Tensor:

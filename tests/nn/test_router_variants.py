@@ -1,0 +1,220 @@
+"""The router variants (issue #21): sigmoid scores, the aux-loss-free selection bias, the route
+scale, shared experts and the sequence-wise balance loss. Every dispatch path of a whole MoE layer
+equals a per-token reference written out here (outputs and every gradient, fp32), and the bias
+follows its rules: selection only, one update per optimizer step from the whole step's loads,
+never moved by evaluation or decoding, saved and restored exactly."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from _tiny import synthetic_data, tiny_preset
+from studylib.config import FFNConfig, ModelConfig, count_params
+from studylib.nn import router_losses
+from studylib.nn.dispatch import PATHS
+from studylib.nn.ffn import SparseMoE
+from studylib.nn.model import Decoder
+
+VARIANTS = {
+    "reference": {},
+    "sigmoid": {"score": "sigmoid"},
+    "sigmoid_unnormalised": {"score": "sigmoid", "renormalize": False},
+    "bias": {"bias_balance": True},
+    "sigmoid_bias_scaled": {"score": "sigmoid", "bias_balance": True, "route_scale": 2.5},
+    "shared1": {"n_shared": 1},
+    "shared2_top1": {"n_shared": 2, "top_k": 1},
+    "everything": {"score": "sigmoid", "bias_balance": True, "route_scale": 1.5, "n_shared": 1,
+                   "seq_balance_coef": 0.01},
+}
+
+
+def _layer(variant: dict, dispatch: str, D=16, H=12, E=5, K=2, seed=0) -> SparseMoE:
+    opts = dict(variant)
+    cfg = FFNConfig(kind="moe", hidden=H, num_experts=E, top_k=opts.pop("top_k", K), dispatch=dispatch,
+                    grouped_mm="off", **opts)
+    torch.manual_seed(seed)
+    layer = SparseMoE(D, cfg)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.3)
+        if cfg.bias_balance:  # a bias large enough to change which experts are chosen
+            layer.expert_bias_E.copy_(torch.tensor([0.3, -0.2, 0.0, 0.25, -0.1])[:E])
+    return layer
+
+
+def reference_layer(layer: SparseMoE, x_TD: torch.Tensor) -> torch.Tensor:
+    """Per token: score every expert, pick the k best of score + bias, weight the picks by their
+    unbiased scores (normalised, scaled), add the shared experts one by one."""
+    cfg, H = layer.cfg, layer.cfg.hidden
+    Wr, w_in, w_out = layer.router.weight, layer.w_in_EFD, layer.w_out_EDH
+    rows = []
+    for t in range(x_TD.shape[0]):
+        logit = (Wr @ x_TD[t]) * cfg.router_scale
+        s = torch.softmax(logit, -1) if cfg.score == "softmax" else torch.sigmoid(logit)
+        pick = s + layer.expert_bias_E if cfg.bias_balance else s
+        chosen = sorted(range(cfg.num_experts), key=lambda e: -float(pick[e]))[:cfg.top_k]
+        w = torch.stack([s[e] for e in chosen])
+        if cfg.renormalize:
+            w = w / w.sum()
+        w = w * cfg.route_scale
+        acc = torch.zeros_like(x_TD[t])
+        for k, e in enumerate(chosen):
+            h = w_in[e] @ x_TD[t]
+            acc = acc + w[k] * (w_out[e] @ (F.silu(h[:H]) * h[H:]))
+        if layer.shared is not None:  # n_shared experts of width H, from the one fused SwiGLU
+            n = cfg.n_shared
+            g_in, g_out = layer.shared.w_in.weight, layer.shared.w_out.weight  # (2nH, D), (D, nH)
+            for j in range(n):
+                gate = g_in[j * H:(j + 1) * H] @ x_TD[t]
+                up = g_in[n * H + j * H:n * H + (j + 1) * H] @ x_TD[t]
+                acc = acc + g_out[:, j * H:(j + 1) * H] @ (F.silu(gate) * up)
+        rows.append(acc)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_variant_and_path_matches_the_per_token_reference(name, path):
+    layer = _layer(VARIANTS[name], path)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 9, 16, generator=g)
+    gy = torch.randn(2, 9, 16, generator=g)
+    xr = x.clone().requires_grad_(True)
+    ref = reference_layer(layer, xr.reshape(-1, 16))
+    (ref * gy.reshape(-1, 16)).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    xp = x.clone().requires_grad_(True)
+    y, _ = layer(xp, aux=False)
+    (y * gy).sum().backward()
+    torch.testing.assert_close(y.reshape(-1, 16), ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xp.grad, xr.grad, rtol=1e-5, atol=1e-5)
+    for n, p in layer.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-5, atol=1e-5, msg=f"grad of {n} ({name}, {path})")
+
+
+def test_the_bias_picks_the_experts_but_not_their_weights():
+    layer = _layer({"bias_balance": True}, "grouped")
+    with torch.no_grad():
+        layer.expert_bias_E.copy_(torch.tensor([10.0, 10.0, 0.0, 0.0, 0.0]))  # experts 0 and 1, always
+    x = torch.randn(1, 7, 16)
+    _, out = layer(x, stats=True, aux=False)
+    w = out.token_weights  # (T, E) combine weights
+    assert (w[:, 2:] == 0).all() and (w[:, :2] > 0).all()
+    p = torch.softmax(layer.router_logits(x.reshape(-1, 16)), -1)[:, :2]
+    torch.testing.assert_close(w[:, :2], p / p.sum(-1, keepdim=True))  # the unbiased scores, renormalised
+
+
+def test_shared_experts_are_counted_as_active_parameters():
+    for opts in ({"n_shared": 1}, {"n_shared": 2, "top_k": 1}, {"bias_balance": True}):
+        f = FFNConfig(kind="moe", hidden=24, num_experts=4, top_k=opts.pop("top_k", 2), **opts)
+        cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, context=16, ffn=f)
+        m = Decoder(cfg)
+        assert count_params(cfg).total == sum(p.numel() for p in m.parameters())  # the bias is a buffer
+        one = 3 * 32 * 24
+        assert count_params(cfg).ffn_active == 2 * one * (f.top_k + f.n_shared)
+
+
+def test_sequence_balance_loss_is_the_per_sequence_switch_loss():
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(3, 10, 4, generator=g), -1)
+    idx = p.topk(2, -1).indices
+    per_seq = [router_losses.balance_loss(p[b], idx[b]) for b in range(3)]
+    torch.testing.assert_close(router_losses.sequence_balance_loss(p, idx), torch.stack(per_seq).mean())
+    uniform = torch.full((2, 8, 4), 0.25)
+    even = (torch.arange(16).reshape(2, 8, 1) * 2 + torch.arange(2)) % 4  # every expert equally often
+    assert float(router_losses.sequence_balance_loss(uniform, even)) == pytest.approx(1.0)
+
+
+def test_variants_refused_outside_the_routed_moe():
+    from studylib.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ffn.score: a router variant of the routed MoE"):
+        FFNConfig(kind="soft", num_experts=2, score="sigmoid").validate()
+    with pytest.raises(ConfigError, match="ffn.bias_rate: must be > 0"):
+        FFNConfig(kind="moe", num_experts=2, bias_balance=True, bias_rate=0).validate()
+
+
+# --------------------------------------------------------------------------------------------
+# the bias during training
+# --------------------------------------------------------------------------------------------
+BIAS_MOE = {"ffn": {"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "bias_balance": True,
+                    "bias_rate": 0.01}}
+
+
+@pytest.fixture(scope="module")
+def data():
+    return synthetic_data()
+
+
+def _preset(**train):
+    return tiny_preset(models={"bias": BIAS_MOE}, train={"max_steps": 6, "eval_every": 3, **train})
+
+
+def test_one_update_per_optimizer_step_from_the_whole_steps_loads(tmp_path, data, monkeypatch, one_thread):
+    from studylib.run import trainer as T
+
+    calls = []
+    update = SparseMoE.update_bias
+
+    def spy(self, load_E):
+        calls.append(load_E.clone())
+        return update(self, load_E)
+
+    monkeypatch.setattr(SparseMoE, "update_bias", spy)
+    p = _preset(grad_accum=2)
+    T.train_run(p, "bias", 1, run_dir=tmp_path / "r", progress=False, data=data)
+    L = p.model_config("bias").n_layers
+    assert len(calls) == 6 * L  # once per step and layer, not per micro-batch, not at evaluation
+    per_step = p.train.batch_size * p.train.grad_accum * (data.context - 1) * 2  # windows x tokens x k
+    assert all(int(c.sum()) == per_step for c in calls)
+
+
+def test_eval_and_decoding_leave_the_bias_and_a_checkpoint_holds_it(tmp_path, data, one_thread):
+    from studylib.run import checkpoint as C
+    from studylib.run import trainer as T
+    from studylib.run.decode import generate
+    from studylib.run.rundir import RunDir
+
+    T.train_run(_preset(), "bias", 1, run_dir=tmp_path / "r", progress=False, data=data)
+    rd = RunDir(tmp_path / "r")
+    state = C.load(rd.checkpoints / C.LATEST)
+    bias = [v for k, v in state["model"].items() if k.endswith("expert_bias_E")]
+    assert bias and all(b.abs().sum() > 0 for b in bias)  # moved, and saved as it is (not zeros)
+    m = Decoder(_preset().model_config("bias"))
+    m.load_state_dict(state["model"])
+    before = [b.ffn.expert_bias_E.clone() for b in m.blocks]
+    m.eval()
+    with torch.no_grad():
+        m(data.windows(data.val_idx[:4])[:, :-1], data.windows(data.val_idx[:4])[:, 1:])
+    generate(m, [1, 2, 3], 5, temperature=0.0)
+    m.update_router_biases()  # nothing was counted: no move
+    assert all(torch.equal(a, b.ffn.expert_bias_E) for a, b in zip(before, m.blocks))
+
+
+def test_resume_with_the_bias_is_bit_exact(tmp_path, data, monkeypatch, one_thread):
+    from studylib.run import checkpoint as C
+    from studylib.run import trainer as T
+    from studylib.run.rundir import RunDir
+    import studylib.nn.model as M
+
+    p = _preset(max_steps=8)
+    T.train_run(p, "bias", 1, run_dir=tmp_path / "ref", progress=False, data=data)
+    forward, calls = M.Decoder.forward, {"n": 0}
+
+    def crash(self, *a, **kw):
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] > 2 * 5:  # dies in step 6 (checkpoint at 3)
+                raise KeyboardInterrupt
+        return forward(self, *a, **kw)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(M.Decoder, "forward", crash)
+        with pytest.raises(KeyboardInterrupt):
+            T.train_run(p, "bias", 1, run_dir=tmp_path / "res", progress=False, data=data)
+    T.train_run(p, "bias", 1, run_dir=tmp_path / "res", progress=False, data=data)
+    a, b = (C.load(RunDir(tmp_path / n).checkpoints / C.LATEST)["model"] for n in ("ref", "res"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert RunDir(tmp_path / "res").summary()["best_val_loss"] == RunDir(tmp_path / "ref").summary()["best_val_loss"]
