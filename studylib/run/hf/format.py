@@ -1,6 +1,17 @@
 """The ONE mapping between a studylib decoder and transformers' ``LlamaForCausalLM`` (dense) /
-``MixtralForCausalLM`` (top-k MoE): which configs it can represent, the HF config, and the weights
+``MixtralForCausalLM`` (softmax top-k MoE) / ``Glm4MoeForCausalLM`` (sigmoid-scored MoE: the
+router variants of issue #21): which configs it can represent, the HF config, and the weights
 under HF's names. Used by the export (:mod:`studylib.run.hf.export`) and by the benchmark's HF peer.
+
+Why Glm4Moe for the sigmoid variants: it keeps standard grouped-query attention (with
+``use_qk_norm: false``, ``attention_bias: false`` and ``partial_rotary_factor: 1.0`` it is this
+decoder's attention exactly) and holds sigmoid scores, the selection bias
+(``e_score_correction_bias``), shared experts (one MLP of ``n_shared * hidden``),
+``norm_topk_prob`` and ``routed_scaling_factor``; ``first_k_dense_replace: 0`` makes every layer an
+MoE. Dots1 holds the same router but always normalises q and k (qk-norm), and DeepseekV3 uses
+multi-head latent attention: neither holds this attention. No class selects top-k over *softmax*
+scores plus a bias, and Qwen2Moe (softmax with a shared expert) gates that expert with a learned
+sigmoid: those variants are refused.
 
 Numerically the models are LLaMA / Mixtral: rotate-half RoPE, SwiGLU (our fused ``w_in`` rows are
 gate then up), RMSNorm, GQA (our ``wqkv`` rows are the Q heads, then K, then V), tied embeddings and
@@ -29,6 +40,16 @@ def refusal(cfg: ModelConfig) -> Optional[str]:
     if f.kind == "moe" and f.layers is not None and set(f.layers) != set(range(cfg.n_layers)):
         return (f"ffn.layers={list(f.layers)}: mixed FFN kinds across layers (dense and MoE) have no "
                 f"transformers architecture")
+    if f.kind == "moe" and f.score == "sigmoid":
+        return None  # Glm4Moe holds every sigmoid variant (bias, shared experts, scale, normalisation)
+    if f.kind == "moe" and f.bias_balance:
+        return ("ffn.bias_balance with softmax scores: no transformers class selects the top-k over softmax "
+                "scores plus a bias (Glm4Moe, Dots1 and DeepseekV3 score with a sigmoid: use ffn.score=sigmoid)")
+    if f.kind == "moe" and f.n_shared:
+        return ("ffn.n_shared with softmax scores: Qwen2Moe, the softmax MoE with a shared expert, gates that "
+                "expert with a learned sigmoid, which this model does not have (use ffn.score=sigmoid: Glm4Moe)")
+    if f.kind == "moe" and f.route_scale != 1.0:
+        return "ffn.route_scale with softmax scores: Mixtral has no routed scaling factor"
     if f.kind == "moe" and not f.renormalize:
         return ("ffn.renormalize=false: Mixtral always renormalises the top-k gate weights; a gate "
                 "scaled by the router probability (Switch) has no transformers equivalent")
@@ -42,8 +63,20 @@ def check(cfg: ModelConfig) -> None:
         raise ConfigError(f"{cfg.name}: cannot be written in the Hugging Face format: {why}")
 
 
+#: family -> (architecture, config class, model_type)
+FAMILIES = {"llama": ("LlamaForCausalLM", "LlamaConfig", "llama"),
+            "mixtral": ("MixtralForCausalLM", "MixtralConfig", "mixtral"),
+            "glm4_moe": ("Glm4MoeForCausalLM", "Glm4MoeConfig", "glm4_moe")}
+
+
+def family(cfg: ModelConfig) -> str:
+    if cfg.ffn.kind == "dense":
+        return "llama"
+    return "glm4_moe" if cfg.ffn.score == "sigmoid" else "mixtral"
+
+
 def architecture(cfg: ModelConfig) -> str:
-    return "LlamaForCausalLM" if cfg.ffn.kind == "dense" else "MixtralForCausalLM"
+    return FAMILIES[family(cfg)][0]
 
 
 def transformers_major() -> int:
@@ -67,8 +100,14 @@ def config_kwargs(cfg: ModelConfig, attention_dropout: float = 0.0, bos_id=None,
               max_position_embeddings=cfg.context, rms_norm_eps=cfg.norm_eps,
               tie_word_embeddings=True, attention_dropout=attention_dropout,
               bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id)
+    f = cfg.ffn
     if cfg.ffn.kind == "dense":
         kw.update(attention_bias=False, mlp_bias=False)
+    elif family(cfg) == "glm4_moe":
+        kw.update(moe_intermediate_size=f.hidden, n_routed_experts=f.num_experts, num_experts_per_tok=f.top_k,
+                  n_shared_experts=f.n_shared, first_k_dense_replace=0, norm_topk_prob=f.renormalize,
+                  routed_scaling_factor=f.route_scale, n_group=1, topk_group=1, use_qk_norm=False,
+                  attention_bias=False, partial_rotary_factor=1.0)
     else:
         kw.update(num_local_experts=cfg.ffn.num_experts, num_experts_per_tok=cfg.ffn.top_k,
                   router_aux_loss_coef=hf_aux_coef(cfg), router_jitter_noise=0.0,
@@ -83,11 +122,10 @@ def hf_config(cfg: ModelConfig, experts: str = "eager", attention_dropout: float
     check(cfg)
     kw = config_kwargs(cfg, attention_dropout, **ids)
     if transformers_major() >= 5:
-        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+        kw["rope_parameters"] = rope_parameters(cfg)
     else:
         kw["rope_theta"] = cfg.rope_theta
-    cls = transformers.LlamaConfig if cfg.ffn.kind == "dense" else transformers.MixtralConfig
-    c = cls(**kw)
+    c = getattr(transformers, FAMILIES[family(cfg)][1])(**kw)
     if cfg.ffn.kind != "dense":
         c._experts_implementation = experts
     c._attn_implementation = "sdpa"
@@ -95,6 +133,13 @@ def hf_config(cfg: ModelConfig, experts: str = "eager", attention_dropout: float
     if got is not None and float(got) != float(cfg.rope_theta):
         raise ConfigError(f"{cfg.name}: transformers kept rope_theta={got}, expected {cfg.rope_theta}")
     return c
+
+
+def rope_parameters(cfg: ModelConfig) -> dict:
+    out = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if family(cfg) == "glm4_moe":
+        out["partial_rotary_factor"] = 1.0  # Glm4Moe's default rotates half of each head
+    return out
 
 
 def state_dict(model, layout: str = LEGACY) -> dict:
@@ -119,6 +164,9 @@ def state_dict(model, layout: str = LEGACY) -> dict:
                        p + "mlp.down_proj.weight": f.w_out.weight})
             continue
         router = f.router.weight * f.cfg.router_scale if f.cfg.router_scale != 1.0 else f.router.weight
+        if family(cfg) == "glm4_moe":
+            sd.update(_glm4_moe(p, f, router, layout))
+            continue
         if layout == FUSED:
             sd.update({p + "mlp.gate.weight": router, p + "mlp.experts.gate_up_proj": f.w_in_EFD,
                        p + "mlp.experts.down_proj": f.w_out_EDH})
@@ -130,6 +178,33 @@ def state_dict(model, layout: str = LEGACY) -> dict:
                 sd.update({f"{m}experts.{e}.w1.weight": gate, f"{m}experts.{e}.w3.weight": up,
                            f"{m}experts.{e}.w2.weight": f.w_out_EDH[e]})
     return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
+
+
+def _glm4_moe(p: str, f, router, layout: str) -> dict:
+    """One Glm4Moe MoE layer: router, selection bias (zeros without bias balancing), experts
+    (fused in 5.x, per expert on disk) and the shared experts' one MLP (width 0 without them)."""
+    import torch
+
+    m = p + "mlp."
+    bias = f.expert_bias_E if f.cfg.bias_balance else torch.zeros(f.cfg.num_experts)
+    sd = {m + "gate.weight": router, m + "gate.e_score_correction_bias": bias}
+    if layout == FUSED:
+        sd.update({m + "experts.gate_up_proj": f.w_in_EFD, m + "experts.down_proj": f.w_out_EDH})
+    else:
+        for e in range(f.w_in_EFD.shape[0]):
+            gate, up = f.w_in_EFD[e].chunk(2, 0)
+            sd.update({f"{m}experts.{e}.gate_proj.weight": gate, f"{m}experts.{e}.up_proj.weight": up,
+                       f"{m}experts.{e}.down_proj.weight": f.w_out_EDH[e]})
+    if f.shared is not None:
+        gate, up = f.shared.w_in.weight.chunk(2, 0)
+        down = f.shared.w_out.weight
+    else:
+        D = f.w_in_EFD.shape[2]
+        gate = up = f.w_in_EFD.new_zeros(0, D)
+        down = f.w_in_EFD.new_zeros(D, 0)
+    sd.update({m + "shared_experts.gate_proj.weight": gate, m + "shared_experts.up_proj.weight": up,
+               m + "shared_experts.down_proj.weight": down})
+    return sd
 
 
 def layout_of(hf_model) -> str:
@@ -172,7 +247,7 @@ def build_hf(cfg: ModelConfig, ours=None, experts: str = "eager", device="cpu",
 def config_dict(cfg: ModelConfig, **ids) -> dict:
     """config.json for an export: both rope fields, so transformers 4.x and 5.x read the same."""
     kw = config_kwargs(cfg, 0.0, **ids)
-    kw.update(architectures=[architecture(cfg)], model_type="llama" if cfg.ffn.kind == "dense" else "mixtral",
-              rope_theta=cfg.rope_theta, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+    kw.update(architectures=[architecture(cfg)], model_type=FAMILIES[family(cfg)][2],
+              rope_theta=cfg.rope_theta, rope_parameters=rope_parameters(cfg),
               torch_dtype="float32", dtype="float32", use_cache=True)
     return kw

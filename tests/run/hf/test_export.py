@@ -1,6 +1,8 @@
-"""The transformers export: from_pretrained logits == studylib's (fp32, 1e-5) for a dense and a MoE
-run on every dispatch path, the same greedy tokens, the same tokenizer ids as SentencePiece, and
-the refusals (soft MoE, Switch top-1 gate, mixed layers) raised before anything is written."""
+"""The transformers export: from_pretrained logits == studylib's (fp32, 1e-5) for a dense, a MoE
+and two sigmoid-router MoEs (Glm4Moe: with the selection bias, a shared expert and a route scale,
+and without) on every dispatch path, the same greedy tokens, the same tokenizer ids as
+SentencePiece, and the refusals (soft MoE, Switch top-1 gate, mixed layers, softmax variants no
+class holds) raised before anything is written."""
 from __future__ import annotations
 
 import argparse
@@ -56,6 +58,16 @@ def _cycle_data(n_windows=400, vocab=VOCAB, seed=0):
                          val_idx=np.sort(perm[:24]).astype(np.int64), vocab_size=vocab)
 
 
+GLM = {  # sigmoid-scored routers: exported as Glm4MoeForCausalLM
+    "glm": {"ffn": {"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "score": "sigmoid",
+                    "bias_balance": True, "bias_rate": 0.01, "n_shared": 1, "route_scale": 1.5}},
+    "glm_plain": {"ffn": {"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "score": "sigmoid",
+                          "renormalize": False}},
+}
+ARCH = {"dense": "LlamaForCausalLM", "moe": "MixtralForCausalLM", "glm": "Glm4MoeForCausalLM",
+        "glm_plain": "Glm4MoeForCausalLM"}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A SentencePiece model and a trained dense and MoE run (synthetic Markov tokens)."""
@@ -68,9 +80,11 @@ def runs(tmp_path_factory):
     torch.set_num_threads(1)
     preset = tiny_preset(data={"vocab_size": VOCAB}, train={"max_steps": 150, "eval_every": 50,
                                                             "lr": 1e-2, "min_lr": 1e-3})
+    preset = tiny_preset(data={"vocab_size": VOCAB}, train={"max_steps": 150, "eval_every": 50,
+                                                            "lr": 1e-2, "min_lr": 1e-3}, models=GLM)
     data = _cycle_data()
     out = {"sp": sp}
-    for name in ("dense", "moe"):
+    for name in ("dense", "moe", *GLM):
         train_run(preset, name, 1, run_dir=root / name, progress=False, data=data)
         out[name] = ex.export(root / name, root / f"{name}-hf", tokenizer=sp)
     torch.set_num_threads(n)
@@ -95,11 +109,11 @@ def _hf(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("name,dispatch", [("dense", None), ("moe", "naive"), ("moe", "grouped"),
-                                           ("moe", "stacked")])
+@pytest.mark.parametrize("name,dispatch", [("dense", None)] + [(m, d) for m in ("moe", "glm", "glm_plain")
+                                                               for d in ("naive", "grouped", "stacked")])
 def test_logits_match(runs, one_thread, name, dispatch):
     hf = _hf(runs[f"{name}"])
-    assert type(hf).__name__ == ("LlamaForCausalLM" if name == "dense" else "MixtralForCausalLM")
+    assert type(hf).__name__ == ARCH[name]
     ours = _ours(runs["root"] / name, dispatch)
     x = torch.randint(0, VOCAB, (3, 33), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -108,7 +122,14 @@ def test_logits_match(runs, one_thread, name, dispatch):
     assert (a - b).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("name", ["dense", "moe"])
+def test_the_trained_bias_is_exported(runs):
+    hf, ours = _hf(runs["glm"]), _ours(runs["root"] / "glm")
+    b_hf = hf.model.layers[0].mlp.gate.e_score_correction_bias
+    b = ours.blocks[0].ffn.expert_bias_E
+    assert b.abs().sum() > 0 and torch.equal(b_hf, b)
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "glm"])
 def test_greedy_tokens_match(runs, one_thread, name):
     hf, ours = _hf(runs[name]), _ours(runs["root"] / name)
     prompt = [2, 17, 40, 5]
@@ -188,6 +209,9 @@ def test_export_never_overwrites_a_users_folder_and_swaps_in_whole(runs, tmp_pat
     ({"kind": "soft", "hidden": 32, "num_experts": 4}, "soft"),
     ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 1, "renormalize": False}, "renormalize"),
     ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "layers": [1]}, "mixed FFN kinds"),
+    ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "bias_balance": True}, "bias_balance with softmax"),
+    ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "n_shared": 1}, "n_shared with softmax"),
+    ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "route_scale": 2.0}, "route_scale with softmax"),
 ])
 def test_refusals_name_the_reason_and_write_nothing(runs, tmp_path, ffn, reason):
     preset = tiny_preset(data={"vocab_size": VOCAB}, train={"max_steps": 1, "eval_every": 1},
