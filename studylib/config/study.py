@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 from studylib.config.schema import ConfigError, _coerce
 
 #: the knobs that list model names (each checked against the preset's models)
-MODEL_LISTS = ("headline", "ablation", "granularity", "iso_width")
+MODEL_LISTS = ("headline", "ablation", "granularity", "iso_width", "router_variants")
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,8 @@ class StudyConfig:
     granularity_epochs: float = 1.0
     iso_width: Optional[tuple[str, ...]] = None
     iso_width_epochs: float = 1.0
+    router_variants: Optional[tuple[str, ...]] = None  # 12: MoEs with other routers (the reference MoE too)
+    router_variants_epochs: float = 1.0  # 12: the headline budget (1.0) reuses the headline runs
     comparison_seeds: Optional[int] = None  # 02, 06, 07: the first k seeds (None: all)
     downstream_seeds: Optional[int] = None  # 10: the first k seeds (None: all)
     power_target: float = 0.03  # 03: the CI half-width the power table plans for

@@ -241,6 +241,26 @@ def collapse_shares(shares_by_model: dict, threshold: float = 0.9, x: str = "ste
     return _finish(fig, name, outdir)
 
 
+def bias_trajectory(bias: pd.DataFrame, x: str = "tokens", title: str = "Selection bias over training",
+                    outdir=None, name: str = "router_bias") -> plt.Figure:
+    """Grid: one row per variant with a selection bias, one column per layer, one line per expert
+    (mean over seeds with its spread) of a :func:`studylib.study.analysis.variants.bias_frame`."""
+    models, layers = list(dict.fromkeys(bias["model"])), sorted(bias["layer"].unique())
+    fig, axes = plt.subplots(len(models), len(layers), figsize=(3.2 * len(layers), 2.4 * len(models)),
+                             squeeze=False, sharex=True, sharey=True)
+    for r, m in enumerate(models):
+        for c, layer in enumerate(layers):
+            ax = axes[r, c]
+            d = bias[(bias["model"] == m) & (bias["layer"] == layer)]
+            sns.lineplot(data=d, x=x, y="bias", hue="expert", palette="tab10", ax=ax,
+                         legend=(r == 0 and c == len(layers) - 1), errorbar=("pi", 100))
+            ax.axhline(0.0, color="grey", lw=0.8)
+            ax.set(xlabel=x if r == len(models) - 1 else "", ylabel=m if c == 0 else "",
+                   title=f"layer {layer}" if r == 0 else "")
+    fig.suptitle(title)
+    return _finish(fig, name, outdir)
+
+
 # --------------------------------------------------------------------------------------------
 # budgets, throughput, granularity
 # --------------------------------------------------------------------------------------------

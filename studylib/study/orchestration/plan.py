@@ -106,6 +106,17 @@ def ablation_grid(preset: Preset) -> Grid:
                 budget_overrides(preset, study_epochs(preset, "ablation_epochs")))
 
 
+def router_variants_grid(preset: Preset) -> Grid:
+    """Notebook 12: the router variants, the reference MoE and the headline's two dense
+    baselines at ``study.router_variants_epochs`` (1.0: the headline budget, whose runs notebook
+    03 shares), every seed of the preset."""
+    headline = study_list(preset, "headline")
+    models = [headline[0], *study_list(preset, "router_variants"), headline[2]]
+    if reference_moe(preset) not in models:
+        models.insert(1, reference_moe(preset))
+    return Grid(list(dict.fromkeys(models)), None, budget_overrides(preset, study_epochs(preset, "router_variants_epochs")))
+
+
 def granularity_grid(preset: Preset) -> Grid:
     """Notebook 06: the soft-MoE K sweep at ``study.granularity_epochs``, the first
     ``study.comparison_seeds`` seeds."""
@@ -203,6 +214,7 @@ NOTEBOOK_GRIDS: dict[str, Callable[[Preset], list[Grid]]] = {
     "09_token_budget": _budget_grids,
     "10_downstream": lambda p: [downstream_grid(p)],
     "11_learning_rate": _lr_grids,
+    "12_router_variants": lambda p: [router_variants_grid(p)],
 }
 
 
@@ -212,5 +224,5 @@ def study_grids(preset: Preset, notebooks: Sequence[str]) -> list[Grid]:
     return [g for name in notebooks for g in NOTEBOOK_GRIDS.get(name, lambda p: [])(preset)]
 
 
-__all__ = ["budget_grids", "train_budgets", "sweep_grids", "ensure_sweep", "noise_grids", "noise_runs", "RunBudget", "run_budget", "study_grids", "first_seeds", "downstream_grid", "reference_moe", "reference_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid",
+__all__ = ["budget_grids", "train_budgets", "sweep_grids", "ensure_sweep", "noise_grids", "noise_runs", "RunBudget", "run_budget", "study_grids", "first_seeds", "downstream_grid", "reference_moe", "reference_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid", "router_variants_grid",
            "study_epochs", "study_list", "NOTEBOOK_GRIDS"]

@@ -1,0 +1,131 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 · The routers people train today
+#
+# The reference MoE routes with a softmax top-k, the Switch balance loss and the z-loss. The MoE
+# codebases researchers start from today train other routers; here each is a model of the preset
+# (`study.router_variants`), trained with **every seed** at the headline budget (unless the preset
+# says otherwise, printed below), and compared paired by seed with the reference MoE and with the
+# two dense baselines of the headline (95% CI, paired t; a gap is resolved only when its CI
+# excludes 0).
+#
+# | option (`ffn.`) | what it does | from |
+# |---|---|---|
+# | `bias_balance: true`, `bias_rate: u` | a per-expert bias b is added to the scores for the top-k *selection* only; after each optimizer step `b_e += u * sign(mean load - load_e)`, loads counted over the whole step (every micro-batch, every rank) | DeepSeek-V3 (auxiliary-loss-free balancing) |
+# | `seq_balance_coef: alpha` | the sequence-wise balance loss kept beside the bias | DeepSeek-V3 |
+# | `score: sigmoid` | `s = sigmoid(x W)`, top-k on s (+ b), weights `s_topk / sum(s_topk)` | DeepSeek-V3, GLM-4.5 |
+# | `route_scale` | the routed weights times a constant | `routed_scaling_factor` |
+# | `n_shared: n` | n always-active experts added to the routed output; counted as active parameters | DeepSeekMoE, Qwen-MoE |
+# | `num_experts: E*G, hidden: h/G, top_k: k*G` | fine-grained experts at the same active and total parameters | DeepSeekMoE, OLMoE |
+#
+# **Not here.** *Expert-choice* routing lets each expert pick its tokens across the whole sequence,
+# so a token's output depends on later tokens: it is not causal and does not fit an autoregressive
+# decoder without changes. The *global-batch* balance loss (f counted over the whole optimizer step
+# instead of the micro-batch, "Demons in the detail") is not implemented yet: with gradient
+# accumulation its exact form needs the whole step's loads before the first micro-batch's backward.
+
+# %% tags=["parameters"]
+params = "params/cpu.yaml"
+jobs = None
+seeds = None  # e.g. [1, 2] or "1337-1346": replaces the preset's seeds
+overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived name
+
+# %%
+import time
+
+from IPython.display import Markdown, display
+
+from studylib.study.analysis import frames, plots, text, variants as V
+from studylib.study.orchestration import plan
+from studylib.study.orchestration.sweep import ensure_grid, grid_run_dirs
+from studylib.study.runner.notebooks import notebook_context
+
+ctx = notebook_context(params, jobs, seeds, overrides)
+preset, study, out = ctx.preset, ctx.study, ctx.out
+dense_active, _, dense_total = plan.study_list(preset, "headline")
+reference = plan.reference_moe(preset)
+grid = plan.router_variants_grid(preset)  # `studylib study` trains it up front
+moes = [m for m in grid.models if m not in (dense_active, dense_total)]
+seeds = grid.seeds_of(preset)
+epochs = plan.study_epochs(preset, "router_variants_epochs")
+t0 = time.perf_counter()
+summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
+trained_s = time.perf_counter() - t0
+run_dirs = grid_run_dirs(preset, grid)
+assert summaries["tokens"].nunique() == 1, "every model must see the same number of tokens"
+tokens = int(summaries["tokens"].iloc[0])
+configs = {m: preset.model_config(m) for m in grid.models}
+display(Markdown(
+    f"**Budget:** {epochs:g} x the preset's schedule ({int(summaries['steps'].iloc[0]):,} optimizer steps, "
+    f"{tokens:,} target tokens per run){' = the headline budget: its runs are reused' if epochs == 1 else ''}; "
+    f"{len(moes)} MoEs and the two dense baselines x {len(seeds)} seeds {seeds}. Getting the runs took "
+    f"{trained_s:.0f} s here (0 when `studylib study` trained them up front)."))
+
+# %% [markdown]
+# ## The table: every router against the reference MoE and the dense baselines
+#
+# Per MoE: its router, best validation loss (mean ± std over seeds) and three paired gaps with their
+# 95% CIs: `vs_ref` = variant − reference (> 0: the reference is better), `vs_active` =
+# dense_active − variant (> 0: the variant beats the active-match dense model), `vs_total` =
+# variant − dense_total (> 0: the total-match dense model is better). Router diagnostics at the last
+# evaluation over the evaluation subset: `imbalance` = max/mean expert load (1 = balanced; mean
+# over layers and seeds, `worst_imbalance` its largest layer), `dead_experts` (share < 0.1%, summed
+# over layers), `entropy` (per-token router entropy / ln E).
+
+# %%
+table = V.variant_table(summaries, moes, reference, dense_active, dense_total, configs, run_dirs)
+plots.save_table(table, "router_variants", out)
+display(table)
+cmp = table.attrs["comparisons"]
+plots.save_table(cmp, "router_variants_gaps", out)
+fig = plots.intervals(cmp, title=f"Paired gaps, router variants ({len(seeds)} seeds)",
+                      xlabel="gap (nats)", outdir=out, name="router_variants_gaps")
+
+# %% [markdown]
+# ## Validation curves
+
+# %%
+metrics = frames.collect_metrics(preset, grid.models, seeds, overrides=grid.overrides)
+fig = plots.val_curves(metrics, order=list(grid.models),
+                       title=f"Validation loss, router variants and dense baselines ({len(seeds)} seeds)",
+                       outdir=out, name="router_variants_val_loss")
+
+# %% [markdown]
+# ## The selection bias over training
+#
+# Each line is one expert's bias b_e (mean over seeds, band: min to max), per layer. With u per
+# step the bias moves at most u x steps; a bias that keeps drifting in one direction marks an
+# expert the router keeps over- or under-loading.
+
+# %%
+bias = V.bias_frame({m: run_dirs[m] for m in moes if configs[m].ffn.bias_balance})
+if len(bias):
+    plots.save_table(bias, "router_bias", out, index=False)
+    fig = plots.bias_trajectory(bias, title="Selection bias b_e over training (mean over seeds)", outdir=out)
+else:
+    print("no variant with a selection bias in this preset")
+
+# %%
+others = [m for m in moes if m != reference]
+sentences = [text.gap_phrase(cmp.loc[f"{m} − {reference}"], m, reference) for m in others]
+beats = [text.gap_phrase(cmp.loc[f"{dense_active} − {m}"], dense_active, m) for m in moes]
+display(Markdown(
+    f"**Outcome in preset `{preset.name}`** ({len(seeds)} seeds, {tokens:,} target tokens per run). "
+    f"Against the reference `{reference}`: " + "; ".join(sentences) + ". Against the active-match dense model: "
+    + "; ".join(beats) + ". Most balanced router (mean max/mean load): "
+    f"`{table['imbalance'].idxmin()}` ({table['imbalance'].min():.2f}); least: `{table['imbalance'].idxmax()}` "
+    f"({table['imbalance'].max():.2f}). " + text.limits(len(seeds), tokens,
+    "The variants share the reference's learning rate and the papers' default coefficients (u, alpha): "
+    "tuned per router, the ranking may change.")))

@@ -1,0 +1,115 @@
+"""Notebook 12: the routers people train today against the reference MoE and the matched dense
+baselines. Every comparison is paired by seed (:func:`studylib.study.analysis.tables.comparison_table`);
+the router diagnostics come from the last evaluation's statistics over the evaluation subset
+(:func:`studylib.study.analysis.frames.layer_stats`), the selection bias's trajectory from the eval
+records (each MoE layer with ``bias_balance`` records its ``bias`` per expert)."""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import numpy as np
+import pandas as pd
+
+from studylib.study.analysis.frames import aggregate, router_records
+from studylib.study.analysis.tables import comparison_table
+
+DEAD_SHARE = 1e-3  # an expert with less than this share of a layer's assignments counts as dead
+
+
+def describe(cfg) -> str:
+    """A variant's router in a few words: ``"sigmoid, bias u=0.001, 1 shared + top-1 of 4 x 128"``."""
+    f = cfg.ffn
+    if f.kind != "moe":
+        return f"dense {f.hidden}"
+    parts = [f.score]
+    if f.bias_balance:
+        parts.append(f"bias u={f.bias_rate:g}")
+    if f.balance_coef:
+        parts.append(f"balance {f.balance_coef:g}")
+    if f.seq_balance_coef:
+        parts.append(f"seq-balance {f.seq_balance_coef:g}")
+    if f.z_coef:
+        parts.append(f"z {f.z_coef:g}")
+    if f.route_scale != 1.0:
+        parts.append(f"scale {f.route_scale:g}")
+    if not f.renormalize:
+        parts.append("not renormalised")
+    shape = f"top-{f.top_k} of {f.num_experts} x {f.hidden}"
+    return ", ".join(parts) + ", " + (f"{f.n_shared} shared + " if f.n_shared else "") + shape
+
+
+def diagnostics(run_dirs: Mapping) -> pd.DataFrame:
+    """Per variant (``{model: {seed: run_dir}}``), at the last evaluation, over layers and seeds:
+    ``imbalance`` (busiest expert's share x E, the max/mean load: 1 is perfect balance; mean over
+    layers and seeds), ``worst_imbalance`` (its largest layer value), ``dead_experts`` (experts
+    with a share under :data:`DEAD_SHARE`, summed over layers, mean over seeds) and ``entropy``
+    (mean per-token router entropy over ln E: 1 is a uniform router)."""
+    rows = []
+    for model, by_seed in run_dirs.items():
+        imb, dead, ent = [], [], []
+        for rd in by_seed.values():
+            recs = router_records(rd)
+            if not recs:
+                continue
+            layers = [st for st in recs[-1]["router"] if isinstance(st, dict)]
+            sh = [np.asarray(st["shares"], dtype=float) for st in layers]
+            imb.append([float(s.max() * len(s)) for s in sh])
+            dead.append(sum(int((s < DEAD_SHARE).sum()) for s in sh))
+            ent.append(float(np.mean([st["entropy"] / np.log(len(st["shares"])) for st in layers])))
+        if imb:
+            rows.append({"model": model, "imbalance": float(np.mean(imb)), "worst_imbalance": float(np.max(imb)),
+                         "dead_experts": float(np.mean(dead)), "entropy": float(np.mean(ent))})
+    return pd.DataFrame(rows, columns=["model", "imbalance", "worst_imbalance", "dead_experts", "entropy"]).set_index("model")
+
+
+def variant_table(summaries: pd.DataFrame, variants: list, reference: str, dense_active: str,
+                  dense_total: str, configs: Optional[Mapping] = None, run_dirs: Optional[Mapping] = None) -> pd.DataFrame:
+    """One row per MoE (the reference first): its router (``router``), n seeds, best validation
+    loss (mean, std), the paired gaps (per seed, then mean and 95% CI) against the reference MoE
+    (``vs_ref``: variant - reference; > 0: the reference is better), the active-match dense model
+    (``vs_active``: dense_active - variant; > 0: the variant is better) and the total-match dense
+    model (``vs_total``: variant - dense_total; > 0: the dense model is better), each with
+    ``_mean``, ``_low``, ``_high``, ``_p``, ``_resolved``; and the router diagnostics
+    (:func:`diagnostics`) when ``run_dirs`` is given. The comparisons are in
+    ``attrs["comparisons"]`` (one :func:`comparison_table` with every pair)."""
+    models = [reference] + [m for m in variants if m != reference]
+    pairs = {}
+    for m in models:
+        if m != reference:
+            pairs[f"{m} − {reference}"] = (m, reference)
+        pairs[f"{dense_active} − {m}"] = (dense_active, m)
+        pairs[f"{m} − {dense_total}"] = (m, dense_total)
+    cmp = comparison_table(summaries, pairs)
+    agg = aggregate(summaries[summaries["model"].isin(models)], "best_val_loss").reindex(models)
+    rows = []
+    for m in models:
+        row = {"model": m, "router": describe(configs[m]) if configs else "", "n": int(agg.loc[m, "n"]),
+               "best_val_loss": agg.loc[m, "best_val_loss_mean"], "best_val_loss_std": agg.loc[m, "best_val_loss_std"]}
+        for key, label in (("vs_ref", f"{m} − {reference}"), ("vs_active", f"{dense_active} − {m}"),
+                           ("vs_total", f"{m} − {dense_total}")):
+            c = cmp.loc[label] if label in cmp.index else None
+            for k, col in (("mean", "mean"), ("low", "ci_low"), ("high", "ci_high"), ("p", "p"), ("resolved", "resolved")):
+                row[f"{key}_{k}"] = (0.0 if k == "mean" else np.nan) if c is None else c[col]
+        rows.append(row)
+    out = pd.DataFrame(rows).set_index("model")
+    if run_dirs is not None:
+        out = out.join(diagnostics({m: run_dirs[m] for m in models if m in run_dirs}))
+    out.attrs["comparisons"] = cmp
+    return out
+
+
+def bias_frame(run_dirs: Mapping) -> pd.DataFrame:
+    """Long frame model / seed / step / tokens / layer / expert / bias of the selection bias at
+    every evaluation, for the variants that have one."""
+    rows = []
+    for model, by_seed in run_dirs.items():
+        for seed, rd in by_seed.items():
+            for r in router_records(rd):
+                for layer, st in enumerate(r["router"]):
+                    if isinstance(st, dict) and isinstance(st.get("bias"), list):
+                        rows += [{"model": model, "seed": seed, "step": r["step"], "tokens": r.get("tokens"),
+                                  "layer": layer, "expert": e, "bias": float(b)} for e, b in enumerate(st["bias"])]
+    return pd.DataFrame(rows, columns=["model", "seed", "step", "tokens", "layer", "expert", "bias"])
+
+
+__all__ = ["DEAD_SHARE", "describe", "diagnostics", "variant_table", "bias_frame"]
