@@ -11,6 +11,7 @@ import torch
 
 from studylib.config import count_params
 from studylib.nn.precision import precision_label
+from studylib.run.optim import lr_at
 
 
 @dataclass
@@ -90,6 +91,23 @@ def expected_steps(done: int, total: int, log_every: int, eval_every: int) -> di
     if done == total and (not evals or evals[-1] != total):
         evals.append(total)
     return {"train": list(range(log_every, done + 1, log_every)), "eval": evals}
+
+
+def checkpoint_state(t, step: int, final_rec: Optional[dict], rng: dict, all_rng: list) -> dict:
+    """The full checkpoint of trainer ``t`` after optimizer step ``step`` (see
+    :mod:`studylib.run.checkpoint` for the format): weights, optimizer, RNG of every rank, data
+    position, counters, the run's config hash and fingerprints, and the metrics lines so far."""
+    total = t.total
+    return {
+        "kind": "full", "step": step, "total_steps": total, "config_hash": t.chash, "provenance": t.prints,
+        "model": t.model.state_dict(), "optimizer": t.opt.state_dict(),
+        "scheduler": {"step": step, "total_steps": total, "lr": lr_at(min(step, total - 1), total, t.tcfg)},
+        "rng": rng, "rng_ranks": all_rng,
+        "data_position": t.sampler.data_position(step),
+        "best": t.best, "clock": t.clock, "final": final_rec, "world_size": t.dist.world,
+        "amp": precision_label(t.amp_dtype),
+        "metrics": "".join(t.records),
+    }
 
 
 def summary_record(t) -> dict:

@@ -8,7 +8,6 @@ a time). Everything that reads or writes those files goes through :class:`RunDir
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import warnings
@@ -19,11 +18,11 @@ from typing import Any, Optional
 import yaml
 
 from studylib.config import ConfigError, ModelConfig, Preset, identity_diff, model_from_dict, override, same_run
-from studylib.run import provenance
+from studylib.run import metrics_file, provenance
 from studylib.run.dirlock import dir_lock
 from studylib.run.layout import (CHECKPOINT_DIR, CONFIG_FILE, LOCK_FILE, LOG_FILE, METRICS_FILE, SUMMARY_FILE,
                                  run_dir_for, variant_dir)
-from studylib.storage.files import atomic_open, disk_full_error, write_atomic, write_json_atomic
+from studylib.storage.files import write_atomic, write_json_atomic
 
 
 def _checkpoint():
@@ -36,10 +35,6 @@ def _checkpoint():
 
 class RunDirConflict(ConfigError):
     """The run directory holds a run with a different configuration."""
-
-
-class MetricsGap(ConfigError):
-    """``metrics.jsonl`` lacks records written before the checkpoint and nothing can rebuild them."""
 
 
 @dataclass
@@ -174,82 +169,24 @@ class RunDir:
             raise ConfigError(f"{self.config_path}: has no resolved 'model' section")
         return model_from_dict(doc["model"], where=f"{self.config_path}:model")
 
-    # ---- metrics ---------------------------------------------------------------------------
+    # ---- metrics (the file's logic: studylib.run.metrics_file) ----------------------------
     def read_metrics(self, kind: Optional[str] = None) -> list[dict]:
         """The records of ``metrics.jsonl`` (optionally only ``kind`` "train" or "eval"); a torn
         last line, from a crash, is skipped."""
-        if not self.metrics_path.is_file():
-            return []
-        out = []
-        for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and (kind is None or rec.get("kind") == kind):
-                out.append(rec)
-        return out
+        return metrics_file.read(self.metrics_path, kind)
 
     def append_metrics(self, rec: dict) -> str:
         """Append ``rec`` as one line; returns the line written (its newline included)."""
-        line = json.dumps(rec, default=_json_default) + "\n"
-        try:
-            with open(self.metrics_path, "a", encoding="utf-8") as f:
-                f.write(line)
-                f.flush()
-        except OSError as e:  # a torn last line is skipped by readers and replaced on resume
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise disk_full_error(self.metrics_path, len(line), 0) from None
-            raise
-        return line
+        return metrics_file.append(self.metrics_path, rec)
 
     def resume_metrics(self, step: int, written: Optional[str], expected: dict[str, list[int]]) -> Optional[str]:
-        """Make ``metrics.jsonl`` hold exactly the records up to optimizer step ``step`` (resuming).
-
-        ``written``: the lines the run had written up to ``step``, as its checkpoint carries them;
-        the file is rewritten from them if it lacks or changed any (the message returned says so).
-        Without that copy (an older checkpoint) the records left are checked against ``expected``
-        ({"train": steps, "eval": steps}); a gap is :class:`MetricsGap`, never a silent loss.
-        """
-        kept = [line for line in self.metric_lines() if _step_of(line) <= step]
-        if written is not None:
-            want = written.splitlines()
-            self._rewrite_metrics(want)
-            if kept != want:
-                return (f"{self.metrics_path}: restored its {len(want)} records up to step {step} from "
-                        f"the checkpoint (the file held {len(kept)} of them)")
-            return None
-        have: dict[str, set] = {}
-        for line in kept:
-            rec = json.loads(line)
-            have.setdefault(rec.get("kind"), set()).add(rec.get("step"))
-        gaps = {k: [s for s in steps if s not in have.get(k, set())] for k, steps in expected.items()}
-        gaps = {k: v for k, v in gaps.items() if v}
-        if gaps:
-            what = "; ".join(f"{k} records of steps {_short(v)}" for k, v in gaps.items())
-            raise MetricsGap(f"{self.metrics_path}: lacks the {what}, written before the checkpoint at "
-                             f"step {step}, and that checkpoint holds no copy of them; restore the file "
-                             f"or delete {self.path} to rerun the run")
-        self._rewrite_metrics(kept)
-        return None
+        """Make ``metrics.jsonl`` hold exactly the records up to optimizer step ``step``
+        (:func:`studylib.run.metrics_file.resume`)."""
+        return metrics_file.resume(self.metrics_path, self.path, step, written, expected)
 
     def metric_lines(self) -> list[str]:
         """The well-formed lines of ``metrics.jsonl`` (no newlines; a torn line is left out)."""
-        if not self.metrics_path.is_file():
-            return []
-        out = []
-        for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                ok = isinstance(json.loads(line), dict)
-            except json.JSONDecodeError:
-                ok = False
-            if ok:
-                out.append(line)
-        return out
-
-    def _rewrite_metrics(self, lines: list[str]) -> None:
-        with atomic_open(self.metrics_path, "w") as f:
-            f.write("".join(line + "\n" for line in lines))
+        return metrics_file.lines(self.metrics_path)
 
     def forget_unsaved(self) -> None:
         """Remove the config and metrics of an attempt that stopped before its first checkpoint
@@ -281,7 +218,7 @@ class RunDir:
         return [k for k in keys if not (isinstance(s.get(k), (int, float)) and not isinstance(s.get(k), bool))]
 
     def write_summary(self, summary: dict) -> None:
-        write_json_atomic(self.summary_path, summary, default=_json_default)
+        write_json_atomic(self.summary_path, summary, default=metrics_file.json_default)
 
     # ---- checkpoints -----------------------------------------------------------------------
     def latest_step(self) -> Optional[int]:
@@ -392,27 +329,3 @@ class RunDir:
         except (OSError, RuntimeError) as e:
             where = f"--tokenizer {found}" if given else str(found)
             raise ConfigError(f"{where}: not a SentencePiece .model file ({' '.join(str(e).split())[:160]})") from None
-
-
-def _step_of(line: str) -> float:
-    step = json.loads(line).get("step", 0)
-    return step if isinstance(step, (int, float)) else float("inf")
-
-
-def _short(steps: list[int]) -> str:
-    return str(steps) if len(steps) <= 8 else f"[{', '.join(map(str, steps[:8]))}, ... ({len(steps)} in all)]"
-
-
-def _json_default(o):
-    import numpy as np
-
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-

@@ -46,8 +46,8 @@ from studylib.run.dist import Dist, resolve_device, seed_everything
 from studylib.run.evaluation import evaluate
 from studylib.storage.files import clean_temp_files
 from studylib.run.optim import lr_at, make_optimizer, total_steps_for
-from studylib.run.records import (SUMMARY_REQUIRED, RunningSums, StepResult, eval_record, expected_steps,
-                                  summary_record, train_record)
+from studylib.run.records import (SUMMARY_REQUIRED, RunningSums, StepResult, checkpoint_state, eval_record,
+                                  expected_steps, summary_record, train_record)
 from studylib.run.resources import check_run
 from studylib.run.layout import run_dir_for
 from studylib.run.rundir import RunDir
@@ -353,24 +353,9 @@ class Trainer:
                                 {"kind": "snapshot", "step": step, "total_steps": self.total,
                                  "config_hash": self.chash, "provenance": self.prints,
                                  "model": self.model.state_dict()})
-            checkpoint.save(ckpt_dir / checkpoint.LATEST, self._full_state(step, final_rec, rng, all_rng),
+            checkpoint.save(ckpt_dir / checkpoint.LATEST, checkpoint_state(self, step, final_rec, rng, all_rng),
                             keep_prev=True)
         self.last_ckpt = step
-
-    def _full_state(self, step: int, final_rec: Optional[dict], rng: dict, all_rng: list) -> dict:
-        total = self.total
-        lr = lr_at(min(step, total - 1), total, self.tcfg)
-        return {
-            "kind": "full", "step": step, "total_steps": total, "config_hash": self.chash,
-            "provenance": self.prints,
-            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-            "scheduler": {"step": step, "total_steps": total, "lr": lr},
-            "rng": rng, "rng_ranks": all_rng,
-            "data_position": self.sampler.data_position(step),
-            "best": self.best, "clock": self.clock, "final": final_rec, "world_size": self.dist.world,
-            "amp": precision_label(self.amp_dtype),
-            "metrics": "".join(self.records),
-        }
 
     # ---- finish: the summary ------------------------------------------------------------------
     def finish(self) -> dict:

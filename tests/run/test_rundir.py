@@ -17,7 +17,8 @@ from studylib.nn.model import Decoder
 from studylib.run import checkpoint as C
 from studylib.run.decode import generate
 from studylib.run.dirlock import RunDirLocked
-from studylib.run.rundir import MetricsGap, RunDir, RunDirConflict
+from studylib.run.metrics_file import MetricsGap
+from studylib.run.rundir import RunDir, RunDirConflict
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [5, 17, 3, 42, 8, 1, 77]

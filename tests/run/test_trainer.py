@@ -19,7 +19,8 @@ from studylib.run import checkpoint as C
 from studylib.run import optim as O
 from studylib.run import trainer as T
 from studylib.run.layout import run_dir_for
-from studylib.run.rundir import MetricsGap, RunDir, RunDirConflict
+from studylib.run.metrics_file import MetricsGap
+from studylib.run.rundir import RunDir, RunDirConflict
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny shapes: threads only contend
 

@@ -77,8 +77,15 @@ def model_card(rd: RunDir, cfg, step: Optional[int], eos_id: int) -> str:
     data, train = preset.get("data") or {}, preset.get("train") or {}
     arch = hf_format.architecture(cfg)
     f = cfg.ffn
-    moe = (f"a top-{f.top_k}-of-{f.num_experts} mixture of experts in every layer (Mixtral's renormalised "
-           f"gate), expert hidden size {f.hidden}" if f.kind == "moe" else f"a dense SwiGLU FFN of hidden size {f.hidden}")
+    if hf_format.family(cfg) == "glm4_moe":
+        router = ("sigmoid scores" + (", renormalised" if f.renormalize else "")
+                  + (", a selection bias (e_score_correction_bias)" if f.bias_balance else "")
+                  + (f", {f.n_shared} shared expert(s)" if f.n_shared else "")
+                  + (f", routed scaling {f.route_scale:g}" if f.route_scale != 1.0 else ""))
+    else:
+        router = "Mixtral's renormalised gate"
+    moe = (f"a top-{f.top_k}-of-{f.num_experts} mixture of experts in every layer ({router}), expert hidden "
+           f"size {f.hidden}" if f.kind == "moe" else f"a dense SwiGLU FFN of hidden size {f.hidden}")
     lines = [
         f"# {cfg.name} (seed {s.get('seed', doc.get('seed', '?'))}): a tiny TinyStories model",
         "", f"A {pc.total:,}-parameter ({pc.active:,} active per token) LLaMA-style decoder trained from "
@@ -99,7 +106,13 @@ def model_card(rd: RunDir, cfg, step: Optional[int], eos_id: int) -> str:
         f"{train.get('batch_size')} x accumulation {train.get('grad_accum')}, {s.get('steps', train.get('max_steps'))} "
         f"steps, {s.get('tokens', '?')} tokens, dropout {cfg.dropout}, amp {s.get('amp', '?')}",
     ]
-    if f.kind == "moe":
+    if hf_format.family(cfg) == "glm4_moe":
+        lines.append(f"- router training: balance {f.balance_coef}, z-loss {f.z_coef}, sequence-wise balance "
+                     f"{f.seq_balance_coef}" + (f", the selection bias moved by {f.bias_rate:g} x sign per step "
+                     "(auxiliary-loss-free; transformers does not update it)" if f.bias_balance else "")
+                     + ". Glm4Moe's config carries none of these: continued training in transformers would "
+                     "need its own balancing.")
+    elif f.kind == "moe":
         lines.append(f"- router losses: balance {f.balance_coef} (Switch form, averaged over layers), z-loss "
                      f"{f.z_coef}. `router_aux_loss_coef` = {hf_format.hf_aux_coef(cfg):g} = balance_coef / top_k "
                      f"because HF's per-layer balance loss is top_k times ours, so continued training in "
