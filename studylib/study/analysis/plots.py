@@ -216,14 +216,10 @@ def share_heatmap(shares: pd.DataFrame, title: str = "Expert shares by layer (la
     return _finish(fig, name, outdir)
 
 
-def collapse_shares(shares_by_model: dict, threshold: float = 0.9, x: str = "step",
-                    title: str = "Per-layer assignment shares over training",
-                    outdir=None, name: str = "routing_collapse") -> plt.Figure:
-    """Grid: one row per variant, one column per layer, one line per expert share; the dashed
-    line marks the collapse threshold."""
-    frames = [d.assign(model=m) for m, d in shares_by_model.items() if len(d)]
-    df = pd.concat(frames, ignore_index=True)
-    models = list(shares_by_model)
+def _per_expert_grid(df: pd.DataFrame, models: Sequence[str], y: str, x: str, hline: tuple, title: str,
+                     errorbar=None, ylim=None) -> plt.Figure:
+    """One row per model, one column per layer, one line per expert of ``y``; ``hline``: (y,
+    matplotlib line style kwargs)."""
     layers = sorted(df["layer"].unique())
     fig, axes = plt.subplots(len(models), len(layers), figsize=(3.2 * len(layers), 2.4 * len(models)),
                              squeeze=False, sharex=True, sharey=True)
@@ -231,13 +227,25 @@ def collapse_shares(shares_by_model: dict, threshold: float = 0.9, x: str = "ste
         for c, layer in enumerate(layers):
             ax = axes[r, c]
             d = df[(df["model"] == m) & (df["layer"] == layer)]
-            sns.lineplot(data=d, x=x, y="share", hue="expert", palette="tab10", ax=ax,
-                         legend=(r == 0 and c == len(layers) - 1), errorbar=None)
-            ax.axhline(threshold, color="red", ls="--", lw=1)
-            ax.set_ylim(0, 1.02)
+            sns.lineplot(data=d, x=x, y=y, hue="expert", palette="tab10", ax=ax,
+                         legend=(r == 0 and c == len(layers) - 1), errorbar=errorbar)
+            ax.axhline(hline[0], **hline[1])
+            if ylim is not None:
+                ax.set_ylim(*ylim)
             ax.set(xlabel=x if r == len(models) - 1 else "", ylabel=m if c == 0 else "",
                    title=f"layer {layer}" if r == 0 else "")
     fig.suptitle(title)
+    return fig
+
+
+def collapse_shares(shares_by_model: dict, threshold: float = 0.9, x: str = "step",
+                    title: str = "Per-layer assignment shares over training",
+                    outdir=None, name: str = "routing_collapse") -> plt.Figure:
+    """Grid: one row per variant, one column per layer, one line per expert share; the dashed
+    line marks the collapse threshold."""
+    df = pd.concat([d.assign(model=m) for m, d in shares_by_model.items() if len(d)], ignore_index=True)
+    fig = _per_expert_grid(df, list(shares_by_model), "share", x, (threshold, dict(color="red", ls="--", lw=1)),
+                           title, ylim=(0, 1.02))
     return _finish(fig, name, outdir)
 
 
@@ -245,19 +253,8 @@ def bias_trajectory(bias: pd.DataFrame, x: str = "tokens", title: str = "Selecti
                     outdir=None, name: str = "router_bias") -> plt.Figure:
     """Grid: one row per variant with a selection bias, one column per layer, one line per expert
     (mean over seeds with its spread) of a :func:`studylib.study.analysis.variants.bias_frame`."""
-    models, layers = list(dict.fromkeys(bias["model"])), sorted(bias["layer"].unique())
-    fig, axes = plt.subplots(len(models), len(layers), figsize=(3.2 * len(layers), 2.4 * len(models)),
-                             squeeze=False, sharex=True, sharey=True)
-    for r, m in enumerate(models):
-        for c, layer in enumerate(layers):
-            ax = axes[r, c]
-            d = bias[(bias["model"] == m) & (bias["layer"] == layer)]
-            sns.lineplot(data=d, x=x, y="bias", hue="expert", palette="tab10", ax=ax,
-                         legend=(r == 0 and c == len(layers) - 1), errorbar=("pi", 100))
-            ax.axhline(0.0, color="grey", lw=0.8)
-            ax.set(xlabel=x if r == len(models) - 1 else "", ylabel=m if c == 0 else "",
-                   title=f"layer {layer}" if r == 0 else "")
-    fig.suptitle(title)
+    fig = _per_expert_grid(bias, list(dict.fromkeys(bias["model"])), "bias", x, (0.0, dict(color="grey", lw=0.8)),
+                           title, errorbar=("pi", 100))
     return _finish(fig, name, outdir)
 
 
