@@ -27,7 +27,7 @@
 # | `seq_balance_coef: alpha` | the sequence-wise balance loss kept beside the bias | DeepSeek-V3 |
 # | `score: sigmoid` | `s = sigmoid(x W)`, top-k on s (+ b), weights `s_topk / sum(s_topk)` | DeepSeek-V3, GLM-4.5 |
 # | `route_scale` | the routed weights times a constant | `routed_scaling_factor` |
-# | `n_shared: n` | n always-active experts added to the routed output; counted as active parameters | DeepSeekMoE, Qwen-MoE |
+# | `n_shared: n` | n always-active experts added to the routed output; counted as active parameters (the presets pair 1 shared expert with top-1 routing weighted by the router probability, `renormalize: false`, as DeepSeekMoE: renormalised, one routed weight is exactly 1 and the router learns from the balance loss only) | DeepSeekMoE, Qwen-MoE |
 # | `num_experts: E*G, hidden: h/G, top_k: k*G` | fine-grained experts at the same active and total parameters | DeepSeekMoE, OLMoE |
 #
 # **Not here.** *Expert-choice* routing lets each expert pick its tokens across the whole sequence,
