@@ -142,6 +142,12 @@ def test_a_run_that_fails_by_itself_names_model_seed_and_log_and_is_not_retried(
     assert len(_headers(rd)) == 1  # not retried
 
 
+def _default_sigint() -> None:
+    """A process started in the background by a shell inherits SIGINT *ignored* (bash, without job
+    control), and so would the sweep: give it the default disposition, as a terminal's Ctrl-C finds."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 _SWEEP = r"""
 import sys
 from studylib.config import load_preset
@@ -159,7 +165,8 @@ def test_a_killed_or_interrupted_sweep_leaves_no_worker_training_and_no_stale_lo
     p = ci_preset(cache, *sets[2:])
     rds = [RunDir.of(p, m, 1337) for m in ("dense_active", "moe_top2_z")]
     proc = subprocess.Popen([sys.executable, "-c", _SWEEP, str(ROOT / "params" / "ci.yaml"), *sets],
-                            env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=_default_sigint)
     try:
         _wait_for(lambda: all(_holder(rd) for rd in rds), "both runs train", proc=proc)
         pids = [_holder(rd) for rd in rds]

@@ -387,7 +387,8 @@ def test_ctrl_c_ends_the_running_kernels(repo):
     _write_timed(repo, **{"01_a": sleeper, "02_b": sleeper})
     proc = subprocess.Popen([sys.executable, "-m", "studylib", "study", "--params", "params/t.yaml", "--no-report",
                              "--notebook-jobs", "2"], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True,  # SIGINT as a terminal's Ctrl-C finds it (a CI started in the
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # background ignores it)
     try:
         deadline = time.time() + 60
         while len(list((repo / "stamps").glob("*.start"))) < 2 and time.time() < deadline:
