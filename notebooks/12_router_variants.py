@@ -28,13 +28,14 @@
 # | `score: sigmoid` | `s = sigmoid(x W)`, top-k on s (+ b), weights `s_topk / sum(s_topk)` | DeepSeek-V3, GLM-4.5 |
 # | `route_scale` | the routed weights times a constant | `routed_scaling_factor` |
 # | `n_shared: n` | n always-active experts added to the routed output; counted as active parameters (the presets pair 1 shared expert with top-1 routing weighted by the router probability, `renormalize: false`, as DeepSeekMoE: renormalised, one routed weight is exactly 1 and the router learns from the balance loss only) | DeepSeekMoE, Qwen-MoE |
+# | `balance_scope: global` | the balance loss's loads f counted over the whole optimizer step (every micro-batch, every rank; a routing pre-pass without dropout) instead of the micro-batch | Qwen ("Demons in the detail") |
 # | `num_experts: E*G, hidden: h/G, top_k: k*G` | fine-grained experts at the same active and total parameters | DeepSeekMoE, OLMoE |
 #
 # **Not here.** *Expert-choice* routing lets each expert pick its tokens across the whole sequence,
 # so a token's output depends on later tokens: it is not causal and does not fit an autoregressive
-# decoder without changes. The *global-batch* balance loss (f counted over the whole optimizer step
-# instead of the micro-batch, "Demons in the detail") is not implemented yet: with gradient
-# accumulation its exact form needs the whole step's loads before the first micro-batch's backward.
+# decoder without changes. The global-batch balance loss differs from the micro-batch one only when a
+# step has several micro-batches or ranks: with one (the `cpu` preset) it is the same loss exactly,
+# so `cpu` does not list it (`ci` and `paper` accumulate two micro-batches and do).
 
 # %% tags=["parameters"]
 params = "params/cpu.yaml"

@@ -53,6 +53,8 @@ class FFNConfig:
     seq_balance_coef: float = 0.0  # DeepSeek-V3's sequence-wise balance loss (alpha)
     route_scale: float = 1.0  # multiplies the routed experts' combine weights (routed_scaling_factor)
     n_shared: int = 0  # always-active shared experts of width `hidden` beside the routed ones
+    balance_scope: Literal["micro", "global"] = "micro"  # the balance loss's loads f: per micro-batch,
+    # or over the whole optimizer step (every micro-batch and rank; Qwen's global-batch balance)
 
     def validate(self, where: str = "ffn") -> None:
         _positive(self.hidden, f"{where}.hidden")
@@ -73,7 +75,7 @@ class FFNConfig:
             raise ConfigError(f"{where}.router_scale: must be > 0, got {self.router_scale}")
         variant = {"score": self.score != "softmax", "bias_balance": self.bias_balance,
                    "seq_balance_coef": self.seq_balance_coef != 0.0, "route_scale": self.route_scale != 1.0,
-                   "n_shared": self.n_shared != 0}
+                   "n_shared": self.n_shared != 0, "balance_scope": self.balance_scope != "micro"}
         if self.kind != "moe" and any(variant.values()):
             name = next(k for k, v in variant.items() if v)
             raise ConfigError(f"{where}.{name}: a router variant of the routed MoE (kind: moe), not of kind {self.kind!r}")
@@ -85,6 +87,8 @@ class FFNConfig:
             raise ConfigError(f"{where}.seq_balance_coef: must be >= 0, got {self.seq_balance_coef}")
         if not self.route_scale > 0:
             raise ConfigError(f"{where}.route_scale: must be > 0, got {self.route_scale}")
+        if self.balance_scope not in ("micro", "global"):
+            raise ConfigError(f"{where}.balance_scope: must be 'micro' or 'global', got {self.balance_scope!r}")
         if self.n_shared < 0:
             raise ConfigError(f"{where}.n_shared: must be >= 0, got {self.n_shared}")
 

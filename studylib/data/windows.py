@@ -178,6 +178,10 @@ class BatchSampler:
         mine = self.indices(step, micro)[rank::world]
         return mine, len(mine) / self.step_windows(step)
 
+    def rank_micro_batches(self, step: int, rank: int = 0, world: int = 1) -> list[np.ndarray]:
+        """This rank's windows of every micro-batch of ``step`` (:meth:`micro_batch`), in order."""
+        return [self.micro_batch(step, m, rank, world)[0] for m in range(self.grad_accum)]
+
 
 def eval_subset(val_idx: np.ndarray, n: Optional[int], seed: int) -> np.ndarray:
     """A fixed, sorted subset of ``n`` val windows (all if n is None or too large); same for every run."""

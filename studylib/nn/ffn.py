@@ -82,6 +82,8 @@ class SparseMoE(_Experts):
             self.register_buffer("expert_bias_E", torch.zeros(cfg.num_experts))
         self.load_E: Optional[torch.Tensor] = None  # this step's counts (a plain tensor: DDP's
         # buffer broadcast would overwrite other ranks' counts with rank 0's)
+        self.tally_E: Optional[torch.Tensor] = None  # counts of a global-balance pre-pass, while it runs
+        self.global_share_E: Optional[torch.Tensor] = None  # the step's loads f (balance_scope: global)
 
     def forward(self, x_BSD, stats: bool = False, aux: bool = True):
         B, S, D = x_BSD.shape
@@ -94,6 +96,8 @@ class SparseMoE(_Experts):
         if bias_E is not None and self.training:
             counts_E = torch.bincount(idx_TK.reshape(-1), minlength=cfg.num_experts)
             self.load_E = counts_E if self.load_E is None else self.load_E + counts_E
+        if self.tally_E is not None:
+            self.tally_E += torch.bincount(idx_TK.reshape(-1), minlength=cfg.num_experts)
         if gemv.one_row(x_TD):  # decoding: the K chosen experts against cached transposed weights
             y_TD = self._decode_one(x_TD, idx_TK, w_TK)
         else:
@@ -106,7 +110,7 @@ class SparseMoE(_Experts):
         if aux and cfg.seq_balance_coef > 0:
             seq = router_losses.sequence_balance_loss(probs_TE.view(B, S, -1), idx_TK.view(B, S, K))
         out = RouterOutput(
-            balance=router_losses.balance_loss(probs_TE, idx_TK) if aux else zero,
+            balance=router_losses.balance_loss(probs_TE, idx_TK, self.global_share_E) if aux else zero,
             z=router_losses.z_loss(logits_TE) if aux else zero,
             seq_balance=seq,
             stats=self._stats(logits_TE, probs_TE, idx_TK) if stats else None,

@@ -200,6 +200,42 @@ class Decoder(nn.Module):
         for f, load_E in zip(layers, loads):
             f.update_bias(load_E)
 
+    def global_balance_layers(self) -> list:
+        """The MoE layers whose balance loss counts the loads of the whole optimizer step."""
+        return [b.ffn for b in self.blocks if isinstance(b.ffn, SparseMoE) and b.ffn.cfg.balance_scope == "global"]
+
+    @torch.no_grad()
+    def set_global_loads(self, inputs: list, all_reduce=None) -> None:
+        """The global-batch balance loss (``balance_scope: global``): route every micro-batch of
+        the coming optimizer step once (``inputs``: this rank's input windows, B x S each; eval
+        mode, so no dropout and no RNG draw), sum the assignments over them and over the ranks
+        (``all_reduce``), and give each layer those shares as the f of its balance loss until
+        :meth:`clear_global_loads`. With dropout 0 the routing is the training forward's exactly,
+        so with one micro-batch and one rank the loss equals the micro-batch loss."""
+        layers = self.global_balance_layers()
+        if not layers:
+            return
+        was = self.training
+        self.eval()
+        try:
+            for f in layers:
+                f.tally_E = torch.zeros(f.cfg.num_experts, dtype=torch.float64, device=f.router.weight.device)
+            for x in inputs:
+                self(x, aux_losses=False, return_logits=True, last_only=True)
+            counts = torch.stack([f.tally_E for f in layers])
+        finally:
+            for f in layers:
+                f.tally_E = None
+            self.train(was)
+        if all_reduce is not None:
+            all_reduce(counts)
+        for f, c in zip(layers, counts):
+            f.global_share_E = (c / c.sum().clamp_min(1)).to(torch.float32)
+
+    def clear_global_loads(self) -> None:
+        for f in self.global_balance_layers():
+            f.global_share_E = None
+
     def routed_layers(self) -> list[int]:
         return [i for i, b in enumerate(self.blocks) if isinstance(b.ffn, _Experts)]
 

@@ -9,6 +9,7 @@ the layers and lets f sum to k; we keep the paper's per-layer form and average o
 """
 from __future__ import annotations
 
+from typing import Optional
 
 import torch
 
@@ -19,9 +20,12 @@ def assignment_shares(idx_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
     return counts.to(torch.float32) / idx_TK.numel()
 
 
-def balance_loss(probs_TE: torch.Tensor, idx_TK: torch.Tensor) -> torch.Tensor:
+def balance_loss(probs_TE: torch.Tensor, idx_TK: torch.Tensor, f_E: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``E * sum_e f_e * P_e``; ``f_E``: the loads to use instead of this batch's (the global-batch
+    balance: the shares of the whole optimizer step)."""
     E = probs_TE.shape[-1]
-    f_E = assignment_shares(idx_TK, E)  # not differentiable (counts), as in Switch
+    if f_E is None:
+        f_E = assignment_shares(idx_TK, E)  # not differentiable (counts), as in Switch
     P_E = probs_TE.float().mean(0)
     return E * torch.sum(f_E * P_E)
 

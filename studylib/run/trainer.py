@@ -227,6 +227,11 @@ class Trainer:
         for g in self.opt.param_groups:
             g["lr"] = lr
         t0 = time.perf_counter()
+        if self.model.global_balance_layers():  # balance_scope: global: the whole step's loads first
+            with autocast(self.device, self.amp_dtype):
+                self.model.set_global_loads([self.data.windows(i).to(self.device)[:, :-1] for i in
+                                             self.sampler.rank_micro_batches(step, self.dist.rank, self.dist.world)
+                                             if len(i)], self.dist.all_reduce_sum)
         ce_acc = torch.zeros(2, device=self.device, dtype=torch.float32)  # (ce, aux) over the global batch
         for m in range(self.accum):
             ce_acc += self._micro_step(step, m)
@@ -237,6 +242,7 @@ class Trainer:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.model.update_router_biases(self.dist.all_reduce_sum)  # aux-loss-free balancing: once per step
+        self.model.clear_global_loads()
         return StepResult(lr=lr, ce=ce, aux=aux, gnorm=gnorm, dt=time.perf_counter() - t0)
 
     def _micro_step(self, step: int, m: int) -> torch.Tensor:

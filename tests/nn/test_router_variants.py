@@ -218,3 +218,51 @@ def test_resume_with_the_bias_is_bit_exact(tmp_path, data, monkeypatch, one_thre
     a, b = (C.load(RunDir(tmp_path / n).checkpoints / C.LATEST)["model"] for n in ("ref", "res"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert RunDir(tmp_path / "res").summary()["best_val_loss"] == RunDir(tmp_path / "ref").summary()["best_val_loss"]
+
+
+# --------------------------------------------------------------------------------------------
+# the global-batch balance loss (balance_scope: global)
+# --------------------------------------------------------------------------------------------
+def _moe_preset(scope: str, accum: int):
+    moe = {"ffn": {"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "balance_coef": 0.05,
+                   "balance_scope": scope}}
+    return tiny_preset(models={"m": moe}, model={"dropout": 0.0},
+                       train={"max_steps": 4, "eval_every": 2, "batch_size": 8 // accum, "grad_accum": accum})
+
+
+def test_global_balance_with_one_micro_batch_equals_the_micro_batch_loss(tmp_path, data, one_thread):
+    """One micro-batch, one rank: the pre-pass routes exactly what the training forward routes, so
+    every record equals the micro-batch-scope run's."""
+    from _tiny import comparable
+    from studylib.run import trainer as T
+    from studylib.run.rundir import RunDir
+
+    for scope in ("micro", "global"):
+        T.train_run(_moe_preset(scope, 1), "m", 1, run_dir=tmp_path / scope, progress=False, data=data)
+    a, b = (comparable(RunDir(tmp_path / s).read_metrics()) for s in ("micro", "global"))
+    assert a == b and len(a) > 4
+
+
+def test_global_balance_counts_the_loads_of_the_whole_step(tmp_path, data, monkeypatch, one_thread):
+    """Two micro-batches: both use the shares of their union (the training forwards' own routing),
+    which differ from each micro-batch's own."""
+    from studylib.run import trainer as T
+
+    calls = []
+    loss = router_losses.balance_loss
+
+    def spy(probs_TE, idx_TK, f_E=None):
+        if torch.is_grad_enabled():  # training forwards only
+            calls.append((idx_TK.clone(), None if f_E is None else f_E.clone()))
+        return loss(probs_TE, idx_TK, f_E)
+
+    monkeypatch.setattr(router_losses, "balance_loss", spy)
+    p = _moe_preset("global", 2)
+    T.train_run(p, "m", 1, run_dir=tmp_path / "g", progress=False, data=data)
+    L = p.model_config("m").n_layers
+    (i0, f0), (i1, f1) = calls[0], calls[L]  # layer 0 of micro-batches 0 and 1 of step 1
+    union = torch.bincount(torch.cat([i0, i1]).reshape(-1), minlength=4).float()
+    torch.testing.assert_close(f0, union / union.sum())
+    assert torch.equal(f0, f1)
+    own = torch.bincount(i0.reshape(-1), minlength=4).float()
+    assert not torch.allclose(own / own.sum(), f0)  # the micro-batch's own loads differ

@@ -271,7 +271,7 @@ def test_the_ci_study_on_two_dask_workers_equals_a_local_run(dask_dir, cache, mo
     t_local = time.perf_counter() - t0
     print(f"ci study runs: two dask workers {t_remote:.1f} s, LocalCluster(2) {t_local:.1f} s")
     runs = _all_metrics(dask_dir / "remote")
-    assert len(runs) == 72 and runs == _all_metrics(dask_dir / "local")  # every run (test_plan counts them), every record
+    assert len(runs) == 74 and runs == _all_metrics(dask_dir / "local")  # every run (test_plan counts them), every record
     cols = ["model", "seed", "best_val_loss", "final_val_loss", "steps", "tokens"]
     for r, loc in zip(remote, local):
         assert r[cols].equals(loc[cols])  # what the notebooks' tables are made of

@@ -42,8 +42,8 @@ def test_the_ci_plan_trains_each_run_once(tmp_path, monkeypatch):
     12 steps +0, the small trio at 6 and 12 steps +6; lr sweep at 6 steps: the preset's lr +0 (the
     6-step runs above), 3 models x 2 other lrs +6. 27 runs per seed. The noise split (seeds: 2)
     adds seed 1338 with data seed 1337 and seed 1337 with data seed 1338: +6. The router variants
-    (12) at 12 steps: the reference and both dense baselines are the headline's runs, the 6 other
-    routers +12."""
+    (12) at 12 steps: the reference and both dense baselines are the headline's runs, the 7 other
+    routers +14."""
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
     monkeypatch.chdir(ROOT)
     calls = []
@@ -53,7 +53,7 @@ def test_the_ci_plan_trains_each_run_once(tmp_path, monkeypatch):
     preset = load_preset("params/ci.yaml")
     grids = plan.study_grids(preset, [p.stem for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))])
     frames = sweep.ensure_grids(preset, grids, jobs=1, progress=False)
-    assert len(calls) == 27 * 2 + 6 + 6 * 2 and len(set(calls)) == len(calls)
+    assert len(calls) == 27 * 2 + 6 + 7 * 2 and len(set(calls)) == len(calls)
     assert sum(len(f) for f in frames) > len(calls)  # grids share runs: trained once, read by each
     assert {c[2] for c in calls} == {6, 12}
     assert {c[3] for c in calls} == {1e-3, 3e-3, 1e-2}
