@@ -63,6 +63,10 @@ class _Experts(nn.Module):
     def router_logits(self, x_TD: torch.Tensor) -> torch.Tensor:
         return router.logits(x_TD, self.router.weight, self.cfg.router_scale)
 
+    def router_probs(self, logits_TE: torch.Tensor) -> torch.Tensor:
+        """This layer's distribution over experts (:func:`studylib.nn.router.distribution`)."""
+        return router.distribution(logits_TE, self.cfg.score)
+
 
 class SparseMoE(_Experts):
     """Top-k token-choice routed MoE (Mixtral style), dropless; with the router variants of
@@ -90,10 +94,8 @@ class SparseMoE(_Experts):
         cfg, K = self.cfg, self.cfg.top_k
         x_TD = x_BSD.reshape(B * S, D)
         logits_TE = self.router_logits(x_TD)
-        bias_E = self.expert_bias_E if cfg.bias_balance else None
-        probs_TE, idx_TK, w_TK = router.sparse(logits_TE, K, cfg.renormalize, self.router_mode, cfg.score,
-                                               bias_E, cfg.route_scale)
-        if bias_E is not None and self.training:
+        probs_TE, idx_TK, w_TK = self.route(logits_TE)
+        if cfg.bias_balance and self.training:
             counts_E = torch.bincount(idx_TK.reshape(-1), minlength=cfg.num_experts)
             self.load_E = counts_E if self.load_E is None else self.load_E + counts_E
         if self.tally_E is not None:
@@ -118,6 +120,13 @@ class SparseMoE(_Experts):
             if stats else None,
         )
         return y_TD.to(x_BSD.dtype).reshape(B, S, D), out
+
+    def route(self, logits_TE: torch.Tensor) -> router.Route:
+        """This layer's routing decision for ``logits_TE`` (its options and selection bias): what
+        its forward uses, and what decoding's routing capture reconstructs."""
+        cfg = self.cfg
+        bias_E = self.expert_bias_E if cfg.bias_balance else None
+        return router.sparse(logits_TE, cfg.top_k, cfg.renormalize, self.router_mode, cfg.score, bias_E, cfg.route_scale)
 
     def _stats(self, logits_TE, probs_TE, idx_TK) -> dict:
         out = router_losses.router_stats(logits_TE, probs_TE, idx_TK)

@@ -55,6 +55,13 @@ class Route(NamedTuple):
     w_TK: torch.Tensor  # their gate weights
 
 
+def distribution(logits_TE: torch.Tensor, score: str = "softmax") -> torch.Tensor:
+    """The router's distribution over experts: the softmax, or the sigmoid scores normalised to
+    sum to 1 (what the balance loss and the diagnostics see)."""
+    s_TE = scores(logits_TE, score)
+    return s_TE if score == "softmax" else s_TE / s_TE.sum(-1, keepdim=True)
+
+
 def sparse(logits_TE: torch.Tensor, top_k: int, renormalize: bool = True, mode: str = "learned",
            score: str = "softmax", bias_E: Optional[torch.Tensor] = None, scale: float = 1.0) -> Route:
     """Top-k token-choice routing (Mixtral). With ``renormalize`` the k weights sum to 1 (so with
@@ -62,7 +69,7 @@ def sparse(logits_TE: torch.Tensor, top_k: int, renormalize: bool = True, mode: 
     the gate is the router probability itself (Switch). ``score``, ``bias_E`` and ``scale``: the
     variants of the module docstring. ``Route.probs_TE`` is always a distribution over experts."""
     s_TE = scores(logits_TE, score)
-    p_TE = s_TE if score == "softmax" else s_TE / s_TE.sum(-1, keepdim=True)
+    p_TE = s_TE if score == "softmax" else s_TE / s_TE.sum(-1, keepdim=True)  # = distribution()
     if mode == "learned" and bias_E is None:
         w_TK, idx_TK = s_TE.topk(top_k, dim=-1)
     elif mode == "learned":  # the bias picks the experts; the weights stay unbiased

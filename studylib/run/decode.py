@@ -140,13 +140,13 @@ class _RoutingProbe(RoutedInputs):
         out: list = [None] * self.n_layers
         for i, ffn, kind in self.layers:
             logits_1E = ffn.router_logits(self.x[i][0, -1:])  # the last position of the (only) sequence
-            probs = router.probs(logits_1E)[0]
+            probs = ffn.router_probs(logits_1E)[0]
             E = probs.numel()
             if kind == "soft":
                 gate = router.soft(logits_1E, ffn.router_mode)[0]
                 rec = {"kind": "soft", "experts": list(range(E)), "weights": gate.tolist()}
             elif ffn.router_mode == "learned":
-                r = router.sparse(logits_1E, ffn.cfg.top_k, ffn.cfg.renormalize)
+                r = ffn.route(logits_1E)
                 rec = {"kind": "moe", "experts": r.idx_TK[0].tolist(), "weights": r.w_TK[0].tolist()}
             else:  # fixed assignments depend on the token's index in the batch: not reconstructed here
                 rec = {"kind": "moe", "experts": None, "weights": None, "mode": ffn.router_mode}

@@ -174,3 +174,31 @@ def _last_token_top1(m, layer, prompt):
     h.remove()
     logits = m.blocks[layer].ffn.router_logits(seen["x"][0, -1:])
     return float(torch.softmax(logits, -1).max().detach())
+
+
+def test_routing_capture_follows_the_variant_router():
+    """A sigmoid router with a selection bias and a route scale: the probe reports the experts and
+    weights the model itself used (the bias moves the selection) and the normalised sigmoid scores."""
+    f = FFNConfig(kind="moe", hidden=48, num_experts=4, top_k=2, score="sigmoid", bias_balance=True,
+                  route_scale=2.0)
+    m = tiny("moe", ffn=f)
+    with torch.no_grad():
+        for b in m.blocks:
+            b.ffn.expert_bias_E.copy_(torch.tensor([0.0, 0.0, 0.0, 5.0]))  # expert 3 always chosen
+    m.eval()
+    with torch.no_grad():
+        out = m(torch.tensor([PROMPT]), stats=True)
+    last = generate(m, PROMPT, 1, temperature=0, return_routing=True).routing[0]
+    for layer, tw in enumerate(out.token_routing):
+        rec = last[layer]
+        assert 3 in rec["experts"] and abs(sum(rec["weights"]) - 2.0) < 1e-5  # scaled by route_scale
+        mine = torch.zeros(4)
+        mine[rec["experts"]] = torch.tensor(rec["weights"])
+        assert torch.allclose(mine, tw[0, -1].float(), atol=1e-5)
+        seen = {}
+        h = m.blocks[layer].ffn.register_forward_pre_hook(lambda mod, a: seen.__setitem__("x", a[0]))
+        with torch.no_grad():
+            m(torch.tensor([PROMPT]))
+        h.remove()
+        s = torch.sigmoid(m.blocks[layer].ffn.router_logits(seen["x"][0, -1:]))[0]
+        assert torch.allclose(torch.tensor(rec["probs"]), s / s.sum(), atol=1e-6)

@@ -3,7 +3,7 @@
 One forward pass with ``stats=True`` gives each routed layer's combine weights (the model's own
 decision, made in :mod:`studylib.nn.router`); the inputs each routed FFN saw
 (:class:`studylib.run.decode.RoutedInputs`) give the router probabilities over all experts
-(:func:`studylib.nn.router.probs`). The result is a
+(the layer's own :meth:`~studylib.nn.ffn._Experts.router_probs`: the softmax, or sigmoid scores normalised). The result is a
 :class:`~studylib.tools.explorer.view.RoutingView`.
 
 Every prompt is fed after an end-of-story token, as stories appear in the training windows
@@ -17,7 +17,6 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from studylib.nn import router
 from studylib.run.decode import ContextOverflowWarning, RoutedInputs, ffn_kind, generate
 from studylib.tools.explorer.view import RoutingView
 
@@ -38,7 +37,7 @@ def _forward(model, ids: list[int]):
         with RoutedInputs(model) as inputs, torch.inference_mode():
             x = torch.tensor([ids], dtype=torch.long, device=device)
             out = model(x, stats=True)
-            probs_TE = {i: router.probs(ffn.router_logits(inputs.x[i].reshape(-1, inputs.x[i].shape[-1])))
+            probs_TE = {i: ffn.router_probs(ffn.router_logits(inputs.x[i].reshape(-1, inputs.x[i].shape[-1])))
                         for i, ffn, _ in inputs.layers}
             logp = torch.log_softmax(out.logits[0].float(), -1)
             nll = np.full(len(ids), np.nan)
