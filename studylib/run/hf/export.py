@@ -77,8 +77,8 @@ def model_card(rd: RunDir, cfg, step: Optional[int], eos_id: int) -> str:
     data, train = preset.get("data") or {}, preset.get("train") or {}
     arch = hf_format.architecture(cfg)
     f = cfg.ffn
-    if hf_format.family(cfg) == "glm4_moe":
-        router = ("sigmoid scores" + (", renormalised" if f.renormalize else "")
+    if hf_format.family(cfg) in ("glm4_moe", "qwen2_moe"):
+        router = (f"{f.score} scores" + (", renormalised" if f.renormalize else ", weighted by the router score")
                   + (", a selection bias (e_score_correction_bias)" if f.bias_balance else "")
                   + (f", {f.n_shared} shared expert(s)" if f.n_shared else "")
                   + (f", routed scaling {f.route_scale:g}" if f.route_scale != 1.0 else ""))

@@ -1,5 +1,6 @@
 """The ONE mapping between a studylib decoder and transformers' ``LlamaForCausalLM`` (dense) /
-``MixtralForCausalLM`` (softmax top-k MoE) / ``Glm4MoeForCausalLM`` (sigmoid-scored MoE: the
+``MixtralForCausalLM`` (softmax top-k MoE) / ``Qwen2MoeForCausalLM`` (softmax top-k with shared
+experts or the router probability as the weight) / ``Glm4MoeForCausalLM`` (sigmoid-scored MoE: the
 router variants of issue #21): which configs it can represent, the HF config, and the weights
 under HF's names. Used by the export (:mod:`studylib.run.hf.export`) and by the benchmark's HF peer.
 
@@ -9,9 +10,11 @@ decoder's attention exactly) and holds sigmoid scores, the selection bias
 (``e_score_correction_bias``), shared experts (one MLP of ``n_shared * hidden``),
 ``norm_topk_prob`` and ``routed_scaling_factor``; ``first_k_dense_replace: 0`` makes every layer an
 MoE. Dots1 holds the same router but always normalises q and k (qk-norm), and DeepseekV3 uses
-multi-head latent attention: neither holds this attention. No class selects top-k over *softmax*
-scores plus a bias, and Qwen2Moe (softmax with a shared expert) gates that expert with a learned
-sigmoid: those variants are refused.
+multi-head latent attention: neither holds this attention. Qwen2Moe holds softmax routing with
+``norm_topk_prob`` either way and a shared expert (``qkv_bias: false``); it gates the shared expert
+with ``sigmoid(x w)``: exported with ``w = 0`` (a gate of exactly 0.5) and the shared expert's down
+projection doubled (exact in floating point), its output is the shared expert's. No class selects
+top-k over *softmax* scores plus a bias or scales softmax weights: those variants are refused.
 
 Numerically the models are LLaMA / Mixtral: rotate-half RoPE, SwiGLU (our fused ``w_in`` rows are
 gate then up), RMSNorm, GQA (our ``wqkv`` rows are the Q heads, then K, then V), tied embeddings and
@@ -45,14 +48,9 @@ def refusal(cfg: ModelConfig) -> Optional[str]:
     if f.kind == "moe" and f.bias_balance:
         return ("ffn.bias_balance with softmax scores: no transformers class selects the top-k over softmax "
                 "scores plus a bias (Glm4Moe, Dots1 and DeepseekV3 score with a sigmoid: use ffn.score=sigmoid)")
-    if f.kind == "moe" and f.n_shared:
-        return ("ffn.n_shared with softmax scores: Qwen2Moe, the softmax MoE with a shared expert, gates that "
-                "expert with a learned sigmoid, which this model does not have (use ffn.score=sigmoid: Glm4Moe)")
     if f.kind == "moe" and f.route_scale != 1.0:
-        return "ffn.route_scale with softmax scores: Mixtral has no routed scaling factor"
-    if f.kind == "moe" and not f.renormalize:
-        return ("ffn.renormalize=false: Mixtral always renormalises the top-k gate weights; a gate "
-                "scaled by the router probability (Switch) has no transformers equivalent")
+        return ("ffn.route_scale with softmax scores: neither Mixtral nor Qwen2Moe has a routed scaling "
+                "factor (Glm4Moe has, with ffn.score=sigmoid)")
     return None
 
 
@@ -66,13 +64,17 @@ def check(cfg: ModelConfig) -> None:
 #: family -> (architecture, config class, model_type)
 FAMILIES = {"llama": ("LlamaForCausalLM", "LlamaConfig", "llama"),
             "mixtral": ("MixtralForCausalLM", "MixtralConfig", "mixtral"),
+            "qwen2_moe": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", "qwen2_moe"),
             "glm4_moe": ("Glm4MoeForCausalLM", "Glm4MoeConfig", "glm4_moe")}
 
 
 def family(cfg: ModelConfig) -> str:
     if cfg.ffn.kind == "dense":
         return "llama"
-    return "glm4_moe" if cfg.ffn.score == "sigmoid" else "mixtral"
+    f = cfg.ffn
+    if f.score == "sigmoid":
+        return "glm4_moe"
+    return "qwen2_moe" if f.n_shared or not f.renormalize else "mixtral"
 
 
 def architecture(cfg: ModelConfig) -> str:
@@ -108,6 +110,11 @@ def config_kwargs(cfg: ModelConfig, attention_dropout: float = 0.0, bos_id=None,
                   n_shared_experts=f.n_shared, first_k_dense_replace=0, norm_topk_prob=f.renormalize,
                   routed_scaling_factor=f.route_scale, n_group=1, topk_group=1, use_qk_norm=False,
                   attention_bias=False, partial_rotary_factor=1.0)
+    elif family(cfg) == "qwen2_moe":
+        kw.update(moe_intermediate_size=f.hidden, shared_expert_intermediate_size=f.n_shared * f.hidden,
+                  num_experts=f.num_experts, num_experts_per_tok=f.top_k, norm_topk_prob=f.renormalize,
+                  decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=False, use_sliding_window=False,
+                  router_aux_loss_coef=hf_aux_coef(cfg), output_router_logits=f.balance_coef > 0)
     else:
         kw.update(num_local_experts=cfg.ffn.num_experts, num_experts_per_tok=cfg.ffn.top_k,
                   router_aux_loss_coef=hf_aux_coef(cfg), router_jitter_noise=0.0,
@@ -164,8 +171,8 @@ def state_dict(model, layout: str = LEGACY) -> dict:
                        p + "mlp.down_proj.weight": f.w_out.weight})
             continue
         router = f.router.weight * f.cfg.router_scale if f.cfg.router_scale != 1.0 else f.router.weight
-        if family(cfg) == "glm4_moe":
-            sd.update(_glm4_moe(p, f, router, layout))
+        if family(cfg) in ("glm4_moe", "qwen2_moe"):
+            sd.update(_shared_moe(family(cfg), p, f, router, layout))
             continue
         if layout == FUSED:
             sd.update({p + "mlp.gate.weight": router, p + "mlp.experts.gate_up_proj": f.w_in_EFD,
@@ -180,14 +187,17 @@ def state_dict(model, layout: str = LEGACY) -> dict:
     return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
 
 
-def _glm4_moe(p: str, f, router, layout: str) -> dict:
-    """One Glm4Moe MoE layer: router, selection bias (zeros without bias balancing), experts
-    (fused in 5.x, per expert on disk) and the shared experts' one MLP (width 0 without them)."""
+def _shared_moe(fam: str, p: str, f, router, layout: str) -> dict:
+    """One Glm4Moe / Qwen2Moe MoE layer: router (Glm4Moe: and its selection bias, zeros without
+    bias balancing), experts (fused in 5.x, per expert on disk, as save_pretrained writes them) and
+    the shared experts' one MLP (width 0 without them; Qwen2Moe: gate 0.5, down projection x 2)."""
     import torch
 
     m = p + "mlp."
-    bias = f.expert_bias_E if f.cfg.bias_balance else torch.zeros(f.cfg.num_experts)
-    sd = {m + "gate.weight": router, m + "gate.e_score_correction_bias": bias}
+    sd = {m + "gate.weight": router}
+    if fam == "glm4_moe":
+        sd[m + "gate.e_score_correction_bias"] = (f.expert_bias_E if f.cfg.bias_balance
+                                                  else torch.zeros(f.cfg.num_experts))
     if layout == FUSED:
         sd.update({m + "experts.gate_up_proj": f.w_in_EFD, m + "experts.down_proj": f.w_out_EDH})
     else:
@@ -195,15 +205,18 @@ def _glm4_moe(p: str, f, router, layout: str) -> dict:
             gate, up = f.w_in_EFD[e].chunk(2, 0)
             sd.update({f"{m}experts.{e}.gate_proj.weight": gate, f"{m}experts.{e}.up_proj.weight": up,
                        f"{m}experts.{e}.down_proj.weight": f.w_out_EDH[e]})
+    D = f.w_in_EFD.shape[2]
     if f.shared is not None:
         gate, up = f.shared.w_in.weight.chunk(2, 0)
         down = f.shared.w_out.weight
     else:
-        D = f.w_in_EFD.shape[2]
         gate = up = f.w_in_EFD.new_zeros(0, D)
         down = f.w_in_EFD.new_zeros(D, 0)
-    sd.update({m + "shared_experts.gate_proj.weight": gate, m + "shared_experts.up_proj.weight": up,
-               m + "shared_experts.down_proj.weight": down})
+    shared = m + ("shared_experts." if fam == "glm4_moe" else "shared_expert.")
+    if fam == "qwen2_moe":
+        down = down * 2  # sigmoid(0) = 0.5 halves it back, exactly
+        sd[m + "shared_expert_gate.weight"] = f.w_in_EFD.new_zeros(1, D)
+    sd.update({shared + "gate_proj.weight": gate, shared + "up_proj.weight": up, shared + "down_proj.weight": down})
     return sd
 
 

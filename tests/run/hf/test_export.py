@@ -1,8 +1,9 @@
 """The transformers export: from_pretrained logits == studylib's (fp32, 1e-5) for a dense, a MoE
 and two sigmoid-router MoEs (Glm4Moe: with the selection bias, a shared expert and a route scale,
 and without) on every dispatch path, the same greedy tokens, the same tokenizer ids as
-SentencePiece, and the refusals (soft MoE, Switch top-1 gate, mixed layers, softmax variants no
-class holds) raised before anything is written."""
+SentencePiece, and two softmax MoEs Mixtral cannot hold (Qwen2Moe: a shared expert, and the router probability as the
+weight), the refusals (soft MoE, mixed layers, softmax variants no class holds) raised before
+anything is written."""
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,13 @@ GLM = {  # sigmoid-scored routers: exported as Glm4MoeForCausalLM
     "glm_plain": {"ffn": {"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "score": "sigmoid",
                           "renormalize": False}},
 }
+QWEN = {  # softmax routers Mixtral cannot hold: exported as Qwen2MoeForCausalLM
+    "qwen_shared": {"ffn": {"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 1, "n_shared": 1,
+                            "renormalize": False, "balance_coef": 0.01}},
+    "qwen_switch": {"ffn": {"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 1, "renormalize": False}},
+}
 ARCH = {"dense": "LlamaForCausalLM", "moe": "MixtralForCausalLM", "glm": "Glm4MoeForCausalLM",
-        "glm_plain": "Glm4MoeForCausalLM"}
+        "glm_plain": "Glm4MoeForCausalLM", "qwen_shared": "Qwen2MoeForCausalLM", "qwen_switch": "Qwen2MoeForCausalLM"}
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +87,10 @@ def runs(tmp_path_factory):
     preset = tiny_preset(data={"vocab_size": VOCAB}, train={"max_steps": 150, "eval_every": 50,
                                                             "lr": 1e-2, "min_lr": 1e-3})
     preset = tiny_preset(data={"vocab_size": VOCAB}, train={"max_steps": 150, "eval_every": 50,
-                                                            "lr": 1e-2, "min_lr": 1e-3}, models=GLM)
+                                                            "lr": 1e-2, "min_lr": 1e-3}, models={**GLM, **QWEN})
     data = _cycle_data()
     out = {"sp": sp}
-    for name in ("dense", "moe", *GLM):
+    for name in ("dense", "moe", *GLM, *QWEN):
         train_run(preset, name, 1, run_dir=root / name, progress=False, data=data)
         out[name] = ex.export(root / name, root / f"{name}-hf", tokenizer=sp)
     torch.set_num_threads(n)
@@ -109,7 +115,7 @@ def _hf(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("name,dispatch", [("dense", None)] + [(m, d) for m in ("moe", "glm", "glm_plain")
+@pytest.mark.parametrize("name,dispatch", [("dense", None)] + [(m, d) for m in ("moe", "glm", "glm_plain", *QWEN)
                                                                for d in ("naive", "grouped", "stacked")])
 def test_logits_match(runs, one_thread, name, dispatch):
     hf = _hf(runs[f"{name}"])
@@ -129,7 +135,7 @@ def test_the_trained_bias_is_exported(runs):
     assert b.abs().sum() > 0 and torch.equal(b_hf, b)
 
 
-@pytest.mark.parametrize("name", ["dense", "moe", "glm"])
+@pytest.mark.parametrize("name", ["dense", "moe", "glm", "qwen_shared"])
 def test_greedy_tokens_match(runs, one_thread, name):
     hf, ours = _hf(runs[name]), _ours(runs["root"] / name)
     prompt = [2, 17, 40, 5]
@@ -207,10 +213,8 @@ def test_export_never_overwrites_a_users_folder_and_swaps_in_whole(runs, tmp_pat
 
 @pytest.mark.parametrize("ffn,reason", [
     ({"kind": "soft", "hidden": 32, "num_experts": 4}, "soft"),
-    ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 1, "renormalize": False}, "renormalize"),
     ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "layers": [1]}, "mixed FFN kinds"),
     ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "bias_balance": True}, "bias_balance with softmax"),
-    ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "n_shared": 1}, "n_shared with softmax"),
     ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "route_scale": 2.0}, "route_scale with softmax"),
 ])
 def test_refusals_name_the_reason_and_write_nothing(runs, tmp_path, ffn, reason):
