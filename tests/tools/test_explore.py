@@ -116,7 +116,37 @@ def test_route_text_sparse(loaded):
     assert np.isnan(v.nll[0]) and np.isfinite(v.nll[1:]).all()
     fr = v.to_frame()
     assert len(fr) == S * 2 * 2 and set(fr["rank"]) == {0, 1}
+    assert not fr["by_bias"].any() and v.bias_share == {0: 0.0, 1: 0.0}  # no selection bias
     assert model.training is False
+
+
+def test_route_text_with_a_sigmoid_router_and_a_selection_bias(loaded):
+    """A sigmoid router whose bias forces expert 3: the view shows the model's own choice, the
+    normalised sigmoid scores as probabilities, and marks expert 3 as picked by the bias wherever
+    it was not among the two most probable."""
+    import dataclasses
+
+    import torch
+
+    from studylib.nn.model import Decoder
+
+    base, tok = loaded["moe"].model, loaded["moe"].tokenizer
+    f = dataclasses.replace(base.cfg.ffn, score="sigmoid", bias_balance=True)
+    model = Decoder(dataclasses.replace(base.cfg, ffn=f))
+    state = dict(base.state_dict())
+    state.update({f"blocks.{i}.ffn.expert_bias_E": torch.tensor([0.0, 0.0, 0.0, 5.0]) for i in range(2)})
+    model.load_state_dict(state)
+    model.eval()
+    v = explore.route_text(model, tok, TEXT, label="sigmoid+bias")
+    fr = v.to_frame()
+    for layer in range(2):
+        p = v.probs[layer]
+        np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+        assert all(3 in c for c in v.experts[layer])
+        for t, chosen in enumerate(v.experts[layer]):
+            expect = {3} if 3 not in set(np.argsort(-p[t])[:2]) else set()
+            assert v.picked_by_bias(layer, t) == expect
+    assert fr["by_bias"].any() and 0 < v.bias_share[0] <= 0.5
 
 
 def test_route_text_soft(loaded):

@@ -19,6 +19,8 @@ class RoutingView:
     experts a token did not choose; the soft MoE's gate) or ``None`` for a dense layer;
     ``probs[l]``: the router softmax over all E experts (equal to ``weights[l]`` for the soft MoE);
     ``experts[l][t]``: the experts token ``t`` used at layer ``l``, by weight (descending).
+    A routed expert is *picked by the bias* (aux-loss-free balancing) when it is not among the k
+    experts with the highest router probability: the selection bias, not the scores, chose it.
     """
 
     text: str
@@ -91,19 +93,41 @@ class RoutingView:
                 out[:, layer] = w.max(-1)
         return out
 
+    def picked_by_bias(self, layer: int, t: int) -> set:
+        """The experts token ``t`` used at sparse layer ``layer`` that are not among its k most
+        probable ones (empty for routers without a selection bias, and for the soft MoE)."""
+        if self.kinds[layer] != "moe" or self.weights[layer] is None:
+            return set()
+        chosen = self.experts[layer][t]
+        best = np.argsort(-self.probs[layer][t], kind="stable")[:len(chosen)]
+        return set(chosen) - {int(e) for e in best}
+
+    @property
+    def bias_share(self) -> dict:
+        """Per sparse layer: the share of (token, chosen expert) pairs picked by the bias."""
+        out = {}
+        for layer in self.routed_layers:
+            if self.kinds[layer] == "moe":
+                n = sum(len(c) for c in self.experts[layer])
+                out[layer] = sum(len(self.picked_by_bias(layer, t)) for t in range(len(self.ids))) / max(n, 1)
+        return out
+
     def to_frame(self) -> pd.DataFrame:
-        """Long frame: one row per (position, layer, chosen expert) with its weight and router prob."""
+        """Long frame: one row per (position, layer, chosen expert) with its weight, router prob and
+        ``by_bias`` (:meth:`picked_by_bias`)."""
         rows = []
         for layer, w in enumerate(self.weights):
             for t, (tid, piece) in enumerate(zip(self.ids, self.tokens)):
                 base = {"position": t, "id": tid, "token": piece, "layer": layer, "kind": self.kinds[layer],
                         "generated": self.n_prompt is not None and t >= self.n_prompt}
                 if w is None:
-                    rows.append({**base, "rank": np.nan, "expert": np.nan, "weight": np.nan, "prob": np.nan})
+                    rows.append({**base, "rank": np.nan, "expert": np.nan, "weight": np.nan, "prob": np.nan,
+                                 "by_bias": False})
                     continue
+                by_bias = self.picked_by_bias(layer, t)
                 for rank, e in enumerate(self.experts[layer][t]):
                     rows.append({**base, "rank": rank, "expert": e, "weight": float(w[t, e]),
-                                 "prob": float(self.probs[layer][t, e])})
+                                 "prob": float(self.probs[layer][t, e]), "by_bias": e in by_bias})
         return pd.DataFrame(rows)
 
 
