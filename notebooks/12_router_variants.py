@@ -119,13 +119,12 @@ else:
     print("no variant with a selection bias in this preset")
 
 # %%
-others = [m for m in moes if m != reference]
-sentences = [text.gap_phrase(cmp.loc[f"{m} − {reference}"], m, reference) for m in others]
-beats = [text.gap_phrase(cmp.loc[f"{dense_active} − {m}"], dense_active, m) for m in moes]
+vs_ref = cmp.loc[[f"{m} − {reference}" for m in moes if m != reference]]
+vs_active = cmp.loc[[f"{dense_active} − {m}" for m in moes]]
 display(Markdown(
     f"**Outcome in preset `{preset.name}`** ({len(seeds)} seeds, {tokens:,} target tokens per run). "
-    f"Against the reference `{reference}`: " + "; ".join(sentences) + ". Against the active-match dense model: "
-    + "; ".join(beats) + ". Most balanced router (mean max/mean load): "
+    f"Against the reference `{reference}`: " + text.comparison_sentences(vs_ref) + " Against the active-match "
+    "dense model: " + text.comparison_sentences(vs_active) + " Most balanced router (mean max/mean load): "
     f"`{table['imbalance'].idxmin()}` ({table['imbalance'].min():.2f}); least: `{table['imbalance'].idxmax()}` "
     f"({table['imbalance'].max():.2f}). " + text.limits(len(seeds), tokens,
     "The variants share the reference's learning rate and the papers' default coefficients (u, alpha): "

@@ -58,7 +58,10 @@ class Route(NamedTuple):
 def distribution(logits_TE: torch.Tensor, score: str = "softmax") -> torch.Tensor:
     """The router's distribution over experts: the softmax, or the sigmoid scores normalised to
     sum to 1 (what the balance loss and the diagnostics see)."""
-    s_TE = scores(logits_TE, score)
+    return _as_distribution(scores(logits_TE, score), score)
+
+
+def _as_distribution(s_TE: torch.Tensor, score: str) -> torch.Tensor:
     return s_TE if score == "softmax" else s_TE / s_TE.sum(-1, keepdim=True)
 
 
@@ -69,7 +72,7 @@ def sparse(logits_TE: torch.Tensor, top_k: int, renormalize: bool = True, mode: 
     the gate is the router probability itself (Switch). ``score``, ``bias_E`` and ``scale``: the
     variants of the module docstring. ``Route.probs_TE`` is always a distribution over experts."""
     s_TE = scores(logits_TE, score)
-    p_TE = s_TE if score == "softmax" else s_TE / s_TE.sum(-1, keepdim=True)  # = distribution()
+    p_TE = _as_distribution(s_TE, score)
     if mode == "learned" and bias_E is None:
         w_TK, idx_TK = s_TE.topk(top_k, dim=-1)
     elif mode == "learned":  # the bias picks the experts; the weights stay unbiased

@@ -223,10 +223,16 @@ def load(path: str | os.PathLike, *, map_location: Any = "cpu", expect_hash: Opt
             raise CheckpointError(f"{path}: incomplete checkpoint (no {key!r})")
     if kind is not None and state.get("kind") != kind:
         raise CheckpointError(f"{path}: a {state.get('kind')!r} checkpoint, expected {kind!r}")
-    if expect_hash is not None and state["config_hash"] != expect_hash:
-        raise CheckpointError(f"{path}: written by a run with config hash {state['config_hash']}, "
-                              f"but this run's config hash is {expect_hash}; refusing to mix runs")
+    check_hash(state, path, expect_hash)
     return state
+
+
+def check_hash(state: dict, path: os.PathLike, expect_hash: Optional[str]) -> None:
+    """A checkpoint written by another run (its config hash is not ``expect_hash``) is an error."""
+    if expect_hash is not None and state["config_hash"] != expect_hash:
+        raise CheckpointError(f"{path}: written by a run with config hash {state['config_hash']}, but this "
+                              f"run's config hash is {expect_hash}: a checkpoint of another run (another "
+                              f"seed, model or preset?); refusing to mix runs")
 
 
 def snapshot_path(ckpt_dir: str | os.PathLike, step: int) -> Path:
@@ -286,7 +292,6 @@ def load_resume(ckpt_dir: str | os.PathLike, *, expect_hash: Optional[str] = Non
     """``(state, path)`` of the newest good full checkpoint to resume from (see
     :func:`load_latest`), or None. A config-hash mismatch is always an error."""
     found = load_latest(ckpt_dir, map_location=map_location, kind="full", warn=warn)
-    if found is not None and expect_hash is not None and found[0]["config_hash"] != expect_hash:
-        raise CheckpointError(f"{found[1]}: written by a run with config hash {found[0]['config_hash']}, "
-                              f"but this run's config hash is {expect_hash}; refusing to mix runs")
+    if found is not None:
+        check_hash(*found, expect_hash)
     return found

@@ -268,12 +268,7 @@ class RunDir:
 
         cfg = self.model_config()
         state, path = self._checkpoint_state(step, checkpoint_path)
-        doc = self.read_config() or {}
-        expect = (doc.get("run") or {}).get("config_hash")
-        if expect and state["config_hash"] != expect:
-            raise _checkpoint().CheckpointError(
-                f"{path}: written by a run with config hash {state['config_hash']}, but {self.config_path} "
-                f"has {expect}: a checkpoint of another run (another seed, model or preset?); refusing to mix runs")
+        _checkpoint().check_hash(state, path, ((self.read_config() or {}).get("run") or {}).get("config_hash"))
         recorded = self.fingerprints()
         provenance.check_checkpoint(self.path, path, state.get("provenance"), recorded)
         prints = state.get("provenance") or recorded

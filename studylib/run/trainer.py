@@ -116,6 +116,7 @@ class Trainer:
         self.say(describe_amp(self.tcfg, self.device, self.amp_dtype))  # also the summary's "amp"
         seed_everything(self.seed)
         self.model = Decoder(self.mcfg).to(self.device)
+        self.global_balance = bool(self.model.global_balance_layers())  # balance_scope: global
         self.opt = make_optimizer(self.model, self.tcfg)
         if self.dist.enabled and self.dist.rank > 0:  # own dropout stream per rank (init is identical)
             torch.manual_seed(self.seed * 1000 + self.dist.rank)
@@ -227,7 +228,7 @@ class Trainer:
         for g in self.opt.param_groups:
             g["lr"] = lr
         t0 = time.perf_counter()
-        if self.model.global_balance_layers():  # balance_scope: global: the whole step's loads first
+        if self.global_balance:  # the whole step's loads first
             with autocast(self.device, self.amp_dtype):
                 self.model.set_global_loads([self.data.windows(i).to(self.device)[:, :-1] for i in
                                              self.sampler.rank_micro_batches(step, self.dist.rank, self.dist.world)
@@ -242,7 +243,8 @@ class Trainer:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.model.update_router_biases(self.dist.all_reduce_sum)  # aux-loss-free balancing: once per step
-        self.model.clear_global_loads()
+        if self.global_balance:
+            self.model.clear_global_loads()
         return StepResult(lr=lr, ce=ce, aux=aux, gnorm=gnorm, dt=time.perf_counter() - t0)
 
     def _micro_step(self, step: int, m: int) -> torch.Tensor:

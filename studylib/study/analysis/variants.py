@@ -10,7 +10,7 @@ from typing import Mapping, Optional
 import numpy as np
 import pandas as pd
 
-from studylib.study.analysis.frames import aggregate, router_records
+from studylib.study.analysis.frames import aggregate, layer_stats, router_records
 from studylib.study.analysis.tables import comparison_table
 
 DEAD_SHARE = 1e-3  # an expert with less than this share of a layer's assignments counts as dead
@@ -52,10 +52,11 @@ def diagnostics(run_dirs: Mapping) -> pd.DataFrame:
             if not recs:
                 continue
             layers = [st for st in recs[-1]["router"] if isinstance(st, dict)]
-            sh = [np.asarray(st["shares"], dtype=float) for st in layers]
-            imb.append([float(s.max() * len(s)) for s in sh])
-            dead.append(sum(int((s < DEAD_SHARE).sum()) for s in sh))
-            ent.append(float(np.mean([st["entropy"] / np.log(len(st["shares"])) for st in layers])))
+            read = [layer_stats(st, ("busiest", "entropy")) for st in layers]  # the one reading of them
+            E = [len(st["shares"]) for st in layers]
+            imb.append([r["busiest"] * e for r, e in zip(read, E)])
+            dead.append(sum(int((np.asarray(st["shares"], dtype=float) < DEAD_SHARE).sum()) for st in layers))
+            ent.append(float(np.mean([r["entropy"] / np.log(e) for r, e in zip(read, E)])))
         if imb:
             rows.append({"model": model, "imbalance": float(np.mean(imb)), "worst_imbalance": float(np.max(imb)),
                          "dead_experts": float(np.mean(dead)), "entropy": float(np.mean(ent))})
