@@ -30,6 +30,7 @@ test: $(STAMP)
 	.ci/browser-deps || echo "(browser deps unavailable: the real-browser test will be skipped)"
 	$(BIN)/python -m pytest -q tests
 	$(BIN)/python -m studylib study --params params/ci.yaml --no-report
+	$(BIN)/python -m studylib study --params params/ci.yaml --no-report --notebooks 04 -p model moe_sigmoid_bias
 	$(BIN)/python -m pytest -q --nbval-lax outputs/ci/notebooks
 
 ## quick loop for developers: skip the slow tests (subprocess kills, DDP, the Dask cluster, browser)

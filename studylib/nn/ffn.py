@@ -132,6 +132,7 @@ class SparseMoE(_Experts):
         out = router_losses.router_stats(logits_TE, probs_TE, idx_TK)
         if self.cfg.bias_balance:
             out["bias"] = self.expert_bias_E.tolist()
+            out["bias_picked"] = float(router.picked_by_bias(probs_TE, idx_TK).float().mean())
         return out
 
     @torch.no_grad()

@@ -92,6 +92,14 @@ def sparse(logits_TE: torch.Tensor, top_k: int, renormalize: bool = True, mode: 
     return Route(p_TE, idx_TK, w_TK)
 
 
+def picked_by_bias(probs_TE: torch.Tensor, idx_TK: torch.Tensor) -> torch.Tensor:
+    """(T, K) bool: which chosen experts are not among the token's K most probable ones (the
+    selection bias, not the scores, picked them). All False for a router without a bias, ties
+    aside."""
+    best_TK = probs_TE.topk(idx_TK.shape[-1], dim=-1).indices
+    return ~(idx_TK[:, :, None] == best_TK[:, None, :]).any(-1)
+
+
 def soft(logits_TE: torch.Tensor, mode: str = "learned") -> torch.Tensor:
     """The soft MoE's gate over all E experts: the router softmax, or 1/E (``uniform``)."""
     if mode == "learned":

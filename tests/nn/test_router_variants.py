@@ -104,6 +104,21 @@ def test_the_bias_picks_the_experts_but_not_their_weights():
     assert (w[:, 2:] == 0).all() and (w[:, :2] > 0).all()
     p = torch.softmax(layer.router_logits(x.reshape(-1, 16)), -1)[:, :2]
     torch.testing.assert_close(w[:, :2], p / p.sum(-1, keepdim=True))  # the unbiased scores, renormalised
+    full = torch.softmax(layer.router_logits(x.reshape(-1, 16)), -1)
+    in_top2 = (full.argsort(-1, descending=True)[:, :2, None] == torch.arange(2)).any(1)  # (T, 2): 0, 1 in top-2?
+    assert out.stats["bias_picked"] == pytest.approx(float((~in_top2).float().mean()))  # of the T x 2 picks
+    assert 0 < out.stats["bias_picked"] <= 1
+
+
+def test_picked_by_bias_marks_the_chosen_experts_outside_the_top_k():
+    from studylib.nn.router import picked_by_bias
+
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4]])
+    chosen = torch.tensor([[0, 3], [3, 2]])  # token 0: expert 3 is 4th; token 1: its own top-2
+    assert picked_by_bias(probs, chosen).tolist() == [[False, True], [False, False]]
+    ref = _layer({}, "grouped")
+    _, out = ref(torch.randn(1, 7, 16), stats=True, aux=False)
+    assert "bias_picked" not in out.stats  # only routers with a selection bias report it
 
 
 def test_shared_experts_are_counted_as_active_parameters():

@@ -147,6 +147,8 @@ def test_route_text_with_a_sigmoid_router_and_a_selection_bias(loaded):
             expect = {3} if 3 not in set(np.argsort(-p[t])[:2]) else set()
             assert v.picked_by_bias(layer, t) == expect
     assert fr["by_bias"].any() and 0 < v.bias_share[0] <= 0.5
+    for layer in range(2):  # the model's own diagnostic, counted in its forward, agrees
+        assert v.router_stats[layer]["bias_picked"] == pytest.approx(v.bias_share[layer], abs=1e-6)
 
 
 def test_route_text_soft(loaded):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -24,9 +24,10 @@ from studylib.study.analysis.stats import paired
 
 #: router statistics that are scalars per layer (``metrics.jsonl`` eval records, key ``router``)
 ROUTER_SCALARS = ("busiest", "usage_var", "entropy", "top1", "margin", "logz", "usage_entropy",
-                  "max_gt_0.9")
-#: the per-layer statistics of SPEC Table 7, in its column order
-TABLE7_METRICS = ("busiest", "usage_var", "entropy", "top1", "margin", "logz")
+                  "max_gt_0.9", "bias_picked")
+#: the per-layer statistics of SPEC Table 7, in its column order (and, for routers with a
+#: selection bias, the share of assignments the bias picked)
+TABLE7_METRICS = ("busiest", "usage_var", "entropy", "top1", "margin", "logz", "bias_picked")
 
 
 def sample_std(x) -> float:
@@ -212,13 +213,13 @@ def shares_frame(source, key: str = "shares") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["step", "tokens", "layer", "expert", "share"])
 
 
-def routing_frames(preset: Preset, model: str, seeds: Sequence[int]) -> pd.DataFrame:
-    """:func:`routing_frame` of ``model`` for several seeds, with a ``seed`` column."""
-    frames = [routing_frame(RunDir.of(preset, model, s)).assign(seed=s) for s in seeds]
+def routing_frames(run_dirs: Mapping[int, RunDir]) -> pd.DataFrame:
+    """:func:`routing_frame` of one model's runs ``{seed: RunDir}``, with a ``seed`` column."""
+    frames = [routing_frame(rd).assign(seed=s) for s, rd in run_dirs.items()]
     return pd.concat(frames, ignore_index=True)
 
 
-def shares_frames(preset: Preset, model: str, seeds: Sequence[int], key: str = "shares") -> pd.DataFrame:
-    """:func:`shares_frame` of ``model`` for several seeds, with a ``seed`` column."""
-    frames = [shares_frame(RunDir.of(preset, model, s), key).assign(seed=s) for s in seeds]
+def shares_frames(run_dirs: Mapping[int, RunDir], key: str = "shares") -> pd.DataFrame:
+    """:func:`shares_frame` of one model's runs ``{seed: RunDir}``, with a ``seed`` column."""
+    frames = [shares_frame(rd, key).assign(seed=s) for s, rd in run_dirs.items()]
     return pd.concat(frames, ignore_index=True)

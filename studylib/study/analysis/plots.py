@@ -172,7 +172,8 @@ def intervals(table: pd.DataFrame, title: str = "Paired gaps (95% CI)", xlabel: 
 # --------------------------------------------------------------------------------------------
 METRIC_LABELS = {"busiest": "busiest-expert fraction", "usage_var": "expert-usage variance",
                  "entropy": "router entropy (nats)", "top1": "top-1 gate", "margin": "top1 - top2 margin",
-                 "logz": "router log-z", "usage_entropy": "usage entropy", "max_gt_0.9": "share max gate > 0.9"}
+                 "logz": "router log-z", "usage_entropy": "usage entropy", "max_gt_0.9": "share max gate > 0.9",
+                 "bias_picked": "share picked by the bias"}
 
 
 def routing_diagnostics(rf: pd.DataFrame, metrics: Sequence[str] = TABLE7_METRICS, x: str = "step",

@@ -95,8 +95,24 @@ def reference_moe(preset: Preset) -> str:
 
 
 def reference_grid(preset: Preset) -> Grid:
-    """Notebook 04: the reference MoE at the preset's budget (a headline run)."""
-    return Grid([reference_moe(preset)], list(preset.seeds))
+    """Notebook 04 by default: the reference MoE at the preset's budget (a headline run)."""
+    return routing_grid(preset)
+
+
+def routing_grid(preset: Preset, model: Optional[str] = None) -> Grid:
+    """Notebook 04: one sparse MoE of the preset (default: the reference MoE), every seed, at the
+    budget whose runs it shares: a router variant of notebook 12 at
+    ``study.router_variants_epochs``, any other at the preset's budget."""
+    model = model or reference_moe(preset)
+    kind = preset.model_config(model).ffn.kind  # an unknown name: one line naming the preset's models
+    if kind != "moe":
+        raise ConfigError(f"notebook 04: model {model!r} is {kind!r}, not a sparse MoE (ffn.kind: moe); "
+                          f"the routed models of preset {preset.name!r}: "
+                          + ", ".join(m for m in preset.models if preset.model_config(m).ffn.kind == "moe"))
+    if model != reference_moe(preset) and model in study_list(preset, "router_variants"):
+        return Grid([model], list(preset.seeds),
+                    budget_overrides(preset, study_epochs(preset, "router_variants_epochs")))
+    return Grid([model], list(preset.seeds))
 
 
 def ablation_grid(preset: Preset) -> Grid:
@@ -224,5 +240,5 @@ def study_grids(preset: Preset, notebooks: Sequence[str]) -> list[Grid]:
     return [g for name in notebooks for g in NOTEBOOK_GRIDS.get(name, lambda p: [])(preset)]
 
 
-__all__ = ["budget_grids", "train_budgets", "sweep_grids", "ensure_sweep", "noise_grids", "noise_runs", "RunBudget", "run_budget", "study_grids", "first_seeds", "downstream_grid", "reference_moe", "reference_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid", "router_variants_grid",
+__all__ = ["budget_grids", "train_budgets", "sweep_grids", "ensure_sweep", "noise_grids", "noise_runs", "RunBudget", "run_budget", "study_grids", "first_seeds", "downstream_grid", "reference_moe", "reference_grid", "routing_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid", "router_variants_grid",
            "study_epochs", "study_list", "NOTEBOOK_GRIDS"]

@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import signal
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from studylib.config import ConfigError
 from studylib.study.runner.report import KERNEL
+
+
+#: the parameters every study notebook declares (none of them changes an executed notebook's name)
+COMMON_PARAMETERS = ("params", "jobs", "seeds", "overrides")
 
 
 class StudyError(RuntimeError):
@@ -189,18 +194,30 @@ def _may_start(alone: bool, running_alone: Sequence[bool], notebook_jobs: int) -
     return len(running_alone) < notebook_jobs and not alone and not any(running_alone)
 
 
+def executed_stem(py: Path, parameters: Mapping[str, Any]) -> str:
+    """The name (no suffix) of notebook ``py`` executed with ``parameters``: its own stem, plus
+    ``-NAME=VALUE`` for each parameter other than those every notebook has (params, jobs, and
+    seeds and overrides, which name the output folder instead), so that ``-p model X`` writes beside
+    the default run, not over it."""
+    extra = [(k, v) for k, v in parameters.items() if k not in COMMON_PARAMETERS and v is not None]
+    tail = "".join(f"-{k}={re.sub(r'[^A-Za-z0-9_.+-]+', '_', str(v))}" for k, v in extra)
+    return py.stem + tail
+
+
 def execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path, timeout, progress,
                  echo, t_start: float, notebook_jobs: int = 1, alone: Optional[Mapping[Path, bool]] = None) -> dict:
-    """Execute ``nbs`` into ``nb_out`` (``parameters``: ``{notebook: its parameters}``), at most
+    """Execute ``nbs`` into ``nb_out`` (``parameters``: ``{notebook: its parameters}``; the file
+    names: :func:`executed_stem`), at most
     ``notebook_jobs`` at a time, each from a worker thread, started in file order; a notebook with
     ``alone[notebook]`` (default :func:`run_alone`) waits for the running ones to finish and runs
     with nothing beside it. After a failure nothing new starts; once the running ones have
-    finished, the first failure in file order is raised. ``{stem: seconds}`` in file order."""
+    finished, the first failure in file order is raised. ``{executed stem: seconds}`` in file order."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     from studylib.study.orchestration.watch import RunWatcher
 
     alone = dict(alone) if alone is not None else {py: run_alone(py) for py in nbs}
+    stems = {py: executed_stem(py, parameters[py]) for py in nbs}
     bar = progress and notebook_jobs == 1  # interleaved progress bars are unreadable
     n, todo = len(nbs), list(enumerate(nbs, 1))
     times: dict = {}
@@ -215,20 +232,20 @@ def execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path,
                                                          notebook_jobs):
                     i, py = todo.pop(0)
                     echo(f"[{i}/{n}] {py.name} ..." + (" (alone)" if alone[py] and notebook_jobs > 1 else ""))
-                    fut = pool.submit(execute_notebook, py, nb_out / (py.stem + ".ipynb"), parameters[py], root,
+                    fut = pool.submit(execute_notebook, py, nb_out / (stems[py] + ".ipynb"), parameters[py], root,
                                       timeout, bar, kernels.manager_class)
                     running[fut] = (i, py)
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in sorted(done, key=lambda f: running[f][0]):
                     i, py = running.pop(fut)
                     try:
-                        times[py.stem] = fut.result()
+                        times[stems[py]] = fut.result()
                     except Exception as e:  # a StudyError (execute_notebook wraps what fails in papermill)
                         failed[i] = e
                         echo(f"[{i}/{n}] {py.name} failed" + (f"; waiting for {len(running)} running notebook(s) to "
                                                               "finish" if running else ""))
                         continue
-                    echo(f"[{i}/{n}] {py.name} done in {times[py.stem]:.1f} s "
+                    echo(f"[{i}/{n}] {py.name} done in {times[stems[py]]:.1f} s "
                          f"(total {time.perf_counter() - t_start:.1f} s)")
     except BaseException:  # Ctrl+C (or a bug here): end the kernels, so that their threads end too
         kernels.stop()
@@ -237,4 +254,4 @@ def execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path,
         pool.shutdown(wait=True, cancel_futures=True)
     if failed:
         raise failed[min(failed)]
-    return {py.stem: times[py.stem] for py in nbs}
+    return {stems[py]: times[stems[py]] for py in nbs}

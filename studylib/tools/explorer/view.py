@@ -9,6 +9,9 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+import torch
+
+from studylib.nn import router
 
 
 @dataclass
@@ -95,21 +98,25 @@ class RoutingView:
 
     def picked_by_bias(self, layer: int, t: int) -> set:
         """The experts token ``t`` used at sparse layer ``layer`` that are not among its k most
-        probable ones (empty for routers without a selection bias, and for the soft MoE)."""
-        if self.kinds[layer] != "moe" or self.weights[layer] is None:
-            return set()
-        chosen = self.experts[layer][t]
-        best = np.argsort(-self.probs[layer][t], kind="stable")[:len(chosen)]
-        return set(chosen) - {int(e) for e in best}
+        probable ones (:func:`studylib.nn.router.picked_by_bias`; empty for routers without a
+        selection bias, and for the soft MoE)."""
+        mask = self._bias_mask(layer)
+        return set() if mask is None else {e for e, m in zip(self.experts[layer][t], mask[t]) if m}
+
+    def _bias_mask(self, layer: int) -> Optional[np.ndarray]:
+        if self.kinds[layer] != "moe" or self.weights[layer] is None or not len(self.ids):
+            return None
+        idx_TK = torch.as_tensor(np.asarray(self.experts[layer], dtype=np.int64))
+        return router.picked_by_bias(torch.as_tensor(self.probs[layer]), idx_TK).numpy()
 
     @property
     def bias_share(self) -> dict:
         """Per sparse layer: the share of (token, chosen expert) pairs picked by the bias."""
         out = {}
         for layer in self.routed_layers:
-            if self.kinds[layer] == "moe":
-                n = sum(len(c) for c in self.experts[layer])
-                out[layer] = sum(len(self.picked_by_bias(layer, t)) for t in range(len(self.ids))) / max(n, 1)
+            mask = self._bias_mask(layer)
+            if mask is not None:
+                out[layer] = float(mask.mean())
         return out
 
     def to_frame(self) -> pd.DataFrame:

@@ -120,3 +120,23 @@ def test_fewer_seeds_for_the_comparisons_that_ask_for_them():
     assert [g.overrides for g in headline[3:]] == [{"train.data_seed": s} for s in (5, 6, 7)]
     with pytest.raises(ConfigError, match="study.downstream_seeds"):  # refused when the preset loads
         load_preset(ROOT / "params" / "ci.yaml", ["study.downstream_seeds=1"])
+
+
+def test_notebook_04_reads_any_sparse_moe_where_its_runs_are():
+    """The default is the reference MoE's headline runs; a router variant of notebook 12 is read at
+    study.router_variants_epochs (12's runs), any other MoE at the preset's budget; a model without
+    a sparse router is refused with one line naming the routed models."""
+    p = load_preset(ROOT / "params" / "ci.yaml", ["study.router_variants_epochs=0.5"])
+    ref = plan.routing_grid(p)
+    assert ref == plan.reference_grid(p) and ref.models == [plan.reference_moe(p)] and not ref.overrides
+    variant = plan.routing_grid(p, "moe_sigmoid_bias")
+    assert variant.models == ["moe_sigmoid_bias"] and variant.overrides == plan.router_variants_grid(p).overrides
+    paths = [{s: rd.path for s, rd in sweep.grid_run_dirs(p, g)["moe_sigmoid_bias"].items()}
+             for g in (variant, plan.router_variants_grid(p))]
+    assert paths[0] == paths[1] and all("max_steps=6" in str(d) for d in paths[0].values())
+    other = plan.routing_grid(p, "moe_top1")  # an ablation MoE: the preset's budget
+    assert other.models == ["moe_top1"] and not other.overrides
+    with pytest.raises(ConfigError, match=r"'dense_active' is 'dense', not a sparse MoE.*moe_top2_z"):
+        plan.routing_grid(p, "dense_active")
+    with pytest.raises(ConfigError, match="nope"):
+        plan.routing_grid(p, "nope")

@@ -553,3 +553,29 @@ def test_the_presets_study_notebooks_choose_the_default_selection(repo):
         (repo / "params" / "t.yaml").write_text(yaml.safe_dump(raw))
         with pytest.raises(study.ConfigError, match=msg):
             study.run_study("params/t.yaml", root=repo, report=False, progress=False, echo=lambda m: None)
+
+
+PICK = HEADER + textwrap.dedent("""\
+
+    # %% tags=["parameters"]
+    params = "params/other.yaml"
+    jobs = None
+    model = None
+
+    # %%
+    print("MODEL", model)
+    """)
+
+
+def test_a_notebook_parameter_names_its_executed_copy_beside_the_default(repo, monkeypatch):
+    """`-p model X` (a parameter other than params / jobs / seeds / overrides) writes
+    NN_name-model=X.ipynb, so the default run's notebook (and its nbval test) is kept."""
+    (repo / "notebooks" / "04_pick.py").write_text(PICK)
+    monkeypatch.chdir(repo)
+    quiet = dict(root=repo, report=False, progress=False, echo=lambda m: None)
+    default = study.run_study("params/t.yaml", notebooks=["04"], **quiet)
+    picked = study.run_study("params/t.yaml", notebooks=["04"], parameters={"model": "moe x/1"}, **quiet)
+    assert list(default["notebooks"]) == ["04_pick"] and list(picked["notebooks"]) == ["04_pick-model=moe_x_1"]
+    nbs = repo / "outputs" / "t" / "notebooks"
+    assert "MODEL None" in _stream_text(nbformat.read(str(nbs / "04_pick.ipynb"), as_version=4))
+    assert "MODEL moe x/1" in _stream_text(nbformat.read(str(nbs / "04_pick-model=moe_x_1.ipynb"), as_version=4))
