@@ -2,13 +2,13 @@
 a training side and a validation side (see :mod:`studylib.data`)."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
 from studylib.config import DataConfig
 from studylib.config.identity import DATA_SPLIT
-from studylib.data.stories import DataError, fingerprint, story_source
+from studylib.data.stories import DataError, fingerprint, resolved_source, story_source
 
 SIDES = ("train", "val")  # in the order of the token file
 
@@ -21,6 +21,14 @@ def read_corpus(cfg: DataConfig) -> tuple[Callable[[], Iterator[str]], str, int]
     if n_stories == 0:
         raise DataError("the data source holds no non-empty stories")
     return stories, corpus, n_stories
+
+
+def fingerprint_now(cfg: DataConfig) -> Optional[str]:
+    """The corpus sha256 of the stories ``cfg`` reads when they are local files; None for a hub
+    corpus (reading it needs the network)."""
+    if resolved_source(cfg) != "local":
+        return None
+    return fingerprint(story_source(cfg)())[0]
 
 
 def split_stories(n_stories: int, val_fraction: float, seed: int) -> np.ndarray:

@@ -198,12 +198,18 @@ def _hub_stories(cfg: DataConfig) -> Callable[[], Iterator[str]]:
     return lambda: _clean(t for b in ds.select_columns([col]).iter(batch_size=1000) for t in b[col])
 
 
+def resolved_source(cfg: DataConfig) -> str:
+    """``data.source`` with ``auto`` resolved: ``local`` when ``data.data_dir`` holds data files,
+    else ``hub``."""
+    if cfg.source != "auto":
+        return cfg.source
+    d = Path(cfg.data_dir) if cfg.data_dir else None
+    return "local" if d is not None and d.is_dir() and data_files(d) else "hub"
+
+
 def story_source(cfg: DataConfig) -> Callable[[], Iterator[str]]:
     """A function returning a fresh iterator over the (cleaned, first ``max_stories``) stories."""
-    source = cfg.source
-    if source == "auto":
-        d = Path(cfg.data_dir) if cfg.data_dir else None
-        source = "local" if d is not None and d.is_dir() and data_files(d) else "hub"
+    source = resolved_source(cfg)
     if source == "local":
         if not cfg.data_dir:
             raise DataError("data.data_dir: source 'local' needs a directory (or env STUDYLIB_DATA_DIR)")

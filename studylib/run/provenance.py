@@ -11,6 +11,10 @@ the preset, the model, the seed and the data split (:mod:`studylib.config.identi
   probes: :meth:`studylib.run.rundir.RunDir.load_model`) refuses a checkpoint of another run
   (its config hash), a checkpoint whose fingerprints differ from the run's summary, and a
   tokenizer that is not the run's (:func:`check_tokenizer`);
+* **reusing a finished run** (``studylib study`` and every notebook, through
+  :func:`studylib.study.orchestration.sweep.ensure_grids`) refuses one whose corpus fingerprint
+  differs from the stories the preset reads now, when they are local files (:func:`check_reuse`;
+  a hub corpus is not re-read for it: that needs the network);
 * **moving a data cache** still works: the run's tokenizer is found by its fingerprint in the data
   cache (``STUDYLIB_CACHE_DIR``, else the preset's ``data.cache_dir``) when the recorded path is gone
   (:func:`find_tokenizer`).
@@ -62,6 +66,17 @@ def check_resume(run: os.PathLike, step: int, saved: Optional[Mapping], now: Map
             f"{run}: its checkpoint (step {step}) was trained on other data than this attempt reads "
             f"({'; '.join(diff)}; checkpoint -> now): STUDYLIB_DATA_DIR / data.data_dir / "
             f"data.max_stories point elsewhere? Resume with the run's data, or delete the folder to retrain")
+
+
+def check_reuse(run: os.PathLike, recorded: Optional[Mapping], now: Mapping) -> None:
+    """Refuse to reuse a finished run (summary fingerprints ``recorded``) for a study that reads
+    other data now."""
+    diff = mismatches(recorded, now)
+    if diff:
+        raise ProvenanceError(
+            f"{run}: finished on other data than this study reads ({'; '.join(diff)}; the run -> now): "
+            f"STUDYLIB_DATA_DIR / data.data_dir point elsewhere? Point them back, or delete the run "
+            f"folders trained on the other data (or the preset's whole runs/ folder) to retrain")
 
 
 def check_checkpoint(run: os.PathLike, path: os.PathLike, state_prints: Optional[Mapping],
@@ -147,5 +162,5 @@ def _by_vocab_size(candidates: list, doc: Mapping, vocab_size: int) -> Optional[
     return None
 
 
-__all__ = ["KEYS", "ProvenanceError", "of_data", "mismatches", "check_resume", "check_checkpoint",
+__all__ = ["KEYS", "ProvenanceError", "of_data", "mismatches", "check_resume", "check_reuse", "check_checkpoint",
            "check_tokenizer", "find_tokenizer", "anchored"]

@@ -147,6 +147,7 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
         if not models or not seeds:
             raise ConfigError("ensure_runs: give at least one model and one seed")
         finished, todo = plan_runs(preset, models, seeds, g.overrides, g.tag)
+        check_finished_data(finished)
         plans.append((g, models, seeds))
         runs |= {spec.run_dir for spec in finished}
         missing += [spec for spec in todo if spec.run_dir not in runs]
@@ -176,6 +177,27 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
             raise SweepError(f"runs still missing after the sweep: {df.attrs['missing']}")
         frames.append(df)
     return frames
+
+
+def check_finished_data(finished: Sequence[RunSpec], corpora: Optional[dict] = None) -> None:
+    """Refuse finished runs whose recorded corpus fingerprint is not the stories their preset
+    reads now (:func:`studylib.run.provenance.check_reuse`): a study never mixes runs of two
+    corpora. Checked when the stories are local files (read once per data config: ~0.04 s for
+    the shared subset); a hub corpus is not re-read (that needs the network), nor are runs trained
+    before fingerprints existed. ``corpora``: ``{data config: sha256 or None}``, filled as read."""
+    from studylib.data.split import fingerprint_now
+    from studylib.run.provenance import check_reuse
+
+    corpora = {} if corpora is None else corpora
+    for spec in finished:
+        recorded = (spec.rundir.summary() or {}).get("provenance") or {}
+        if not recorded.get("corpus_sha256"):
+            continue
+        cfg = spec.preset.data
+        if cfg not in corpora:
+            corpora[cfg] = fingerprint_now(cfg)
+        if corpora[cfg] is not None:
+            check_reuse(spec.run_dir, recorded, {"corpus_sha256": corpora[cfg]})
 
 
 def _steps(spec: RunSpec, datas) -> int:
@@ -232,5 +254,5 @@ def _step(spec: RunSpec) -> int:
         return 0
 
 
-__all__ = ["ensure_runs", "ensure_grid", "ensure_grids", "Grid", "plan_runs", "SweepError",
+__all__ = ["ensure_runs", "ensure_grid", "ensure_grids", "Grid", "plan_runs", "check_finished_data", "SweepError",
            "available_cores", "default_jobs", "scheduler_address", "SCHEDULER_ENV"]
