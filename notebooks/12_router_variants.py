@@ -83,7 +83,9 @@ display(Markdown(
 # variant − dense_total (> 0: the total-match dense model is better). Router diagnostics at the last
 # evaluation over the evaluation subset: `imbalance` = max/mean expert load (1 = balanced; mean
 # over layers and seeds, `worst_imbalance` its largest layer), `dead_experts` (share < 0.1%, summed
-# over layers), `entropy` (per-token router entropy / ln E).
+# over layers), `entropy` (per-token router entropy / ln E), `bias_picked` (the share of assignments
+# the selection bias picked: the chosen expert was not among the token's k most probable; empty for
+# routers without a bias).
 
 # %%
 table = V.variant_table(summaries, moes, reference, dense_active, dense_total, configs, run_dirs)

@@ -42,25 +42,30 @@ def diagnostics(run_dirs: Mapping) -> pd.DataFrame:
     """Per variant (``{model: {seed: run_dir}}``), at the last evaluation, over layers and seeds:
     ``imbalance`` (busiest expert's share x E, the max/mean load: 1 is perfect balance; mean over
     layers and seeds), ``worst_imbalance`` (its largest layer value), ``dead_experts`` (experts
-    with a share under :data:`DEAD_SHARE`, summed over layers, mean over seeds) and ``entropy``
-    (mean per-token router entropy over ln E: 1 is a uniform router)."""
+    with a share under :data:`DEAD_SHARE`, summed over layers, mean over seeds), ``entropy``
+    (mean per-token router entropy over ln E: 1 is a uniform router) and ``bias_picked`` (the
+    share of assignments a selection bias picked, mean over layers and seeds; NaN for routers
+    without one)."""
     rows = []
     for model, by_seed in run_dirs.items():
-        imb, dead, ent = [], [], []
+        imb, dead, ent, picked = [], [], [], []
         for rd in by_seed.values():
             recs = router_records(rd)
             if not recs:
                 continue
             layers = [st for st in recs[-1]["router"] if isinstance(st, dict)]
-            read = [layer_stats(st, ("busiest", "entropy")) for st in layers]  # the one reading of them
+            read = [layer_stats(st, ("busiest", "entropy", "bias_picked")) for st in layers]  # the one reading
             E = [len(st["shares"]) for st in layers]
             imb.append([r["busiest"] * e for r, e in zip(read, E)])
             dead.append(sum(int((np.asarray(st["shares"], dtype=float) < DEAD_SHARE).sum()) for st in layers))
             ent.append(float(np.mean([r["entropy"] / np.log(e) for r, e in zip(read, E)])))
+            picked += [r["bias_picked"] for r in read if "bias_picked" in r]
         if imb:
             rows.append({"model": model, "imbalance": float(np.mean(imb)), "worst_imbalance": float(np.max(imb)),
-                         "dead_experts": float(np.mean(dead)), "entropy": float(np.mean(ent))})
-    return pd.DataFrame(rows, columns=["model", "imbalance", "worst_imbalance", "dead_experts", "entropy"]).set_index("model")
+                         "dead_experts": float(np.mean(dead)), "entropy": float(np.mean(ent)),
+                         "bias_picked": float(np.mean(picked)) if picked else float("nan")})
+    return pd.DataFrame(rows, columns=["model", "imbalance", "worst_imbalance", "dead_experts", "entropy",
+                                      "bias_picked"]).set_index("model")
 
 
 def variant_table(summaries: pd.DataFrame, variants: list, reference: str, dense_active: str,

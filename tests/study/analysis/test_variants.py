@@ -41,7 +41,7 @@ def test_variant_table_pairs_every_router_with_the_reference_and_both_baselines(
     assert len(t.attrs["comparisons"]) == 2 + 3 * 2  # 2 vs the reference, 3 x 2 vs the baselines
 
 
-def _run(tmp_path, name, shares_per_layer, bias=None, steps=(10, 20)):
+def _run(tmp_path, name, shares_per_layer, bias=None, steps=(10, 20), picked=None):
     rd = RunDir(tmp_path / name)
     rd.path.mkdir(parents=True)
     for i, step in enumerate(steps):
@@ -50,6 +50,8 @@ def _run(tmp_path, name, shares_per_layer, bias=None, steps=(10, 20)):
             st = {"shares": sh, "entropy": 0.5 * math.log(len(sh))}
             if bias is not None:
                 st["bias"] = [b * (i + 1) for b in bias]
+            if picked is not None:
+                st["bias_picked"] = picked[len(router)] * (i + 1)
             router.append(st)
         rd.append_metrics({"kind": "eval", "step": step, "tokens": step * 100, "router": router})
     return rd.path
@@ -62,7 +64,10 @@ def test_diagnostics_read_the_last_evaluation(tmp_path):
     assert d["imbalance"] == pytest.approx((1.0 + 2.8 + 1.6 + 1.0) / 4)  # max share x E per layer and seed
     assert d["worst_imbalance"] == pytest.approx(2.8)
     assert d["dead_experts"] == pytest.approx((2 + 0) / 2)  # two dead experts in seed 1's layer 1
-    assert d["entropy"] == pytest.approx(0.5)
+    assert d["entropy"] == pytest.approx(0.5) and math.isnan(d["bias_picked"])  # no selection bias
+    biased = {"moe_bias": {1: _run(tmp_path, "e", [[0.25] * 4] * 2, picked=[0.05, 0.10]),
+                           2: _run(tmp_path, "f", [[0.25] * 4] * 2, picked=[0.02, 0.03])}}
+    assert V.diagnostics(biased).loc["moe_bias", "bias_picked"] == pytest.approx(2 * (0.05 + 0.10 + 0.02 + 0.03) / 4)
 
 
 def test_bias_frame_reads_each_experts_bias_over_training(tmp_path):
