@@ -31,8 +31,10 @@ from typing import Iterable, Optional, Sequence
 
 from studylib.config import ConfigError, Preset, override
 from studylib.config.presets import Overrides
+from studylib.data.split import fingerprint_now
 from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import outputs_root
+from studylib.run.provenance import check_reuse
 from studylib.run.spec import RunSpec
 from studylib.study.analysis.frames import collect_runs
 
@@ -140,14 +142,14 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
     if jobs < 1:
         raise ConfigError(f"ensure_runs: jobs must be >= 1, got {jobs}")
     address = scheduler_address(preset, scheduler)
-    plans, runs, missing = [], set(), []
+    plans, runs, missing, corpora = [], set(), [], {}
     for g in grids:
         models = _unique(g.models)
         seeds = g.seeds_of(preset)
         if not models or not seeds:
             raise ConfigError("ensure_runs: give at least one model and one seed")
         finished, todo = plan_runs(preset, models, seeds, g.overrides, g.tag)
-        check_finished_data(finished)
+        check_finished_data(finished, corpora)  # the stories read once for every grid
         plans.append((g, models, seeds))
         runs |= {spec.run_dir for spec in finished}
         missing += [spec for spec in todo if spec.run_dir not in runs]
@@ -185,9 +187,6 @@ def check_finished_data(finished: Sequence[RunSpec], corpora: Optional[dict] = N
     corpora. Checked when the stories are local files (read once per data config: ~0.04 s for
     the shared subset); a hub corpus is not re-read (that needs the network), nor are runs trained
     before fingerprints existed. ``corpora``: ``{data config: sha256 or None}``, filled as read."""
-    from studylib.data.split import fingerprint_now
-    from studylib.run.provenance import check_reuse
-
     corpora = {} if corpora is None else corpora
     for spec in finished:
         recorded = (spec.rundir.summary() or {}).get("provenance") or {}

@@ -124,6 +124,7 @@ class RoutingView:
         ``by_bias`` (:meth:`picked_by_bias`)."""
         rows = []
         for layer, w in enumerate(self.weights):
+            mask = self._bias_mask(layer)  # (S, K) or None, once per layer
             for t, (tid, piece) in enumerate(zip(self.ids, self.tokens)):
                 base = {"position": t, "id": tid, "token": piece, "layer": layer, "kind": self.kinds[layer],
                         "generated": self.n_prompt is not None and t >= self.n_prompt}
@@ -131,10 +132,10 @@ class RoutingView:
                     rows.append({**base, "rank": np.nan, "expert": np.nan, "weight": np.nan, "prob": np.nan,
                                  "by_bias": False})
                     continue
-                by_bias = self.picked_by_bias(layer, t)
                 for rank, e in enumerate(self.experts[layer][t]):
                     rows.append({**base, "rank": rank, "expert": e, "weight": float(w[t, e]),
-                                 "prob": float(self.probs[layer][t, e]), "by_bias": e in by_bias})
+                                 "prob": float(self.probs[layer][t, e]),
+                                 "by_bias": bool(mask is not None and mask[t, rank])})
         return pd.DataFrame(rows)
 
 
