@@ -95,6 +95,14 @@ def ipc_kernel_manager():
                 except OSError:
                     pass
 
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client sends SIGINT before every shutdown request; our notebooks have finished
+            # by then, and ipykernel logged "[IPKernelApp] ERROR | KeyboardInterrupt caught in
+            # kernel" whenever the signal landed while it handled a message (in `make study`'s
+            # output). A timed-out cell is interrupted through interrupt_kernel, as before.
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
     return IPCKernelManager
 
 

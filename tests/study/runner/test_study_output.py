@@ -71,5 +71,31 @@ def test_notebook_kernel_uses_ipc_without_the_tcp_warning(tmp_path, capfd, monke
     execute_notebook(py, out, {"x": 41}, tmp_path, progress=False)
     nb = json.loads(out.read_text())
     assert "42" in "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
-    assert "without encryption" not in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "without encryption" not in err and "KeyboardInterrupt" not in err
     assert not list(private.glob("studylib-kernel-*"))  # the socket folder is removed with the kernel
+
+
+def test_a_finished_notebooks_kernel_is_shut_down_without_an_interrupt(monkeypatch):
+    """jupyter_client sends SIGINT before every shutdown request; the study's kernels have finished
+    their notebook by then, so the manager skips it (ipykernel logged an ERROR when it landed
+    mid-message). An interrupt outside a shutdown (a timed-out cell) still goes through."""
+    import asyncio
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    from studylib.study.runner.execute import ipc_kernel_manager
+
+    sent = []
+
+    async def interrupt(self):
+        sent.append(self.shutting_down)
+
+    monkeypatch.setattr(AsyncKernelManager, "_async_interrupt_kernel", interrupt)
+    km = ipc_kernel_manager()()
+    km.shutting_down = True
+    asyncio.run(km._async_interrupt_kernel())
+    assert sent == []
+    km.shutting_down = False
+    asyncio.run(km._async_interrupt_kernel())
+    assert sent == [False]
