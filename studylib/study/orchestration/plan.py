@@ -17,7 +17,7 @@ notebooks' training cells took about 1,590 s for 1,455 s of runs per slot; in on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pandas as pd
 
@@ -221,23 +221,29 @@ def noise_runs(preset: Preset, models: Sequence[str], spec: noise.NoiseSpec, job
     return pd.concat(parts, ignore_index=True)
 
 #: notebook (file stem) -> its grids
-NOTEBOOK_GRIDS: dict[str, Callable[[Preset], list[Grid]]] = {
-    "02_routing_ablation": lambda p: [ablation_grid(p)],
-    "03_headline_sweep": lambda p: [headline_grid(p), *_noise_grids(p)],
-    "04_routing_diagnostics": lambda p: [reference_grid(p)],
-    "06_granularity_sweep": lambda p: [granularity_grid(p)],
-    "07_iso_width": lambda p: [iso_width_grid(p)],
-    "09_token_budget": _budget_grids,
-    "10_downstream": lambda p: [downstream_grid(p)],
-    "11_learning_rate": _lr_grids,
-    "12_router_variants": lambda p: [router_variants_grid(p)],
+#: per notebook (file stem): its grids, from the preset and the notebook's ``-p`` parameters
+NOTEBOOK_GRIDS: dict[str, Callable[[Preset, Mapping[str, Any]], list[Grid]]] = {
+    "02_routing_ablation": lambda p, q: [ablation_grid(p)],
+    "03_headline_sweep": lambda p, q: [headline_grid(p), *_noise_grids(p)],
+    "04_routing_diagnostics": lambda p, q: [routing_grid(p, q.get("model"))],
+    "06_granularity_sweep": lambda p, q: [granularity_grid(p)],
+    "07_iso_width": lambda p, q: [iso_width_grid(p)],
+    "09_token_budget": lambda p, q: _budget_grids(p),
+    "10_downstream": lambda p, q: [downstream_grid(p)],
+    "11_learning_rate": lambda p, q: _lr_grids(p),
+    "12_router_variants": lambda p, q: [router_variants_grid(p)],
 }
 
 
-def study_grids(preset: Preset, notebooks: Sequence[str]) -> list[Grid]:
-    """The grids of the named notebooks (file stems like ``03_headline_sweep``); a notebook that
-    trains nothing, or that this plan does not know, adds none (it trains its own runs)."""
-    return [g for name in notebooks for g in NOTEBOOK_GRIDS.get(name, lambda p: [])(preset)]
+def study_grids(preset: Preset, notebooks: Sequence[str],
+                parameters: Optional[Mapping[str, Mapping[str, Any]]] = None) -> list[Grid]:
+    """The grids of the named notebooks (file stems like ``03_headline_sweep``), given each
+    notebook's ``-p`` parameters (``{stem: {name: value}}``; e.g. notebook 04's ``model``); a
+    notebook that trains nothing, or that this plan does not know, adds none (it trains its own
+    runs)."""
+    parameters = parameters or {}
+    return [g for name in notebooks
+            for g in NOTEBOOK_GRIDS.get(name, lambda p, q: [])(preset, parameters.get(name) or {})]
 
 
 __all__ = ["budget_grids", "train_budgets", "sweep_grids", "ensure_sweep", "noise_grids", "noise_runs", "RunBudget", "run_budget", "study_grids", "first_seeds", "downstream_grid", "reference_moe", "reference_grid", "routing_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid", "router_variants_grid",

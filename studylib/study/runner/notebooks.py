@@ -193,7 +193,7 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     per_notebook = {py: {"params": param_arg, "jobs": jobs, **{k: v for k, v in extra.items() if k in declared[py]}}
                     for py in nbs}
     address = scheduler_address(preset, scheduler)
-    runs_s = train_study_runs(preset, nbs, jobs, root, progress, echo, address)
+    runs_s = train_study_runs(preset, nbs, jobs, root, progress, echo, address, per_notebook)
     lone = [py.name.split("_")[0] for py in nbs if alone[py]]
     echo(f"notebooks: {min(notebook_jobs, len(nbs))} at a time"
          + (f"; {', '.join(lone)} alone (run_alone in the header)" if lone and notebook_jobs > 1 else ""))
@@ -248,11 +248,12 @@ def _environment(name: str, value: Optional[str]):
 
 
 def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Path, progress: bool, echo,
-                     scheduler: Optional[str] = None) -> float:
-    """Train the runs of the selected notebooks (:func:`studylib.study.orchestration.plan.study_grids`) in one
-    queue before any notebook executes (from the repository root, as the notebooks run), on the
-    Dask scheduler at ``scheduler`` or here; the seconds it took. A failed run is a
-    :class:`StudyError` naming the run and its log."""
+                     scheduler: Optional[str] = None, parameters: Optional[Mapping[Path, Mapping]] = None) -> float:
+    """Train the runs of the selected notebooks (:func:`studylib.study.orchestration.plan.study_grids`,
+    given each notebook's parameters ``{notebook: {name: value}}``) in one queue before any
+    notebook executes (from the repository root, as the notebooks run), on the Dask scheduler at
+    ``scheduler`` or here; the seconds it took. A failed run is a :class:`StudyError` naming the
+    run and its log."""
     import contextlib
 
     from studylib.study.orchestration.plan import study_grids
@@ -260,7 +261,7 @@ def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Pat
 
     t0 = time.perf_counter()
     with contextlib.chdir(root):
-        grids = study_grids(preset, [py.stem for py in nbs])
+        grids = study_grids(preset, [py.stem for py in nbs], {py.stem: (parameters or {}).get(py) or {} for py in nbs})
         if not grids:
             return 0.0
         echo(f"training the runs of {len(grids)} grid(s) in one queue, longest first, "

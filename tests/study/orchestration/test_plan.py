@@ -136,6 +136,10 @@ def test_notebook_04_reads_any_sparse_moe_where_its_runs_are():
     assert paths[0] == paths[1] and all("max_steps=6" in str(d) for d in paths[0].values())
     other = plan.routing_grid(p, "moe_top1")  # an ablation MoE: the preset's budget
     assert other.models == ["moe_top1"] and not other.overrides
+    # `studylib study --notebooks 04 -p model X` trains X's runs up front, not the reference's
+    assert plan.study_grids(p, ["04_routing_diagnostics"], {"04_routing_diagnostics": {"model": "moe_sigmoid_bias"}}) \
+        == [variant]
+    assert plan.study_grids(p, ["04_routing_diagnostics"]) == [ref]
     with pytest.raises(ConfigError, match=r"'dense_active' is 'dense', not a sparse MoE.*moe_top2_z"):
         plan.routing_grid(p, "dense_active")
     with pytest.raises(ConfigError, match="nope"):
