@@ -94,11 +94,6 @@ def reference_moe(preset: Preset) -> str:
     return preset.study.reference() or study_list(preset, "headline")[1]
 
 
-def reference_grid(preset: Preset) -> Grid:
-    """Notebook 04 by default: the reference MoE at the preset's budget (a headline run)."""
-    return routing_grid(preset)
-
-
 def routing_grid(preset: Preset, model: Optional[str] = None) -> Grid:
     """Notebook 04: one sparse MoE of the preset (default: the reference MoE), every seed, at the
     budget whose runs it shares: a router variant of notebook 12 at
@@ -220,7 +215,6 @@ def noise_runs(preset: Preset, models: Sequence[str], spec: noise.NoiseSpec, job
     parts += [f.assign(factor="order only", draw=s) for f, s in zip(order, spec.seeds)]
     return pd.concat(parts, ignore_index=True)
 
-#: notebook (file stem) -> its grids
 #: per notebook (file stem): its grids, from the preset and the notebook's ``-p`` parameters
 NOTEBOOK_GRIDS: dict[str, Callable[[Preset, Mapping[str, Any]], list[Grid]]] = {
     "02_routing_ablation": lambda p, q: [ablation_grid(p)],
@@ -246,5 +240,5 @@ def study_grids(preset: Preset, notebooks: Sequence[str],
             for g in NOTEBOOK_GRIDS.get(name, lambda p, q: [])(preset, parameters.get(name) or {})]
 
 
-__all__ = ["budget_grids", "train_budgets", "sweep_grids", "ensure_sweep", "noise_grids", "noise_runs", "RunBudget", "run_budget", "study_grids", "first_seeds", "downstream_grid", "reference_moe", "reference_grid", "routing_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid", "router_variants_grid",
+__all__ = ["budget_grids", "train_budgets", "sweep_grids", "ensure_sweep", "noise_grids", "noise_runs", "RunBudget", "run_budget", "study_grids", "first_seeds", "downstream_grid", "reference_moe", "routing_grid", "headline_grid", "ablation_grid", "granularity_grid", "iso_width_grid", "router_variants_grid",
            "study_epochs", "study_list", "NOTEBOOK_GRIDS"]

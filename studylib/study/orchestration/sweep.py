@@ -184,7 +184,7 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
 def check_finished_data(finished: Sequence[RunSpec], corpora: Optional[dict] = None) -> None:
     """Refuse finished runs whose recorded corpus fingerprint is not the stories their preset
     reads now (:func:`studylib.run.provenance.check_reuse`): a study never mixes runs of two
-    corpora. Checked when the stories are local files (read once per data config: ~0.04 s for
+    corpora. Checked when the stories are local files (read once per data config: ~0.03 s for
     the shared subset); a hub corpus is not re-read (that needs the network), nor are runs trained
     before fingerprints existed. ``corpora``: ``{data config: sha256 or None}``, filled as read."""
     corpora = {} if corpora is None else corpora

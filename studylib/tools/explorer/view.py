@@ -20,7 +20,8 @@ class RoutingView:
 
     ``weights[l]``: (S, E) combine weights of layer ``l`` (the renormalised top-k weights, 0 for
     experts a token did not choose; the soft MoE's gate) or ``None`` for a dense layer;
-    ``probs[l]``: the router softmax over all E experts (equal to ``weights[l]`` for the soft MoE);
+    ``probs[l]``: the router's distribution over all E experts (the softmax, or a sigmoid router's
+    scores normalised; equal to ``weights[l]`` for the soft MoE);
     ``experts[l][t]``: the experts token ``t`` used at layer ``l``, by weight (descending).
     A routed expert is *picked by the bias* (aux-loss-free balancing) when it is not among the k
     experts with the highest router probability: the selection bias, not the scores, chose it.

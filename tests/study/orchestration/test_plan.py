@@ -128,7 +128,7 @@ def test_notebook_04_reads_any_sparse_moe_where_its_runs_are():
     a sparse router is refused with one line naming the routed models."""
     p = load_preset(ROOT / "params" / "ci.yaml", ["study.router_variants_epochs=0.5"])
     ref = plan.routing_grid(p)
-    assert ref == plan.reference_grid(p) and ref.models == [plan.reference_moe(p)] and not ref.overrides
+    assert ref.models == [plan.reference_moe(p)] and not ref.overrides
     variant = plan.routing_grid(p, "moe_sigmoid_bias")
     assert variant.models == ["moe_sigmoid_bias"] and variant.overrides == plan.router_variants_grid(p).overrides
     paths = [{s: rd.path for s, rd in sweep.grid_run_dirs(p, g)["moe_sigmoid_bias"].items()}
