@@ -13,6 +13,8 @@ Expert weights are stacked: ``w_in_EFD`` (rows 0..H-1 = gate, H..2H-1 = up) and 
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from studylib.nn.precision import autocast_dtype
@@ -49,13 +51,12 @@ def _naive(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH):
 # --------------------------------------------------------------------------------------------
 # shared by grouped and stacked: sort the T*K assignments by expert once
 # --------------------------------------------------------------------------------------------
-def _sort_by_expert(idx_TK: torch.Tensor, num_experts: int):
+def _sort_by_expert(idx_TK: torch.Tensor):
     K = idx_TK.shape[1]
     expert_N = idx_TK.reshape(-1)
     order_N = torch.argsort(expert_N, stable=True)
     tok_N = order_N // K  # token of each sorted assignment
-    counts_E = torch.bincount(expert_N, minlength=num_experts)
-    return order_N, tok_N, expert_N[order_N], counts_E
+    return order_N, tok_N, expert_N[order_N]
 
 
 def grouped_mm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -83,9 +84,8 @@ def _segment_matmul(x_ND, w_EFD, counts_E, use_grouped_mm: bool):
     return torch.cat(outs, 0)
 
 
-def _grouped(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH, grouped_mm="auto"):
-    E = w_in_EFD.shape[0]
-    order_N, tok_N, _, counts_E = _sort_by_expert(idx_TK, E)
+def _grouped(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH, counts_E, grouped_mm="auto"):
+    order_N, tok_N, _ = _sort_by_expert(idx_TK)
     x_ND = x_TD.index_select(0, tok_N)
     use = grouped_mm == "on" or (grouped_mm == "auto" and x_TD.device.type == "cuda")
     use = use and grouped_mm_supported(x_ND, w_in_EFD)
@@ -96,9 +96,9 @@ def _grouped(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH, grouped_mm="auto"):
     return y_TD.index_add(0, tok_N, out_ND)
 
 
-def _stacked(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH):
+def _stacked(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH, counts_E):
     E = w_in_EFD.shape[0]
-    order_N, tok_N, expert_N, counts_E = _sort_by_expert(idx_TK, E)
+    order_N, tok_N, expert_N = _sort_by_expert(idx_TK)
     C = int(counts_E.max())
     start_E = torch.cumsum(counts_E, 0) - counts_E
     pos_N = torch.arange(expert_N.numel(), device=x_TD.device) - start_E[expert_N]
@@ -119,12 +119,17 @@ def moe_experts(
     w_out_EDH: torch.Tensor,
     path: str = "grouped",
     grouped_mm: str = "auto",
+    counts_E: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Weighted sum of each token's K experts. The one seam every dispatch path plugs into."""
+    """Weighted sum of each token's K experts. The one seam every dispatch path plugs into.
+    ``counts_E``: the assignments per expert (the MoE layer passes its routing record's, so a
+    forward counts them once); counted here when not given."""
     if path not in PATHS:
         raise ValueError(f"dispatch path must be one of {PATHS}, got {path!r}")
+    if counts_E is None and path != "naive":
+        counts_E = torch.bincount(idx_TK.reshape(-1), minlength=w_in_EFD.shape[0])
     if path == "grouped":
-        return _grouped(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH, grouped_mm)
+        return _grouped(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH, counts_E, grouped_mm)
     if path == "stacked":
-        return _stacked(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH)
+        return _stacked(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH, counts_E)
     return _naive(x_TD, idx_TK, w_TK, w_in_EFD, w_out_EDH)

@@ -1,24 +1,27 @@
 """LLaMA-style decoder: RoPE, pre-RMSNorm, GQA attention (SDPA, causal), SwiGLU/MoE FFN, tied embeddings.
 
 No biases anywhere; dropout on the attention output and on the FFN path; final RMSNorm.
-``Decoder.forward`` returns the loss and the router outputs (no global state): see ModelOutput.
-With ``stats=True`` it also returns per-layer diagnostics and each token's expert weights.
+``Decoder.forward`` returns the loss, the router losses and each routed layer's routing record
+(no global state): see ModelOutput. With ``stats=True`` it also returns per-layer diagnostics.
+Each module initialises its own weights (``init_weights``); :meth:`Decoder.init_weights` calls them
+in a fixed order (the RNG draws of a seed are part of a run's identity).
 
 Shape legend: B batch, S sequence, D model width, V vocab, Q query heads, G kv heads, A head dim.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from studylib.nn import gemv
+from studylib.nn import gemv, router
 from studylib.config import ModelConfig
-from studylib.nn.ffn import DenseFFN, RouterOutput, SoftMoE, SparseMoE, _Experts, build_ffn
+from studylib.nn.ffn import RouterOutput, SoftMoE, SparseMoE, _Experts, build_ffn
 from studylib.nn.lm_loss import linear_cross_entropy
 
 
@@ -31,7 +34,8 @@ class ModelOutput:
     aux_loss: torch.Tensor  # balance_coef * balance_loss + z_coef * z_loss (+ seq_balance_coef *
     # the mean sequence-wise balance loss) (add it to `loss`)
     router_stats: list = field(default_factory=list)  # per layer: dict of diagnostics or None
-    token_routing: list = field(default_factory=list)  # per layer: (B, S, E) combine weights or None
+    routing: list = field(default_factory=list)  # per layer: its studylib.nn.router.Routing record
+    # (detached; the B*S tokens in order) or None (dense)
 
 
 class RMSNorm(nn.Module):
@@ -39,6 +43,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        self.weight.fill_(1.0)
 
     def forward(self, x):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
@@ -75,6 +83,11 @@ class Attention(nn.Module):
         self.wqkv = gemv.Linear(cfg.d_model, (self.Q + 2 * self.G) * self.A)
         self.wo = gemv.Linear(self.Q * self.A, cfg.d_model)
 
+    @torch.no_grad()
+    def init_weights(self, std: float, out_std: float) -> None:
+        nn.init.normal_(self.wqkv.weight, std=std)
+        nn.init.normal_(self.wo.weight, std=out_std)
+
     def forward(self, x_BSD, cos, sin, cache: Optional[KVCache] = None, layer: int = 0):
         B, S, _ = x_BSD.shape
         qkv_BSXA = self.wqkv(x_BSD).view(B, S, self.Q + 2 * self.G, self.A)
@@ -110,10 +123,16 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.layer = layer
 
+    def init_weights(self, std: float, out_std: float, expert_init: str) -> None:
+        self.attn.init_weights(std, out_std)
+        self.ffn.init_weights(std, out_std, expert_init)
+        self.attn_norm.init_weights()
+        self.ffn_norm.init_weights()
+
     def forward(self, x, cos, sin, stats=False, cache=None, aux=True):
         x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, self.layer))
-        h, router = self.ffn(self.ffn_norm(x), stats=stats, aux=aux)
-        return x + self.drop(h), router
+        h, out = self.ffn(self.ffn_norm(x), stats=stats, aux=aux)
+        return x + self.drop(h), out
 
 
 class Decoder(nn.Module):
@@ -127,13 +146,16 @@ class Decoder(nn.Module):
         cos, sin = rope_tables(cfg.head_dim, cfg.context, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.reset_parameters()
+        self.init_weights()
 
     # ---- initialisation -------------------------------------------------------------------
     @torch.no_grad()
-    def reset_parameters(self):
+    def init_weights(self):
         """N(0, init_std) everywhere; residual output projections scaled by 1/sqrt(2L);
-        norms at 1; the soft-MoE router at 0, so its gate starts exactly uniform.
+        norms at 1; the soft-MoE router at 0, so its gate starts exactly uniform. Each module
+        draws its own (``init_weights``), in this order: the embedding, then per block the
+        attention (wqkv, wo), the FFN (dense: w_in, w_out; MoE: w_in_EFD, w_out_EDH, the router,
+        the shared experts' w_in, w_out), the norms.
 
         ``cfg.expert_init == "fan_in"`` (seed 003, SPEC section 4: "experts use fan-in init")
         instead draws each expert's weights, in soft and routed MoE layers, with std 1/sqrt(fan_in):
@@ -148,93 +170,52 @@ class Decoder(nn.Module):
         """
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
-        fan_in = self.cfg.expert_init == "fan_in"
         nn.init.normal_(self.tok_emb.weight, std=std)
         for blk in self.blocks:
-            nn.init.normal_(blk.attn.wqkv.weight, std=std)
-            nn.init.normal_(blk.attn.wo.weight, std=out_std)
-            f = blk.ffn
-            if isinstance(f, DenseFFN):
-                nn.init.normal_(f.w_in.weight, std=std)
-                nn.init.normal_(f.w_out.weight, std=out_std)
-            else:
-                D, H = f.w_in_EFD.shape[2], f.w_out_EDH.shape[2]  # fan-ins of w_in (E,2H,D), w_out (E,D,H)
-                nn.init.normal_(f.w_in_EFD, std=1 / math.sqrt(D) if fan_in else std)
-                nn.init.normal_(f.w_out_EDH, std=1 / math.sqrt(H) if fan_in else out_std)
-                if isinstance(f, SoftMoE):
-                    nn.init.zeros_(f.router.weight)
-                else:
-                    nn.init.normal_(f.router.weight, std=std)
-                if getattr(f, "shared", None) is not None:  # shared experts: as an expert (after the
-                    nn.init.normal_(f.shared.w_in.weight, std=1 / math.sqrt(D) if fan_in else std)  # draws
-                    nn.init.normal_(f.shared.w_out.weight,  # of models without them, unchanged)
-                                    std=1 / math.sqrt(f.shared.hidden // f.cfg.n_shared) if fan_in else out_std)
-            blk.attn_norm.weight.fill_(1.0)
-            blk.ffn_norm.weight.fill_(1.0)
-        self.norm.weight.fill_(1.0)
+            blk.init_weights(std, out_std, self.cfg.expert_init)
+        self.norm.init_weights()
 
     # ---- routing switches -----------------------------------------------------------------
     def set_router_mode(self, mode: str, layers: Optional[list[int]] = None) -> None:
         """Force routers to ``uniform`` / ``balanced`` (or back to ``learned``) on some layers."""
-        if mode not in ("learned", "uniform", "balanced"):
+        if mode not in router.MODES:
             raise ValueError(f"router mode must be learned, uniform or balanced, got {mode!r}")
         for i, blk in enumerate(self.blocks):
             if isinstance(blk.ffn, _Experts) and (layers is None or i in layers):
                 if mode == "balanced" and isinstance(blk.ffn, SoftMoE):
                     raise ValueError(f"layer {i}: 'balanced' applies to the sparse MoE only")
-                blk.ffn.router_mode = mode
+                blk.ffn.router.mode = mode
 
-    def update_router_biases(self, all_reduce=None) -> None:
-        """Aux-loss-free balancing: one bias update per MoE layer with ``bias_balance``, from the
-        assignments counted since the last update (the trainer calls this once per optimizer step;
-        ``all_reduce`` sums the counts over DDP ranks in place)."""
-        layers = [b.ffn for b in self.blocks if isinstance(b.ffn, SparseMoE) and b.ffn.cfg.bias_balance]
-        if not layers:
-            return
-        E = layers[0].cfg.num_experts
-        ref = layers[0].expert_bias_E
-        loads = torch.stack([f.load_E if f.load_E is not None else torch.zeros(E, dtype=torch.long, device=ref.device)
-                             for f in layers]).to(torch.float64)
-        if all_reduce is not None:
-            all_reduce(loads)
-        for f, load_E in zip(layers, loads):
-            f.update_bias(load_E)
+    def routers(self) -> list[router.Router]:
+        """The routed layers' routers, in layer order."""
+        return [b.ffn.router for b in self.blocks if isinstance(b.ffn, _Experts)]
 
-    def global_balance_layers(self) -> list:
-        """The MoE layers whose balance loss counts the loads of the whole optimizer step."""
-        return [b.ffn for b in self.blocks if isinstance(b.ffn, SparseMoE) and b.ffn.cfg.balance_scope == "global"]
+    @contextlib.contextmanager
+    def routing_step(self, inputs: Callable[[], Iterable[torch.Tensor]],
+                     all_reduce: Optional[Callable[[torch.Tensor], None]] = None,
+                     amp=None) -> Iterator[None]:
+        """The routing state around one optimizer step (:func:`studylib.nn.router.optimizer_step`;
+        the trainer's one routing call): ``with model.routing_step(inputs, all_reduce): <forwards,
+        backwards, optimizer step>``. The global-batch balance (``balance_scope: global``) first
+        routes every micro-batch of the step once (``inputs()``: this rank's input windows, B x S
+        each; eval mode, so no dropout and no RNG draw; under ``amp``, an autocast context) and
+        uses the step's loads, summed over the micro-batches and the ranks (``all_reduce``), as
+        the f of its balance loss; with dropout 0 the routing is the training forward's exactly,
+        so with one micro-batch and one rank the loss equals the micro-batch loss. Aux-loss-free
+        balancing moves each bias once when the body has finished, from the assignments of the
+        step's forwards."""
+        def prepass() -> None:
+            was = self.training
+            self.eval()
+            try:
+                with torch.no_grad(), amp if amp is not None else contextlib.nullcontext():
+                    for x in inputs():
+                        self(x, aux_losses=False, return_logits=True, last_only=True)
+            finally:
+                self.train(was)
 
-    @torch.no_grad()
-    def set_global_loads(self, inputs: list, all_reduce=None) -> None:
-        """The global-batch balance loss (``balance_scope: global``): route every micro-batch of
-        the coming optimizer step once (``inputs``: this rank's input windows, B x S each; eval
-        mode, so no dropout and no RNG draw), sum the assignments over them and over the ranks
-        (``all_reduce``), and give each layer those shares as the f of its balance loss until
-        :meth:`clear_global_loads`. With dropout 0 the routing is the training forward's exactly,
-        so with one micro-batch and one rank the loss equals the micro-batch loss."""
-        layers = self.global_balance_layers()
-        if not layers:
-            return
-        was = self.training
-        self.eval()
-        try:
-            for f in layers:
-                f.tally_E = torch.zeros(f.cfg.num_experts, dtype=torch.float64, device=f.router.weight.device)
-            for x in inputs:
-                self(x, aux_losses=False, return_logits=True, last_only=True)
-            counts = torch.stack([f.tally_E for f in layers])
-        finally:
-            for f in layers:
-                f.tally_E = None
-            self.train(was)
-        if all_reduce is not None:
-            all_reduce(counts)
-        for f, c in zip(layers, counts):
-            f.global_share_E = (c / c.sum().clamp_min(1)).to(torch.float32)
-
-    def clear_global_loads(self) -> None:
-        for f in self.global_balance_layers():
-            f.global_share_E = None
+        with router.optimizer_step(self.routers(), prepass, all_reduce):
+            yield
 
     def routed_layers(self) -> list[int]:
         return [i for i, b in enumerate(self.blocks) if isinstance(b.ffn, _Experts)]
@@ -284,6 +265,5 @@ class Decoder(nn.Module):
         return ModelOutput(
             logits=logits, loss=loss, balance_loss=bal, z_loss=z, aux_loss=aux,
             router_stats=[r.stats if r is not None else None for r in routers],
-            token_routing=[r.token_weights.view(B, S, -1) if r is not None and r.token_weights is not None
-                           else None for r in routers],
+            routing=[r.routing.detach() if r is not None else None for r in routers],
         )

@@ -1,30 +1,51 @@
-"""The routing decision, in one place: router logits -> probabilities -> the experts each token
-uses and their gate weights. The MoE layers, decoding's routing capture and the explorer all
-call these functions; a new router variant (say a sigmoid gate) changes this file and the
-config schema only.
+"""The router: one module per MoE layer (:class:`Router`) that owns the routing state (its weight,
+the selection bias ``bias_E``, the step's load counts and the step's global loads) and returns one
+:class:`Routing` record per forward, which the expert dispatch, the auxiliary losses
+(:mod:`studylib.nn.router_losses`), the router statistics, decoding's routing capture and the
+explorer all read (through ``ModelOutput.routing``). The pure functions below are the decision
+itself: logits -> scores -> the experts each token uses and their gate weights.
+
+A new stateless variant (say another score function) touches this file (a function below and its
+use in :meth:`Router.forward`), the config schema (:class:`studylib.config.FFNConfig`: the option
+and its validation) and the HF mapping (:mod:`studylib.run.hf.format`: export the variant to the
+family that computes it, or refuse it there).
 
 Variants (``ffn`` options; the defaults are the reference router, softmax top-k):
 
 * ``score: sigmoid``: affinities ``s = sigmoid(logits)`` instead of the softmax; the combine weights
   are the chosen ``s`` (divided by their sum with ``renormalize``). The balance loss and the
   diagnostics see ``s / sum(s)``, a distribution over experts.
-* a selection bias ``bias_E`` (aux-loss-free balancing, DeepSeek-V3): top-k is taken over
-  ``s + bias_E``, the combine weights use the unbiased ``s``.
+* a selection bias ``bias_E`` (``bias_balance``: aux-loss-free balancing, DeepSeek-V3): top-k is
+  taken over ``s + bias_E``, the combine weights use the unbiased ``s``.
 * ``route_scale``: the combine weights times a constant (``routed_scaling_factor``).
 
-Modes (``ffn.router_mode``, per layer; see :meth:`studylib.nn.model.Decoder.set_router_mode`):
+Modes (``Router.mode``, per layer; see :meth:`studylib.nn.model.Decoder.set_router_mode`):
 ``learned`` (normal), ``uniform`` (gate forced to 1/E; sparse layers take the fixed balanced
 assignment with weights 1/K) and ``balanced`` (sparse only: token t goes to experts
 ``(t*K + j) mod E``, weighted by its renormalised router probabilities; for throughput runs).
+
+Per optimizer step (:func:`optimizer_step`, the trainer's one routing call, through
+:meth:`studylib.nn.model.Decoder.routing_step`): the global-batch loads are counted first
+(``balance_scope: global``), and the selection bias moves once after the step from the
+assignments the step's training forwards counted.
+
+State-dict keys: ``...ffn.router.weight`` and ``...ffn.router.bias_E``; checkpoints written before
+the bias moved into the router (``...ffn.expert_bias_E``) load unchanged (the MoE layer remaps the
+old key on load).
 
 Shape legend: T tokens, D model width, E experts, K experts chosen per token.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+import contextlib
+import math
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
+
+from studylib.nn import router_losses
 
 MODES = ("learned", "uniform", "balanced")
 
@@ -49,12 +70,6 @@ def scores(logits_TE: torch.Tensor, score: str = "softmax") -> torch.Tensor:
     raise ValueError(f"score must be softmax or sigmoid, got {score!r}")
 
 
-class Route(NamedTuple):
-    probs_TE: torch.Tensor  # router probabilities (1/E everywhere in ``uniform`` mode)
-    idx_TK: torch.Tensor  # chosen experts
-    w_TK: torch.Tensor  # their gate weights
-
-
 def distribution(logits_TE: torch.Tensor, score: str = "softmax") -> torch.Tensor:
     """The router's distribution over experts: the softmax, or the sigmoid scores normalised to
     sum to 1 (what the balance loss and the diagnostics see)."""
@@ -66,11 +81,12 @@ def _as_distribution(s_TE: torch.Tensor, score: str) -> torch.Tensor:
 
 
 def sparse(logits_TE: torch.Tensor, top_k: int, renormalize: bool = True, mode: str = "learned",
-           score: str = "softmax", bias_E: Optional[torch.Tensor] = None, scale: float = 1.0) -> Route:
+           score: str = "softmax", bias_E: Optional[torch.Tensor] = None, scale: float = 1.0) -> tuple:
     """Top-k token-choice routing (Mixtral). With ``renormalize`` the k weights sum to 1 (so with
     k = 1 the gate is exactly 1 and the router gets no gradient from the LM loss); without it
     the gate is the router probability itself (Switch). ``score``, ``bias_E`` and ``scale``: the
-    variants of the module docstring. ``Route.probs_TE`` is always a distribution over experts."""
+    variants of the module docstring. Returns ``(probs_TE, idx_TK, w_TK)``; ``probs_TE`` is always
+    a distribution over experts (1/E everywhere in ``uniform`` mode)."""
     s_TE = scores(logits_TE, score)
     p_TE = _as_distribution(s_TE, score)
     if mode == "learned" and bias_E is None:
@@ -89,7 +105,7 @@ def sparse(logits_TE: torch.Tensor, top_k: int, renormalize: bool = True, mode: 
         w_TK = w_TK / w_TK.sum(-1, keepdim=True)
     if scale != 1.0:
         w_TK = w_TK * scale
-    return Route(p_TE, idx_TK, w_TK)
+    return p_TE, idx_TK, w_TK
 
 
 def picked_by_bias(probs_TE: torch.Tensor, idx_TK: torch.Tensor) -> torch.Tensor:
@@ -105,3 +121,160 @@ def soft(logits_TE: torch.Tensor, mode: str = "learned") -> torch.Tensor:
     if mode == "learned":
         return probs(logits_TE)
     return torch.full_like(logits_TE, 1.0 / logits_TE.shape[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# the routing record and the module that owns the routing state
+# --------------------------------------------------------------------------------------------
+class Routing(NamedTuple):
+    """One layer's routing of T tokens, as its forward decided it: what the expert dispatch, the
+    losses, the statistics, decoding's capture and the explorer read (``ModelOutput.routing``
+    holds it detached)."""
+
+    logits_TE: torch.Tensor  # router logits (fp32, times router_scale)
+    probs_TE: torch.Tensor  # the distribution the balance loss and the statistics see (1/E in
+    # ``uniform`` mode; the soft MoE: its gate)
+    idx_TK: torch.Tensor  # the experts each token uses (the soft MoE: all E, in order)
+    w_TK: torch.Tensor  # their combine weights (the soft MoE: the gate)
+    counts_E: Optional[torch.Tensor]  # assignments per expert (int64, the forward's one bincount);
+    # None for the soft MoE
+
+    @property
+    def soft(self) -> bool:
+        return self.counts_E is None
+
+    def shares_E(self) -> Optional[torch.Tensor]:
+        """f_e: the share of the T*K assignments that went to each expert (sums to 1); None for
+        the soft MoE."""
+        return None if self.counts_E is None else self.counts_E.to(torch.float32) / self.idx_TK.numel()
+
+    def combine_TE(self) -> torch.Tensor:
+        """(T, E) combine weight of each expert per token (0 for the experts a token did not use)."""
+        return self.probs_TE.new_zeros(self.probs_TE.shape).scatter(1, self.idx_TK, self.w_TK)
+
+    def detach(self) -> "Routing":
+        return Routing(*(t.detach() if t is not None else None for t in self))
+
+
+class Router(nn.Module):
+    """A MoE layer's router: the bias-free linear map to E logits (``weight``, E x D), the routing
+    decision of the variants and modes above, and the routing state: the selection bias ``bias_E``
+    (``bias_balance``; a buffer, saved with the weights, no gradient, no weight decay), the
+    assignments counted while :func:`optimizer_step` has a tally open (``tally_E``) and the step's
+    global loads (``share_E``, ``balance_scope: global``). ``soft=True``: the soft MoE's gate over
+    all experts (its weight starts at 0, so the gate starts exactly uniform)."""
+
+    def __init__(self, d_model: int, cfg, soft: bool = False):
+        super().__init__()
+        self.cfg, self.soft = cfg, soft
+        self.weight = nn.Parameter(torch.empty(cfg.num_experts, d_model))
+        # the draw nn.Linear(d_model, E, bias=False) makes at construction: the model's
+        # construction consumes the RNG as it did before the router was a module of its own, so
+        # the initial weights that :meth:`init_weights` and the others draw next are unchanged
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        self.mode = "learned"
+        self.biased = bool(cfg.bias_balance) and not soft
+        if self.biased:
+            self.register_buffer("bias_E", torch.zeros(cfg.num_experts))
+        # plain tensors, not buffers (DDP's buffer broadcast would overwrite other ranks' counts)
+        self.tally_E: Optional[torch.Tensor] = None  # assignments counted since optimizer_step opened it
+        self.share_E: Optional[torch.Tensor] = None  # the step's global loads f, while the step runs
+
+    @torch.no_grad()
+    def init_weights(self, std: float) -> None:
+        """N(0, std); the soft MoE's gate: 0 (no draw)."""
+        if self.soft:
+            nn.init.zeros_(self.weight)
+        else:
+            nn.init.normal_(self.weight, std=std)
+
+    def distribution(self, logits_TE: torch.Tensor) -> torch.Tensor:
+        """The router's learned distribution over experts for ``logits_TE`` (whatever the mode)."""
+        return distribution(logits_TE, self.cfg.score)
+
+    def forward(self, x_TD: torch.Tensor) -> Routing:
+        cfg, E = self.cfg, self.cfg.num_experts
+        logits_TE = logits(x_TD, self.weight, cfg.router_scale)
+        if self.soft:
+            gate_TE = soft(logits_TE, self.mode)
+            idx_TK = torch.arange(E, device=logits_TE.device).expand(logits_TE.shape[0], E)
+            return Routing(logits_TE, gate_TE, idx_TK, gate_TE, None)
+        probs_TE, idx_TK, w_TK = sparse(logits_TE, cfg.top_k, cfg.renormalize, self.mode, cfg.score,
+                                        self.bias_E if self.biased else None, cfg.route_scale)
+        counts_E = torch.bincount(idx_TK.reshape(-1), minlength=E)
+        if self.tally_E is not None:
+            self.tally_E += counts_E
+        return Routing(logits_TE, probs_TE, idx_TK, w_TK, counts_E)
+
+    def balance_shares(self, rec: Routing) -> torch.Tensor:
+        """The loads f of the balance loss: the step's global loads while they are set, else the
+        shares of this forward's own assignments."""
+        return self.share_E if self.share_E is not None else rec.shares_E()
+
+    @torch.no_grad()
+    def stats(self, rec: Routing) -> dict:
+        """This layer's diagnostics (:func:`studylib.nn.router_losses.router_stats`), with the bias
+        and the share of picks it made (``bias_picked``) for a biased router."""
+        out = router_losses.router_stats(rec.logits_TE, rec.probs_TE, rec.shares_E())
+        if self.biased:
+            out["bias"] = self.bias_E.tolist()
+            out["bias_picked"] = float(picked_by_bias(rec.probs_TE, rec.idx_TK).float().mean())
+        return out
+
+    @torch.no_grad()
+    def update_bias(self, load_E: torch.Tensor) -> None:
+        """One aux-loss-free step: ``b_e += bias_rate * sign(mean(load) - load_e)`` with the loads
+        counted over a whole optimizer step."""
+        load_E = load_E.to(torch.float64)
+        step_E = torch.sign(load_E.mean() - load_E) * self.cfg.bias_rate
+        self.bias_E += step_E.to(self.bias_E.dtype)
+
+
+def _open_tallies(routers: list[Router]) -> None:
+    for r in routers:
+        r.tally_E = torch.zeros(r.cfg.num_experts, dtype=torch.long, device=r.weight.device)
+
+
+def _close_tallies(routers: list[Router]) -> torch.Tensor:
+    """The open tallies as one (layers, E) float64 tensor (exact integers); the tallies close."""
+    counts = torch.stack([r.tally_E for r in routers]).to(torch.float64)
+    for r in routers:
+        r.tally_E = None
+    return counts
+
+
+@contextlib.contextmanager
+def optimizer_step(routers: list[Router], prepass: Callable[[], None],
+                   all_reduce: Optional[Callable[[torch.Tensor], None]] = None) -> Iterator[None]:
+    """The routing state around one optimizer step (its forwards, backwards and update: the body).
+
+    First the global-batch loads (routers with ``balance_scope: global``): ``prepass()`` routes the
+    step's micro-batches once (eval mode, no RNG draw), the assignments it counts, summed over the
+    ranks (``all_reduce``, in place), become each router's ``share_E`` for the step's balance
+    losses. Then the routers with ``bias_balance`` count the assignments of the step's forwards,
+    and when the body has finished each bias moves once from those counts, summed over the
+    micro-batches and the ranks. A body that raises moves nothing; no state outlives the step."""
+    glob = [r for r in routers if not r.soft and r.cfg.balance_scope == "global"]
+    biased = [r for r in routers if r.biased]
+    try:
+        if glob:
+            _open_tallies(glob)
+            try:
+                prepass()
+            finally:
+                counts = _close_tallies(glob)
+            if all_reduce is not None:
+                all_reduce(counts)
+            for r, c_E in zip(glob, counts):
+                r.share_E = (c_E / c_E.sum().clamp_min(1)).to(torch.float32)
+        _open_tallies(biased)
+        yield
+        if biased:
+            loads = _close_tallies(biased)
+            if all_reduce is not None:
+                all_reduce(loads)
+            for r, load_E in zip(biased, loads):
+                r.update_bias(load_E)
+    finally:
+        for r in routers:
+            r.tally_E = r.share_E = None

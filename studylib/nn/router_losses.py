@@ -1,4 +1,5 @@
-"""Router losses and diagnostics: pure functions of router logits / probabilities / choices.
+"""Router losses and diagnostics: pure functions of router logits / probabilities / assignment shares
+(the fields of a :class:`studylib.nn.router.Routing` record).
 
 Shape legend: T tokens, E experts (K for the soft MoE's experts), K experts chosen per token.
 
@@ -14,18 +15,10 @@ from typing import Optional
 import torch
 
 
-def assignment_shares(idx_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """f_e: share of the T*K assignments that went to each expert (sums to 1)."""
-    counts = torch.bincount(idx_TK.reshape(-1), minlength=num_experts)
-    return counts.to(torch.float32) / idx_TK.numel()
-
-
-def balance_loss(probs_TE: torch.Tensor, idx_TK: torch.Tensor, f_E: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``E * sum_e f_e * P_e``; ``f_E``: the loads to use instead of this batch's (the global-batch
-    balance: the shares of the whole optimizer step)."""
+def balance_loss(probs_TE: torch.Tensor, f_E: torch.Tensor) -> torch.Tensor:
+    """``E * sum_e f_e * P_e``; ``f_E``: the assignment shares (:meth:`studylib.nn.router.Routing.shares_E`,
+    not differentiable, as in Switch), or the whole optimizer step's (the global-batch balance)."""
     E = probs_TE.shape[-1]
-    if f_E is None:
-        f_E = assignment_shares(idx_TK, E)  # not differentiable (counts), as in Switch
     P_E = probs_TE.float().mean(0)
     return E * torch.sum(f_E * P_E)
 
@@ -53,36 +46,41 @@ def _entropy(p_TE: torch.Tensor) -> torch.Tensor:
     return -(p_TE * torch.log(p_TE.clamp_min(1e-12))).sum(-1)
 
 
-@torch.no_grad()
-def router_stats(logits_TE: torch.Tensor, probs_TE: torch.Tensor, idx_TK: torch.Tensor | None) -> dict:
-    """Per-layer diagnostics as plain Python numbers (sparse MoE when idx_TK is given, else soft).
+def share_stats(shares_E: torch.Tensor) -> dict:
+    """The one definition of ``busiest`` (max_e f_e) and ``usage_var`` (the population variance of
+    f_e) of a layer's expert shares f_e: the model's per-batch statistics and the study's tables
+    (over a whole evaluation's shares, :func:`studylib.study.analysis.frames.layer_stats`) both use it."""
+    return {"busiest": float(shares_E.max()), "usage_var": float(shares_E.var(unbiased=False))}
 
-    Common: ``shares`` (per expert), ``busiest`` (max share), ``usage_var`` (population variance of
-    the shares), ``entropy`` (mean per-token entropy of the router softmax, max ln E), ``top1``
+
+@torch.no_grad()
+def router_stats(logits_TE: torch.Tensor, probs_TE: torch.Tensor, shares_E: Optional[torch.Tensor]) -> dict:
+    """Per-layer diagnostics as plain Python numbers (sparse MoE when its assignment shares
+    ``shares_E`` are given, else soft).
+
+    Common: ``shares`` (per expert), ``busiest`` and ``usage_var`` (:func:`share_stats`),
+    ``entropy`` (mean per-token entropy of the router distribution, max ln E), ``top1``
     (mean largest probability), ``margin`` (mean p1 - p2), ``logz`` (mean logsumexp of logits).
-    Soft MoE adds ``usage_entropy`` (entropy of the mean gate), ``max_gt_0.9`` (share of tokens
-    whose largest gate exceeds 0.9) and ``argmax_shares`` (share of tokens whose largest gate is e).
+    Soft MoE (shares: the mean gate) adds ``usage_entropy`` (entropy of the mean gate),
+    ``max_gt_0.9`` (share of tokens whose largest gate exceeds 0.9) and ``argmax_shares`` (share
+    of tokens whose largest gate is e).
     """
     p = probs_TE.float()
     E = p.shape[-1]
     top2 = p.topk(min(2, E), dim=-1).values
     margin = (top2[:, 0] - top2[:, 1]).mean() if E > 1 else top2[:, 0].mean()
-    if idx_TK is not None:
-        shares = assignment_shares(idx_TK, E)
-    else:
-        shares = p.mean(0)
+    soft = shares_E is None
+    shares = p.mean(0) if soft else shares_E
     out = {
         "shares": shares.tolist(),
-        "busiest": float(shares.max()),
-        "usage_var": float(shares.var(unbiased=False)),
+        **share_stats(shares),
         "entropy": float(_entropy(p).mean()),
         "top1": float(top2[:, 0].mean()),
         "margin": float(margin),
         "logz": float(torch.logsumexp(logits_TE.float(), -1).mean()),
     }
-    if idx_TK is None:
-        mean_gate = p.mean(0)
-        out["usage_entropy"] = float(_entropy(mean_gate[None])[0])
+    if soft:
+        out["usage_entropy"] = float(_entropy(shares[None])[0])  # of the mean gate
         out["max_gt_0.9"] = float((top2[:, 0] > 0.9).float().mean())
         out["argmax_shares"] = (torch.bincount(p.argmax(-1), minlength=E).float() / p.shape[0]).tolist()
     return out

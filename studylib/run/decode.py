@@ -33,7 +33,6 @@ import torch
 
 from studylib.config import ConfigError
 from studylib.config import args as T
-from studylib.nn import router
 from studylib.nn.ffn import SoftMoE, SparseMoE
 from studylib.nn.precision import autocast
 from studylib.nn.model import Decoder, KVCache
@@ -49,10 +48,12 @@ class Generation:
     """What ``generate(..., return_routing=True)`` returns.
 
     ``routing[i][l]`` describes generated token ``i`` at layer ``l``: ``None`` for a dense layer,
-    else ``{"kind": "moe"|"soft", "experts": [...], "weights": [...], "probs": [...]}`` where
-    ``probs`` is the router softmax over all experts (fp32), ``experts`` the experts the token
-    used (top-k for the sparse MoE, all of them for the soft MoE) and ``weights`` their mixing
-    weights (renormalised top-k weights, or the soft gate). The routing of token ``i`` is the one
+    else ``{"kind": "moe"|"soft", "experts": [...], "weights": [...], "probs": [...]}`` (and
+    ``"mode"`` for a router forced to ``uniform`` / ``balanced``) where ``probs`` is the router's
+    distribution over all experts (the softmax, or the normalised sigmoid scores; fp32),
+    ``experts`` the experts the token used (top-k for the sparse MoE, all of them for the soft
+    MoE) and ``weights`` their mixing weights (the gate weights, or the soft gate): the forward's
+    own routing record (:func:`last_token_routing`). The routing of token ``i`` is the one
     computed at the position that *produced* it (the last position of the step's input).
     """
 
@@ -96,64 +97,28 @@ def sample_next(logits_V: torch.Tensor, temperature: float = 1.0, top_k: Optiona
 
 
 # --------------------------------------------------------------------------------------------
-# routing capture (forward pre-hooks on the routed FFNs; no change to the model)
+# routing capture: the forward's own routing records (ModelOutput.routing)
 # --------------------------------------------------------------------------------------------
 def ffn_kind(ffn) -> str:
     """``moe``, ``soft`` or ``dense``: what a block's feed-forward layer is."""
     return "moe" if isinstance(ffn, SparseMoE) else "soft" if isinstance(ffn, SoftMoE) else "dense"
 
 
-class RoutedInputs:
-    """Forward pre-hooks on a model's routed FFNs, no change to the model (a context manager):
-    after a forward pass, ``x[layer]`` is the input (B, S, D) routed layer ``layer`` saw;
-    ``layers`` lists (layer, ffn, kind). The one routing capture: decoding (:class:`_RoutingProbe`)
-    and the routing explorer compute what they show from these inputs with the layer's own router."""
-
-    def __init__(self, model: Decoder):
-        self.layers = [(i, blk.ffn, ffn_kind(blk.ffn)) for i, blk in enumerate(model.blocks)
-                       if ffn_kind(blk.ffn) != "dense"]
-        self.n_layers = len(model.blocks)
-        self.x: dict = {}
-        self.handles = [ffn.register_forward_pre_hook(self._hook(i)) for i, ffn, _ in self.layers]
-
-    def _hook(self, layer: int):
-        def hook(module, args):
-            self.x[layer] = args[0].detach()
-
-        return hook
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-    def __enter__(self) -> "RoutedInputs":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class _RoutingProbe(RoutedInputs):
-    """Each generated token's routing: the last position's experts, weights and probabilities."""
-
-    def record(self) -> list:
-        out: list = [None] * self.n_layers
-        for i, ffn, kind in self.layers:
-            logits_1E = ffn.router_logits(self.x[i][0, -1:])  # the last position of the (only) sequence
-            probs = ffn.router_probs(logits_1E)[0]
-            E = probs.numel()
-            if kind == "soft":
-                gate = router.soft(logits_1E, ffn.router_mode)[0]
-                rec = {"kind": "soft", "experts": list(range(E)), "weights": gate.tolist()}
-            elif ffn.router_mode == "learned":
-                r = ffn.route(logits_1E)
-                rec = {"kind": "moe", "experts": r.idx_TK[0].tolist(), "weights": r.w_TK[0].tolist()}
-            else:  # fixed assignments depend on the token's index in the batch: not reconstructed here
-                rec = {"kind": "moe", "experts": None, "weights": None, "mode": ffn.router_mode}
-            rec["probs"] = probs.tolist()
-            out[i] = rec
-        return out
-
+def last_token_routing(model: Decoder, routing: list) -> list:
+    """Per layer, the routing of the last position of a forward (``ModelOutput.routing``): the
+    experts the token used, their weights, the router's distribution over all experts
+    (``probs``) and, for a router forced off ``learned``, its ``mode``; None for a dense layer."""
+    out: list = [None] * len(routing)
+    for i, rec in enumerate(routing):
+        if rec is None:
+            continue
+        r = model.blocks[i].ffn.router
+        out[i] = {"kind": "soft" if rec.soft else "moe", "experts": rec.idx_TK[-1].tolist(),
+                  "weights": rec.w_TK[-1].tolist()}
+        if not rec.soft and r.mode != "learned":
+            out[i]["mode"] = r.mode
+        out[i]["probs"] = r.distribution(rec.logits_TE[-1:])[0].tolist()
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,7 +177,6 @@ def generate(model: Decoder, prompt_ids: Sequence[int] | torch.Tensor, max_new_t
     if temperature != 0:
         gen = torch.Generator(device="cpu")
         gen.manual_seed(int(seed) if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-    probe = _RoutingProbe(model) if return_routing else None
     was_training = model.training
     model.eval()
     amp = autocast(device, amp_dtype)
@@ -225,9 +189,10 @@ def generate(model: Decoder, prompt_ids: Sequence[int] | torch.Tensor, max_new_t
             cache = KVCache(cfg, 1, device, dtype=param.dtype) if use_cache else None
             step_in = ids
             for _ in range(max_new_tokens):
-                logits = model(step_in, cache=cache, last_only=True, aux_losses=False).logits[0, -1]
-                if probe is not None:
-                    routing.append(probe.record())
+                fwd = model(step_in, cache=cache, last_only=True, aux_losses=False)
+                logits = fwd.logits[0, -1]
+                if return_routing:
+                    routing.append(last_token_routing(model, fwd.routing))
                 nxt = sample_next(logits.cpu() if gen is not None else logits, temperature, top_k, top_p, gen)
                 out.append(nxt)
                 if eos_id is not None and nxt == eos_id:
@@ -235,8 +200,6 @@ def generate(model: Decoder, prompt_ids: Sequence[int] | torch.Tensor, max_new_t
                 tok = torch.tensor([[nxt]], dtype=torch.long, device=device)
                 step_in = tok if use_cache else torch.cat([step_in, tok], dim=1)
     finally:
-        if probe is not None:
-            probe.close()
         model.train(was_training)
     if not return_routing:
         return out

@@ -116,7 +116,6 @@ class Trainer:
         self.say(describe_amp(self.tcfg, self.device, self.amp_dtype))  # also the summary's "amp"
         seed_everything(self.seed)
         self.model = Decoder(self.mcfg).to(self.device)
-        self.global_balance = bool(self.model.global_balance_layers())  # balance_scope: global
         self.opt = make_optimizer(self.model, self.tcfg)
         if self.dist.enabled and self.dist.rank > 0:  # own dropout stream per rank (init is identical)
             torch.manual_seed(self.seed * 1000 + self.dist.rank)
@@ -228,23 +227,19 @@ class Trainer:
         for g in self.opt.param_groups:
             g["lr"] = lr
         t0 = time.perf_counter()
-        if self.global_balance:  # the whole step's loads first
-            with autocast(self.device, self.amp_dtype):
-                self.model.set_global_loads([self.data.windows(i).to(self.device)[:, :-1] for i in
-                                             self.sampler.rank_micro_batches(step, self.dist.rank, self.dist.world)
-                                             if len(i)], self.dist.all_reduce_sum)
-        ce_acc = torch.zeros(2, device=self.device, dtype=torch.float32)  # (ce, aux) over the global batch
-        for m in range(self.accum):
-            ce_acc += self._micro_step(step, m)
-        self.dist.all_reduce_sum(ce_acc)
-        ce, aux = ce_acc.tolist()
-        self._check_loss(step + 1, ce, aux)
-        gnorm = self._clip_gradients(step + 1, ce)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        self.model.update_router_biases(self.dist.all_reduce_sum)  # aux-loss-free balancing: once per step
-        if self.global_balance:
-            self.model.clear_global_loads()
+        inputs = lambda: [self.data.windows(i).to(self.device)[:, :-1] for i in  # noqa: E731
+                          self.sampler.rank_micro_batches(step, self.dist.rank, self.dist.world) if len(i)]
+        # the routing state of the step: the global-batch loads first, the bias update after it
+        with self.model.routing_step(inputs, self.dist.all_reduce_sum, autocast(self.device, self.amp_dtype)):
+            ce_acc = torch.zeros(2, device=self.device, dtype=torch.float32)  # (ce, aux) over the global batch
+            for m in range(self.accum):
+                ce_acc += self._micro_step(step, m)
+            self.dist.all_reduce_sum(ce_acc)
+            ce, aux = ce_acc.tolist()
+            self._check_loss(step + 1, ce, aux)
+            gnorm = self._clip_gradients(step + 1, ce)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
         return StepResult(lr=lr, ce=ce, aux=aux, gnorm=gnorm, dt=time.perf_counter() - t0)
 
     def _micro_step(self, step: int, m: int) -> torch.Tensor:

@@ -117,10 +117,15 @@ def test_balance_loss_one_at_uniform_and_larger_when_skewed():
     T, E = 64, 4
     probs = torch.full((T, E), 1 / E)
     idx = (torch.arange(T)[:, None] * 2 + torch.arange(2)) % E
-    assert routing.balance_loss(probs, idx).item() == pytest.approx(1.0)
+    assert routing.balance_loss(probs, _shares(idx, E)).item() == pytest.approx(1.0)
     skew_p = torch.tensor([[0.7, 0.1, 0.1, 0.1]]).repeat(T, 1)
     skew_i = torch.zeros(T, 1, dtype=torch.long)
-    assert routing.balance_loss(skew_p, skew_i).item() == pytest.approx(4 * 0.7)
+    assert routing.balance_loss(skew_p, _shares(skew_i, E)).item() == pytest.approx(4 * 0.7)
+
+
+def _shares(idx_TK, E):
+    """f_e, counted here: the share of the assignments that went to each expert."""
+    return torch.tensor([float((idx_TK == e).sum()) for e in range(E)]) / idx_TK.numel()
 
 
 def test_z_loss_formula():
@@ -186,16 +191,23 @@ def test_kv_cache_matches_full_recompute(ffn):
 
 
 @pytest.mark.parametrize("ffn", ["moe", "soft"])
-def test_token_routing_returned_with_stats(ffn):
+def test_routing_records_returned(ffn):
     m = tiny(ffn)
-    out = m(torch.randint(0, 101, (2, 7)), stats=True)
-    tw = out.token_routing[1]
+    x = torch.randint(0, 101, (2, 7))
+    out = m(x, stats=True)
     E = m.cfg.ffn.num_experts
-    assert tw.shape == (2, 7, E)
-    torch.testing.assert_close(tw.sum(-1), torch.ones(2, 7))  # weights of each token sum to 1
-    if ffn == "moe":
-        assert ((tw > 0).sum(-1) == 2).all()  # exactly top-2 experts carry weight
-    assert m(torch.randint(0, 101, (2, 7))).token_routing == [None, None]
+    for rec in out.routing:
+        tw = rec.combine_TE()
+        assert tw.shape == (14, E) and not tw.requires_grad
+        torch.testing.assert_close(tw.sum(-1), torch.ones(14))  # weights of each token sum to 1
+        if ffn == "moe":
+            assert ((tw > 0).sum(-1) == 2).all()  # exactly top-2 experts carry weight
+            assert rec.counts_E.sum() == 14 * 2
+        else:  # the soft MoE uses every expert, with its gate
+            assert rec.counts_E is None and rec.idx_TK.tolist() == [list(range(E))] * 14
+    plain = m(x).routing  # without stats too: the same decisions
+    assert all(torch.equal(a.idx_TK, b.idx_TK) and torch.equal(a.w_TK, b.w_TK) for a, b in zip(plain, out.routing))
+    assert tiny("dense")(x).routing == [None, None]
 
 
 def test_last_only_logits_equal_last_row():

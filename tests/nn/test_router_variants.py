@@ -15,6 +15,7 @@ from studylib.nn import router_losses
 from studylib.nn.dispatch import PATHS
 from studylib.nn.ffn import SparseMoE
 from studylib.nn.model import Decoder
+from studylib.nn.router import Router
 
 VARIANTS = {
     "reference": {},
@@ -39,7 +40,7 @@ def _layer(variant: dict, dispatch: str, D=16, H=12, E=5, K=2, seed=0) -> Sparse
         for p in layer.parameters():
             p.normal_(0, 0.3)
         if cfg.bias_balance:  # a bias large enough to change which experts are chosen
-            layer.expert_bias_E.copy_(torch.tensor([0.3, -0.2, 0.0, 0.25, -0.1])[:E])
+            layer.router.bias_E.copy_(torch.tensor([0.3, -0.2, 0.0, 0.25, -0.1])[:E])
     return layer
 
 
@@ -52,7 +53,7 @@ def reference_layer(layer: SparseMoE, x_TD: torch.Tensor) -> torch.Tensor:
     for t in range(x_TD.shape[0]):
         logit = (Wr @ x_TD[t]) * cfg.router_scale
         s = torch.softmax(logit, -1) if cfg.score == "softmax" else torch.sigmoid(logit)
-        pick = s + layer.expert_bias_E if cfg.bias_balance else s
+        pick = s + layer.router.bias_E if cfg.bias_balance else s
         chosen = sorted(range(cfg.num_experts), key=lambda e: -float(pick[e]))[:cfg.top_k]
         w = torch.stack([s[e] for e in chosen])
         if cfg.renormalize:
@@ -97,14 +98,14 @@ def test_every_variant_and_path_matches_the_per_token_reference(name, path):
 def test_the_bias_picks_the_experts_but_not_their_weights():
     layer = _layer({"bias_balance": True}, "grouped")
     with torch.no_grad():
-        layer.expert_bias_E.copy_(torch.tensor([10.0, 10.0, 0.0, 0.0, 0.0]))  # experts 0 and 1, always
+        layer.router.bias_E.copy_(torch.tensor([10.0, 10.0, 0.0, 0.0, 0.0]))  # experts 0 and 1, always
     x = torch.randn(1, 7, 16)
     _, out = layer(x, stats=True, aux=False)
-    w = out.token_weights  # (T, E) combine weights
+    w = out.routing.combine_TE()  # (T, E) combine weights
     assert (w[:, 2:] == 0).all() and (w[:, :2] > 0).all()
-    p = torch.softmax(layer.router_logits(x.reshape(-1, 16)), -1)[:, :2]
+    p = torch.softmax(x.reshape(-1, 16) @ layer.router.weight.T, -1)[:, :2]
     torch.testing.assert_close(w[:, :2], p / p.sum(-1, keepdim=True))  # the unbiased scores, renormalised
-    full = torch.softmax(layer.router_logits(x.reshape(-1, 16)), -1)
+    full = torch.softmax(x.reshape(-1, 16) @ layer.router.weight.T, -1)
     in_top2 = (full.argsort(-1, descending=True)[:, :2, None] == torch.arange(2)).any(1)  # (T, 2): 0, 1 in top-2?
     assert out.stats["bias_picked"] == pytest.approx(float((~in_top2).float().mean()))  # of the T x 2 picks
     assert 0 < out.stats["bias_picked"] <= 1
@@ -135,7 +136,8 @@ def test_sequence_balance_loss_is_the_per_sequence_switch_loss():
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(3, 10, 4, generator=g), -1)
     idx = p.topk(2, -1).indices
-    per_seq = [router_losses.balance_loss(p[b], idx[b]) for b in range(3)]
+    f = [torch.tensor([float((idx[b] == e).sum()) for e in range(4)]) / idx[b].numel() for b in range(3)]
+    per_seq = [router_losses.balance_loss(p[b], f[b]) for b in range(3)]
     torch.testing.assert_close(router_losses.sequence_balance_loss(p, idx), torch.stack(per_seq).mean())
     uniform = torch.full((2, 8, 4), 0.25)
     even = (torch.arange(16).reshape(2, 8, 1) * 2 + torch.arange(2)) % 4  # every expert equally often
@@ -171,13 +173,13 @@ def test_one_update_per_optimizer_step_from_the_whole_steps_loads(tmp_path, data
     from studylib.run import trainer as T
 
     calls = []
-    update = SparseMoE.update_bias
+    update = Router.update_bias
 
     def spy(self, load_E):
         calls.append(load_E.clone())
         return update(self, load_E)
 
-    monkeypatch.setattr(SparseMoE, "update_bias", spy)
+    monkeypatch.setattr(Router, "update_bias", spy)
     p = _preset(grad_accum=2)
     T.train_run(p, "bias", 1, run_dir=tmp_path / "r", progress=False, data=data)
     L = p.model_config("bias").n_layers
@@ -195,17 +197,18 @@ def test_eval_and_decoding_leave_the_bias_and_a_checkpoint_holds_it(tmp_path, da
     T.train_run(_preset(), "bias", 1, run_dir=tmp_path / "r", progress=False, data=data)
     rd = RunDir(tmp_path / "r")
     state = C.load(rd.checkpoints / C.LATEST)
-    bias = [v for k, v in state["model"].items() if k.endswith("expert_bias_E")]
+    bias = [v for k, v in state["model"].items() if k.endswith("ffn.router.bias_E")]
     assert bias and all(b.abs().sum() > 0 for b in bias)  # moved, and saved as it is (not zeros)
     m = Decoder(_preset().model_config("bias"))
     m.load_state_dict(state["model"])
-    before = [b.ffn.expert_bias_E.clone() for b in m.blocks]
+    before = [b.ffn.router.bias_E.clone() for b in m.blocks]
     m.eval()
     with torch.no_grad():
         m(data.windows(data.val_idx[:4])[:, :-1], data.windows(data.val_idx[:4])[:, 1:])
     generate(m, [1, 2, 3], 5, temperature=0.0)
-    m.update_router_biases()  # nothing was counted: no move
-    assert all(torch.equal(a, b.ffn.expert_bias_E) for a, b in zip(before, m.blocks))
+    with m.routing_step(lambda: []):  # a step with no forward counts nothing: no move
+        pass
+    assert all(torch.equal(a, b.ffn.router.bias_E) for a, b in zip(before, m.blocks))
 
 
 def test_resume_with_the_bias_is_bit_exact(tmp_path, data, monkeypatch, one_thread):
@@ -266,18 +269,182 @@ def test_global_balance_counts_the_loads_of_the_whole_step(tmp_path, data, monke
     calls = []
     loss = router_losses.balance_loss
 
-    def spy(probs_TE, idx_TK, f_E=None):
+    def spy(probs_TE, f_E):
         if torch.is_grad_enabled():  # training forwards only
-            calls.append((idx_TK.clone(), None if f_E is None else f_E.clone()))
-        return loss(probs_TE, idx_TK, f_E)
+            calls.append(f_E.clone())
+        return loss(probs_TE, f_E)
+
+    records = []
+    forward = Router.forward
+
+    def record(self, x_TD):
+        rec = forward(self, x_TD)
+        if torch.is_grad_enabled():
+            records.append(rec.idx_TK.clone())
+        return rec
 
     monkeypatch.setattr(router_losses, "balance_loss", spy)
+    monkeypatch.setattr(Router, "forward", record)
     p = _moe_preset("global", 2)
     T.train_run(p, "m", 1, run_dir=tmp_path / "g", progress=False, data=data)
     L = p.model_config("m").n_layers
-    (i0, f0), (i1, f1) = calls[0], calls[L]  # layer 0 of micro-batches 0 and 1 of step 1
+    (i0, f0), (i1, f1) = (records[0], calls[0]), (records[L], calls[L])  # layer 0 of micro-batches 0, 1 of step 1
     union = torch.bincount(torch.cat([i0, i1]).reshape(-1), minlength=4).float()
     torch.testing.assert_close(f0, union / union.sum())
     assert torch.equal(f0, f1)
     own = torch.bincount(i0.reshape(-1), minlength=4).float()
     assert not torch.allclose(own / own.sum(), f0)  # the micro-batch's own loads differ
+
+
+# --------------------------------------------------------------------------------------------
+# the router module: its routing record, its state's keys and its draws
+# --------------------------------------------------------------------------------------------
+ROUTERS = {"reference": {}, "sigmoid_bias": {"score": "sigmoid", "bias_balance": True, "route_scale": 2.0}}
+
+
+def _routed_model(variant: dict, **ffn) -> Decoder:
+    f = FFNConfig(kind="moe", hidden=24, num_experts=5, top_k=2, router_scale=1.5, **variant, **ffn)
+    torch.manual_seed(0)
+    m = Decoder(ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, context=16, ffn=f))
+    with torch.no_grad():
+        for b in m.blocks:
+            b.ffn.router.weight.normal_(0, 0.5)
+            if f.bias_balance:  # large enough to move the selection
+                b.ffn.router.bias_E.copy_(torch.tensor([0.4, -0.3, 0.0, 0.35, -0.1]))
+    return m.eval()
+
+
+def reference_choice(ffn, x_TD: torch.Tensor) -> tuple[list, list]:
+    """Per token, written out: the k experts of largest score (+ bias) and their weights."""
+    cfg = ffn.cfg
+    chosen, weights = [], []
+    for t in range(x_TD.shape[0]):
+        logit = (ffn.router.weight @ x_TD[t]) * cfg.router_scale
+        s = torch.softmax(logit, -1) if cfg.score == "softmax" else torch.sigmoid(logit)
+        pick = s + ffn.router.bias_E if cfg.bias_balance else s
+        c = sorted(range(cfg.num_experts), key=lambda e: -float(pick[e]))[:cfg.top_k]
+        w = torch.stack([s[e] for e in c])
+        w = w / w.sum() * cfg.route_scale if cfg.renormalize else w * cfg.route_scale
+        chosen.append(c), weights.append(w)
+    return chosen, weights
+
+
+def layer_inputs(m: Decoder, x_BS: torch.Tensor) -> dict:
+    """The input (T, D) each routed FFN saw in a forward, by forward pre-hooks."""
+    seen = {}
+    hooks = [b.ffn.register_forward_pre_hook(lambda mod, a, i=i: seen.__setitem__(i, a[0].reshape(-1, a[0].shape[-1])))
+             for i, b in enumerate(m.blocks)]
+    with torch.no_grad():
+        m(x_BS)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+@pytest.mark.parametrize("name", ROUTERS)
+def test_the_forward_records_the_experts_it_used(name):
+    """ModelOutput.routing holds each layer's choice: the experts of the per-token reference,
+    their weights, and the counts of those assignments."""
+    m = _routed_model(ROUTERS[name])
+    x = torch.randint(0, 64, (3, 11), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = m(x)
+    seen = layer_inputs(m, x)
+    moved = 0
+    for i, rec in enumerate(out.routing):
+        chosen, weights = reference_choice(m.blocks[i].ffn, seen[i])
+        assert rec.idx_TK.tolist() == chosen  # same experts, in the top-k's order
+        torch.testing.assert_close(rec.w_TK, torch.stack(weights))
+        assert rec.counts_E.tolist() == torch.bincount(torch.tensor(chosen).reshape(-1), minlength=5).tolist()
+        moved += int(rec.probs_TE.topk(2, -1).indices.sort(-1).values.ne(rec.idx_TK.sort(-1).values).any())
+    assert (moved > 0) == (name == "sigmoid_bias")  # the bias really moved some choices
+
+
+def test_a_checkpoint_with_the_old_bias_key_loads():
+    """Weights saved with the bias as ``<layer>.expert_bias_E`` (before it moved into the router)
+    load into ``<layer>.router.bias_E``; the current key loads as well."""
+    m = _routed_model(ROUTERS["sigmoid_bias"])
+    state = m.state_dict()
+    assert [k for k in state if "bias" in k] == ["blocks.0.ffn.router.bias_E", "blocks.1.ffn.router.bias_E"]
+    old = {k.replace("ffn.router.bias_E", "ffn.expert_bias_E"): v for k, v in state.items()}
+    for sd in (old, state):
+        fresh = Decoder(m.cfg)
+        fresh.load_state_dict(sd)  # strict
+        assert all(torch.equal(a.ffn.router.bias_E, b.ffn.router.bias_E) for a, b in zip(fresh.blocks, m.blocks))
+        assert float(fresh.blocks[0].ffn.router.bias_E.abs().sum()) > 0
+
+
+def test_the_router_draws_at_construction_what_a_bias_free_linear_drew():
+    """A model's construction consumes the RNG as it did when the router was nn.Linear, so the
+    initial weights drawn after it are unchanged."""
+    cfg = FFNConfig(kind="moe", hidden=8, num_experts=6, top_k=2)
+    torch.manual_seed(3)
+    r, after_r = Router(16, cfg), torch.rand(4)
+    torch.manual_seed(3)
+    lin, after_lin = torch.nn.Linear(16, 6, bias=False), torch.rand(4)
+    assert torch.equal(r.weight, lin.weight) and torch.equal(after_r, after_lin)
+
+
+def _reference_init(m: Decoder) -> None:
+    """The whole model's init written out as one loop over the blocks (what Decoder drew before
+    each module drew its own): the same draws, in the same order, with the same stds."""
+    import math
+
+    cfg = m.cfg
+    std, out_std, fan_in = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers), cfg.expert_init == "fan_in"
+    nn = torch.nn
+    with torch.no_grad():
+        nn.init.normal_(m.tok_emb.weight, std=std)
+        for blk in m.blocks:
+            nn.init.normal_(blk.attn.wqkv.weight, std=std)
+            nn.init.normal_(blk.attn.wo.weight, std=out_std)
+            f = blk.ffn
+            if f.__class__.__name__ == "DenseFFN":
+                nn.init.normal_(f.w_in.weight, std=std)
+                nn.init.normal_(f.w_out.weight, std=out_std)
+            else:
+                D, H = f.w_in_EFD.shape[2], f.w_out_EDH.shape[2]
+                nn.init.normal_(f.w_in_EFD, std=1 / math.sqrt(D) if fan_in else std)
+                nn.init.normal_(f.w_out_EDH, std=1 / math.sqrt(H) if fan_in else out_std)
+                if f.__class__.__name__ == "SoftMoE":
+                    nn.init.zeros_(f.router.weight)
+                else:
+                    nn.init.normal_(f.router.weight, std=std)
+                if getattr(f, "shared", None) is not None:
+                    nn.init.normal_(f.shared.w_in.weight, std=1 / math.sqrt(D) if fan_in else std)
+                    nn.init.normal_(f.shared.w_out.weight,
+                                    std=1 / math.sqrt(f.shared.hidden // f.cfg.n_shared) if fan_in else out_std)
+            blk.attn_norm.weight.fill_(1.0)
+            blk.ffn_norm.weight.fill_(1.0)
+        m.norm.weight.fill_(1.0)
+
+
+INITS = {
+    "dense": dict(ffn=FFNConfig(kind="dense", hidden=40)),
+    "moe_mixed": dict(ffn=FFNConfig(kind="moe", hidden=24, num_experts=4, top_k=2, layers=(1,))),
+    "moe_shared_fan_in": dict(ffn=FFNConfig(kind="moe", hidden=24, num_experts=4, top_k=1, n_shared=2,
+                                            bias_balance=True), expert_init="fan_in"),
+    "soft_fan_in": dict(ffn=FFNConfig(kind="soft", hidden=24, num_experts=3), expert_init="fan_in"),
+    "soft": dict(ffn=FFNConfig(kind="soft", hidden=24, num_experts=3)),
+}
+
+
+@pytest.mark.parametrize("name", INITS)
+def test_the_modules_init_draws_what_the_decoder_drew(name, monkeypatch):
+    cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, context=16, **INITS[name])
+    states, init = [], Decoder.init_weights
+
+    def capture(self):
+        states.append(torch.get_rng_state())
+        init(self)
+
+    monkeypatch.setattr(Decoder, "init_weights", capture)
+    torch.manual_seed(5)
+    m = Decoder(cfg)
+    after = torch.rand(3)
+    ref = Decoder(cfg)
+    torch.set_rng_state(states[0])
+    _reference_init(ref)
+    assert torch.equal(after, torch.rand(3))  # as many draws
+    a, b = m.state_dict(), ref.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -156,13 +156,13 @@ def test_routing_capture(ffn):
     with torch.no_grad():
         out = m(torch.tensor([PROMPT]), stats=True)
     last = generate(m, PROMPT, 1, temperature=0, return_routing=True).routing[0]
-    for layer, tw in enumerate(out.token_routing):
-        if tw is None:
+    for layer, rec in enumerate(out.routing):
+        if rec is None:
             assert last[layer] is None
             continue
         mine = torch.zeros(f.num_experts)
         mine[last[layer]["experts"]] = torch.tensor(last[layer]["weights"])
-        assert torch.allclose(mine, tw[0, -1].float(), atol=1e-5)
+        assert torch.allclose(mine, rec.combine_TE()[-1].float(), atol=1e-5)
         assert abs(max(last[layer]["probs"]) - _last_token_top1(m, layer, PROMPT)) < 1e-5
 
 
@@ -172,7 +172,7 @@ def _last_token_top1(m, layer, prompt):
     with torch.no_grad():
         m(torch.tensor([prompt]))
     h.remove()
-    logits = m.blocks[layer].ffn.router_logits(seen["x"][0, -1:])
+    logits = seen["x"][0, -1:] @ m.blocks[layer].ffn.router.weight.T  # router_scale 1
     return float(torch.softmax(logits, -1).max().detach())
 
 
@@ -184,21 +184,21 @@ def test_routing_capture_follows_the_variant_router():
     m = tiny("moe", ffn=f)
     with torch.no_grad():
         for b in m.blocks:
-            b.ffn.expert_bias_E.copy_(torch.tensor([0.0, 0.0, 0.0, 5.0]))  # expert 3 always chosen
+            b.ffn.router.bias_E.copy_(torch.tensor([0.0, 0.0, 0.0, 5.0]))  # expert 3 always chosen
     m.eval()
     with torch.no_grad():
         out = m(torch.tensor([PROMPT]), stats=True)
     last = generate(m, PROMPT, 1, temperature=0, return_routing=True).routing[0]
-    for layer, tw in enumerate(out.token_routing):
+    for layer, full in enumerate(out.routing):
         rec = last[layer]
         assert 3 in rec["experts"] and abs(sum(rec["weights"]) - 2.0) < 1e-5  # scaled by route_scale
         mine = torch.zeros(4)
         mine[rec["experts"]] = torch.tensor(rec["weights"])
-        assert torch.allclose(mine, tw[0, -1].float(), atol=1e-5)
+        assert torch.allclose(mine, full.combine_TE()[-1].float(), atol=1e-5)
         seen = {}
         h = m.blocks[layer].ffn.register_forward_pre_hook(lambda mod, a: seen.__setitem__("x", a[0]))
         with torch.no_grad():
             m(torch.tensor([PROMPT]))
         h.remove()
-        s = torch.sigmoid(m.blocks[layer].ffn.router_logits(seen["x"][0, -1:]))[0]
+        s = torch.sigmoid(seen["x"][0, -1:] @ m.blocks[layer].ffn.router.weight.T)[0]  # router_scale 1
         assert torch.allclose(torch.tensor(rec["probs"]), s / s.sum(), atol=1e-6)

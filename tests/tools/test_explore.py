@@ -151,6 +151,52 @@ def test_route_text_with_a_sigmoid_router_and_a_selection_bias(loaded):
         assert v.router_stats[layer]["bias_picked"] == pytest.approx(v.bias_share[layer], abs=1e-6)
 
 
+def _biased_sigmoid(loaded):
+    """The tiny MoE's weights under a sigmoid router whose bias always adds expert 3 (saved as a
+    checkpoint of the old layout, ``ffn.expert_bias_E``, which still loads)."""
+    import dataclasses
+
+    import torch
+
+    from studylib.nn.model import Decoder
+
+    base = loaded["moe"].model
+    f = dataclasses.replace(base.cfg.ffn, score="sigmoid", bias_balance=True)
+    model = Decoder(dataclasses.replace(base.cfg, ffn=f))
+    state = dict(base.state_dict())
+    state.update({f"blocks.{i}.ffn.expert_bias_E": torch.tensor([0.0, 0.0, 0.0, 5.0]) for i in range(2)})
+    model.load_state_dict(state)
+    return model.eval()
+
+
+@pytest.mark.parametrize("router", ["reference", "sigmoid_bias"])
+def test_the_explorers_chosen_experts_are_the_forwards(loaded, router):
+    """What the view shows as each token's experts is what the model's forward used: the experts
+    of a per-token reference written out here (top-k of score + bias, from the input each FFN saw)."""
+    import torch
+
+    model = loaded["moe"].model if router == "reference" else _biased_sigmoid(loaded)
+    tok = loaded["moe"].tokenizer
+    v = explore.route_text(model, tok, TEXT)
+    seen = {}
+    hooks = [b.ffn.register_forward_pre_hook(lambda mod, a, i=i: seen.__setitem__(i, a[0][0]))
+             for i, b in enumerate(model.blocks)]
+    with torch.no_grad():
+        model(torch.tensor([v.ids]))
+    for h in hooks:
+        h.remove()
+    for layer, blk in enumerate(model.blocks):
+        r, cfg = blk.ffn.router, blk.ffn.cfg
+        for t in range(len(v.ids)):
+            logit = (r.weight @ seen[layer][t]).detach() * cfg.router_scale
+            s = torch.softmax(logit, -1) if cfg.score == "softmax" else torch.sigmoid(logit)
+            pick = s + r.bias_E if cfg.bias_balance else s
+            expect = sorted(range(cfg.num_experts), key=lambda e: -float(pick[e]))[:cfg.top_k]
+            assert v.experts[layer][t] == sorted(expect, key=lambda e: -float(s[e]))  # by weight
+    if router == "sigmoid_bias":
+        assert all(3 in c for c in v.experts[0])
+
+
 def test_route_text_soft(loaded):
     model, tok = loaded["soft"].model, loaded["soft"].tokenizer
     v = explore.route_text(model, tok, TEXT)

@@ -196,7 +196,7 @@ def _shared_moe(fam: str, p: str, f, router, layout: str) -> dict:
     m = p + "mlp."
     sd = {m + "gate.weight": router}
     if fam == "glm4_moe":
-        sd[m + "gate.e_score_correction_bias"] = (f.expert_bias_E if f.cfg.bias_balance
+        sd[m + "gate.e_score_correction_bias"] = (f.router.bias_E if f.cfg.bias_balance
                                                   else torch.zeros(f.cfg.num_experts))
     if layout == FUSED:
         sd.update({m + "experts.gate_up_proj": f.w_in_EFD, m + "experts.down_proj": f.w_out_EDH})

@@ -174,13 +174,18 @@ def router_records(source) -> list[dict]:
 
 def layer_stats(st: dict, metrics: Sequence[str] = ROUTER_SCALARS) -> dict:
     """``{metric: value}`` of one layer's router stats in an eval record; ``busiest`` and
-    ``usage_var`` recomputed from the eval set's ``shares`` f_e (max_e f_e and the population
-    variance of f_e), as SPEC section 3 defines them. The one reading of those statistics: the
-    notebooks' tables and the routing explorer both go through it."""
+    ``usage_var`` of the eval set's ``shares`` f_e, by the model's own definition
+    (:func:`studylib.nn.router_losses.share_stats`: max_e f_e and the population variance of f_e,
+    SPEC section 3) applied to the whole evaluation's shares (the recorded values average per-batch
+    ones). The one reading of those statistics: the notebooks' tables and the routing explorer
+    both go through it."""
+    import torch
+
+    from studylib.nn.router_losses import share_stats
+
     st = dict(st)
     if isinstance(st.get("shares"), list) and st["shares"]:
-        sh = np.asarray(st["shares"], dtype=float)
-        st["busiest"], st["usage_var"] = float(sh.max()), float(sh.var())
+        st.update(share_stats(torch.tensor(st["shares"], dtype=torch.float64)))
     return {m: float(st[m]) for m in metrics if m in st and st[m] is not None}
 
 

@@ -1,9 +1,9 @@
 """Routing a token sequence through a model: which expert(s) each token used, per layer.
 
-One forward pass with ``stats=True`` gives each routed layer's combine weights (the model's own
-decision, made in :mod:`studylib.nn.router`); the inputs each routed FFN saw
-(:class:`studylib.run.decode.RoutedInputs`) give the router probabilities over all experts
-(the layer's own :meth:`~studylib.nn.ffn._Experts.router_probs`: the softmax, or sigmoid scores normalised). The result is a
+One forward pass with ``stats=True`` gives each routed layer's routing record (``ModelOutput.routing``:
+the model's own decision, made by its :class:`studylib.nn.router.Router`): the experts each token
+used, their combine weights and the router logits, whose distribution over all experts (the
+softmax, or the sigmoid scores normalised) the view shows as ``probs``. The result is a
 :class:`~studylib.tools.explorer.view.RoutingView`.
 
 Every prompt is fed after an end-of-story token, as stories appear in the training windows
@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from studylib.run.decode import ContextOverflowWarning, RoutedInputs, ffn_kind, generate
+from studylib.run.decode import ContextOverflowWarning, ffn_kind, generate
 from studylib.tools.explorer.view import RoutingView
 
 
@@ -28,33 +28,29 @@ def _pieces(tokenizer, ids: Sequence[int]) -> list[str]:
 
 
 def _forward(model, ids: list[int]):
-    """``(out, nll_S, probs)``: the model's output with router stats, each position's
-    -log p(token | previous tokens) (NaN at 0) and the router probabilities per routed layer."""
+    """``(out, nll_S)``: the model's output with router stats and routing records, and each
+    position's -log p(token | previous tokens) (NaN at 0)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
-        with RoutedInputs(model) as inputs, torch.inference_mode():
+        with torch.inference_mode():
             x = torch.tensor([ids], dtype=torch.long, device=device)
             out = model(x, stats=True)
-            probs_TE = {i: ffn.router_probs(ffn.router_logits(inputs.x[i].reshape(-1, inputs.x[i].shape[-1])))
-                        for i, ffn, _ in inputs.layers}
             logp = torch.log_softmax(out.logits[0].float(), -1)
             nll = np.full(len(ids), np.nan)
             if len(ids) > 1:
                 nll[1:] = (-logp[:-1].gather(1, x[0, 1:, None])[:, 0]).cpu().numpy()
     finally:
         model.train(was_training)
-    return out, nll, probs_TE
+    return out, nll
 
 
-def _chosen_experts(w_SE: np.ndarray, kind: str, top_k: int) -> list[list[int]]:
-    """Per token, the experts it used, by weight (descending): all of them for the soft MoE,
-    the top-k with a nonzero weight for the sparse MoE."""
-    order = np.argsort(-w_SE, axis=1, kind="stable")
-    if kind == "soft":
-        return [list(map(int, row)) for row in order]
-    return [[int(e) for e in row[:top_k] if w_SE[t, e] > 0] for t, row in enumerate(order)]
+def _chosen_experts(rec) -> list[list[int]]:
+    """Per token, the experts it used (the routing record's, all of them for the soft MoE), by
+    weight (descending; ties by expert id)."""
+    idx_TK, w_TK = rec.idx_TK.cpu().numpy(), rec.w_TK.float().cpu().numpy()
+    return [[int(e) for e in row[np.lexsort((row, -w))]] for row, w in zip(idx_TK, w_TK)]
 
 
 def route_ids(model, tokenizer, ids: Sequence[int], *, text: Optional[str] = None, n_prefix: int = 0,
@@ -69,16 +65,16 @@ def route_ids(model, tokenizer, ids: Sequence[int], *, text: Optional[str] = Non
     truncated = max(0, len(ids) - ctx)
     ids = ids[:ctx]
     kinds = [ffn_kind(b.ffn) for b in model.blocks]
-    out, nll, probs_TE = _forward(model, ids)
+    out, nll = _forward(model, ids)
     weights, probs, experts = [], [], []
     E = K = 0
-    for i, tr in enumerate(out.token_routing):
-        if tr is None or kinds[i] == "dense":
+    for i, rec in enumerate(out.routing):
+        if rec is None or kinds[i] == "dense":
             weights.append(None), probs.append(None), experts.append(None)
             continue
-        w = tr[0].float().cpu().numpy()
-        p = probs_TE[i].float().cpu().numpy() if i in probs_TE else w
-        chosen = _chosen_experts(w, kinds[i], model.blocks[i].ffn.cfg.top_k)
+        w = rec.combine_TE().float().cpu().numpy()
+        p = model.blocks[i].ffn.router.distribution(rec.logits_TE).float().cpu().numpy()
+        chosen = _chosen_experts(rec)
         E = w.shape[1]
         K = max(K, max(len(c) for c in chosen))
         weights.append(w), probs.append(p), experts.append(chosen)

@@ -131,7 +131,7 @@ def test_logits_match(runs, one_thread, name, dispatch):
 def test_the_trained_bias_is_exported(runs):
     hf, ours = _hf(runs["glm"]), _ours(runs["root"] / "glm")
     b_hf = hf.model.layers[0].mlp.gate.e_score_correction_bias
-    b = ours.blocks[0].ffn.expert_bias_E
+    b = ours.blocks[0].ffn.router.bias_E
     assert b.abs().sum() > 0 and torch.equal(b_hf, b)
 
 
