@@ -110,7 +110,7 @@ class ModelConfig:
     # initialisation of the expert weights (soft and routed MoE layers; dense FFNs and routers
     # never change): "normal" = N(0, init_std), output projection N(0, init_std/sqrt(2L)), as the
     # rest of the model; "fan_in" = std 1/sqrt(fan_in) for both expert projections, no residual
-    # scaling (seed 003's fan-in expert init; see studylib.nn.model.Decoder.reset_parameters)
+    # scaling (seed 003's fan-in expert init; see studylib.nn.model.Decoder.init_weights)
     expert_init: Literal["normal", "fan_in"] = "normal"
 
     @property

@@ -120,37 +120,6 @@ def test_route_text_sparse(loaded):
     assert model.training is False
 
 
-def test_route_text_with_a_sigmoid_router_and_a_selection_bias(loaded):
-    """A sigmoid router whose bias forces expert 3: the view shows the model's own choice, the
-    normalised sigmoid scores as probabilities, and marks expert 3 as picked by the bias wherever
-    it was not among the two most probable."""
-    import dataclasses
-
-    import torch
-
-    from studylib.nn.model import Decoder
-
-    base, tok = loaded["moe"].model, loaded["moe"].tokenizer
-    f = dataclasses.replace(base.cfg.ffn, score="sigmoid", bias_balance=True)
-    model = Decoder(dataclasses.replace(base.cfg, ffn=f))
-    state = dict(base.state_dict())
-    state.update({f"blocks.{i}.ffn.expert_bias_E": torch.tensor([0.0, 0.0, 0.0, 5.0]) for i in range(2)})
-    model.load_state_dict(state)
-    model.eval()
-    v = explore.route_text(model, tok, TEXT, label="sigmoid+bias")
-    fr = v.to_frame()
-    for layer in range(2):
-        p = v.probs[layer]
-        np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
-        assert all(3 in c for c in v.experts[layer])
-        for t, chosen in enumerate(v.experts[layer]):
-            expect = {3} if 3 not in set(np.argsort(-p[t])[:2]) else set()
-            assert v.picked_by_bias(layer, t) == expect
-    assert fr["by_bias"].any() and 0 < v.bias_share[0] <= 0.5
-    for layer in range(2):  # the model's own diagnostic, counted in its forward, agrees
-        assert v.router_stats[layer]["bias_picked"] == pytest.approx(v.bias_share[layer], abs=1e-6)
-
-
 def _biased_sigmoid(loaded):
     """The tiny MoE's weights under a sigmoid router whose bias always adds expert 3 (saved as a
     checkpoint of the old layout, ``ffn.expert_bias_E``, which still loads)."""
@@ -167,6 +136,25 @@ def _biased_sigmoid(loaded):
     state.update({f"blocks.{i}.ffn.expert_bias_E": torch.tensor([0.0, 0.0, 0.0, 5.0]) for i in range(2)})
     model.load_state_dict(state)
     return model.eval()
+
+
+def test_route_text_with_a_sigmoid_router_and_a_selection_bias(loaded):
+    """A sigmoid router whose bias forces expert 3: the view shows the model's own choice, the
+    normalised sigmoid scores as probabilities, and marks expert 3 as picked by the bias wherever
+    it was not among the two most probable."""
+    model, tok = _biased_sigmoid(loaded), loaded["moe"].tokenizer
+    v = explore.route_text(model, tok, TEXT, label="sigmoid+bias")
+    fr = v.to_frame()
+    for layer in range(2):
+        p = v.probs[layer]
+        np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+        assert all(3 in c for c in v.experts[layer])
+        for t, chosen in enumerate(v.experts[layer]):
+            expect = {3} if 3 not in set(np.argsort(-p[t])[:2]) else set()
+            assert v.picked_by_bias(layer, t) == expect
+    assert fr["by_bias"].any() and 0 < v.bias_share[0] <= 0.5
+    for layer in range(2):  # the model's own diagnostic, counted in its forward, agrees
+        assert v.router_stats[layer]["bias_picked"] == pytest.approx(v.bias_share[layer], abs=1e-6)
 
 
 @pytest.mark.parametrize("router", ["reference", "sigmoid_bias"])
