@@ -1,17 +1,15 @@
 """Checkpoints: atomic save, SHA-256-verified safe load (``weights_only``), RNG capture/restore,
 resume lookup.
 
-A checkpoint is a ``torch.save``-d dict::
+A checkpoint is a ``torch.save``-d dict: ``{"format": "studylib-ckpt", "version": 2, **state}``,
+where ``state`` is what :class:`studylib.run.train_state.TrainState` writes and reads (its
+docstring lists the keys). This module reads only the header it needs to pick and check a file:
+``kind`` ("full" or "snapshot"), ``step``, ``config_hash`` (and that ``model`` is there);
+:meth:`studylib.run.rundir.RunDir.load_model` reads ``model`` and ``provenance``.
 
-    {"format": "studylib-ckpt", "version": 2, "kind": "full" | "snapshot",
-     "step": int, "total_steps": int, "config_hash": str,
-     "model": state_dict, "optimizer": state_dict (full only),
-     "rng": {...} (full only; this process), "rng_ranks": [rng of each DDP rank] (full only),
-     "data_position": {...}, "best": {...}, "clock": {...}, "final": eval record or None}
-
-followed by a trailer line ``studylib-sha256:<64 hex>`` (newline before and after): the SHA-256
-of every byte before it (torch ignores bytes after its zip archive, and does not check the
-archive's CRCs itself). :func:`load` checks the digest before unpickling, so a flipped byte
+The dict is followed by a trailer line ``studylib-sha256:<64 hex>`` (newline before and after):
+the SHA-256 of every byte before it (torch ignores bytes after its zip archive, and does not
+check the archive's CRCs itself). :func:`load` checks the digest before unpickling, so a flipped byte
 anywhere in the file, a torn file, or a version-2 file whose trailer is missing or damaged is a
 :class:`CheckpointError`.
 Version-1 checkpoints (written before the digest; no trailer) still load, unverified.

@@ -1,6 +1,7 @@
 """What a training run records, as plain dicts: the per-step result, the running sums between two
 records, the "train" and "eval" records of ``metrics.jsonl`` (written by
-:meth:`studylib.run.rundir.RunDir.append_metrics`) and the data part of ``summary.json``."""
+:meth:`studylib.run.rundir.RunDir.append_metrics`) and ``summary.json``, each from explicit
+arguments. Which steps write them is :mod:`studylib.run.cadence`."""
 from __future__ import annotations
 
 import math
@@ -9,9 +10,6 @@ from typing import Optional
 
 import torch
 
-from studylib.config import count_params
-from studylib.nn.precision import precision_label
-from studylib.run.optim import lr_at
 
 
 @dataclass
@@ -85,50 +83,28 @@ SUMMARY_REQUIRED = ("best_val_loss", "best_val_ppl", "best_step", "final_val_los
                     "train_tok_per_s")
 
 
-def expected_steps(done: int, total: int, log_every: int, eval_every: int) -> dict[str, list[int]]:
-    """The steps of the "train" and "eval" records a run has written after optimizer step ``done``."""
-    evals = list(range(eval_every, done + 1, eval_every))
-    if done == total and (not evals or evals[-1] != total):
-        evals.append(total)
-    return {"train": list(range(log_every, done + 1, log_every)), "eval": evals}
-
-
-def checkpoint_state(t, step: int, final_rec: Optional[dict], rng: dict, all_rng: list) -> dict:
-    """The full checkpoint of trainer ``t`` after optimizer step ``step`` (see
-    :mod:`studylib.run.checkpoint` for the format): weights, optimizer, RNG of every rank, data
-    position, counters, the run's config hash and fingerprints, and the metrics lines so far."""
-    total = t.total
+def summary_record(state, *, model: str, seed: int, preset: str, tokens: int, params: dict, device,
+                   data) -> dict:
+    """``summary.json`` of the finished run ``model`` / ``seed`` of preset ``preset``: ``state``
+    (its :class:`studylib.run.train_state.TrainState` at the last step) holds the losses, clocks and
+    identity; ``tokens``: the target tokens it trained on (exact: an epoch's partial last step
+    counts the windows it read); ``params``: its parameter counts; ``data``: its
+    :class:`studylib.data.windows.TokenData`."""
+    best, final, clock = state.best, state.final, state.clock
     return {
-        "kind": "full", "step": step, "total_steps": total, "config_hash": t.chash, "provenance": t.prints,
-        "model": t.model.state_dict(), "optimizer": t.opt.state_dict(),
-        "scheduler": {"step": step, "total_steps": total, "lr": lr_at(min(step, total - 1), total, t.tcfg)},
-        "rng": rng, "rng_ranks": all_rng,
-        "data_position": t.sampler.data_position(step),
-        "best": t.best, "clock": t.clock, "final": final_rec, "world_size": t.dist.world,
-        "amp": precision_label(t.amp_dtype),
-        "metrics": "".join(t.records),
-    }
-
-
-def summary_record(t) -> dict:
-    """``summary.json`` of the finished run held by trainer ``t`` (a :class:`studylib.run.trainer.Trainer`)."""
-    best, final, clock = t.best, t.final, t.clock
-    tokens = t.tokens(t.total)  # exact: an epoch's partial last step counts the windows it read
-    amp = precision_label(t.amp_dtype)
-    return {
-        "model": t.model_name, "seed": t.seed, "preset": t.preset.name,
+        "model": model, "seed": seed, "preset": preset,
         "best_val_loss": best["val_loss"], "best_val_ppl": ppl(best["val_loss"]),
         "best_step": best["step"], "best_is_full_eval": best["full"],
         "final_val_loss": final["val_loss"], "final_val_ppl": final["val_ppl"],
-        "steps": t.total, "tokens": tokens,
+        "steps": state.total, "tokens": tokens,
         "wall_time_s": clock["elapsed_s"], "train_time_s": clock["train_s"],
         "train_tok_per_s": tokens / max(clock["train_s"], 1e-9),
-        "params": count_params(t.mcfg).as_dict(), "num_params": t.model.num_params(),
-        "device": str(t.device), "amp": amp,
+        "params": params, "num_params": state.model.num_params(),
+        "device": str(device), "amp": state.amp,
         # fp32 results depend on it (~1e-7 between 1 and 2 threads): --jobs 1 trains in-process on
         # every core, a sweep's workers on cores // jobs each (README, "Measured")
         "torch_threads": torch.get_num_threads(),
-        "world_size": t.dist.world, "config_hash": t.chash, "data": data_summary(t.data),
-        "provenance": t.prints,  # fingerprints of the corpus and tokenizer (studylib.run.provenance)
+        "world_size": state.world, "config_hash": state.config_hash, "data": data_summary(data),
+        "provenance": state.prints,  # fingerprints of the corpus and tokenizer (studylib.run.provenance)
         "finished": True,
     }

@@ -4,8 +4,10 @@
 seed, and trains it with AdamW (decay on >=2-D tensors only), linear warmup + cosine decay
 (:func:`studylib.run.optim.lr_at`), gradient accumulation, clipping and bf16 autocast where the hardware has bf16
 (:func:`studylib.nn.precision.resolve_amp`; never fp16). :class:`Trainer` holds the run in progress;
-its methods are the phases: setup, resume, train_step, evaluate, save, log and finish. Which windows a step reads is
-:mod:`studylib.data.windows`; the validation pass is :mod:`studylib.run.evaluation`.
+its methods are the phases: setup, resume, train_step, evaluate, save, log and finish. What a checkpoint
+holds is its :class:`studylib.run.train_state.TrainState`; which steps log, evaluate and checkpoint is its
+:class:`studylib.run.cadence.Cadence`. Which windows a step reads is :mod:`studylib.data.windows`; the
+validation pass is :mod:`studylib.run.evaluation`.
 
 Evaluation every ``eval_every`` optimizer steps and at the end, on a fixed subset of
 ``eval_windows`` validation windows; the end also makes a full pass (``final_full_eval``), which is
@@ -36,7 +38,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from studylib.config import ConfigError, Preset, run_document
+from studylib.config import Preset, count_params, run_document
 from studylib.nn.model import Decoder
 from studylib.nn.precision import autocast, describe_amp, precision_label, resolve_amp
 from studylib.run import checkpoint, provenance
@@ -46,11 +48,12 @@ from studylib.run.dist import Dist, resolve_device, seed_everything
 from studylib.run.evaluation import evaluate
 from studylib.storage.files import clean_temp_files
 from studylib.run.optim import lr_at, make_optimizer, total_steps_for
-from studylib.run.records import (SUMMARY_REQUIRED, RunningSums, StepResult, checkpoint_state, eval_record,
-                                  expected_steps, summary_record, train_record)
+from studylib.run.cadence import Cadence
+from studylib.run.records import SUMMARY_REQUIRED, RunningSums, StepResult, eval_record, summary_record, train_record
 from studylib.run.resources import check_run
 from studylib.run.layout import run_dir_for
 from studylib.run.rundir import RunDir
+from studylib.run.train_state import TrainState
 
 class NonFiniteLossError(RuntimeError):
     """The training loss (or gradient norm) became NaN/inf; the last good checkpoint is kept."""
@@ -63,7 +66,7 @@ class CheckpointStateError(checkpoint.CheckpointError):
 
 
 class Trainer:
-    """One run in progress: its configuration, model, optimizer and running state."""
+    """One run in progress: its configuration, data, cadence and training state (``self.state``)."""
 
     def __init__(self, preset: Preset, model_name: str, seed: int, run_dir=None, progress: bool = True):
         self.preset, self.model_name, self.seed = preset, model_name, seed
@@ -76,8 +79,8 @@ class Trainer:
         self.doc = run_document(preset, self.mcfg, model_name, seed)
         self.show = progress and self.dist.main
         self.B, self.accum = self.tcfg.batch_size, self.tcfg.grad_accum
-        self.log_every = max(1, min(10, self.tcfg.eval_every // 10 or 1))
         self.chash: Optional[str] = None
+        self.last_ckpt: Optional[int] = None  # the step of the last checkpoint written or resumed from
 
     def say(self, msg: str) -> None:
         if self.dist.main:
@@ -117,6 +120,9 @@ class Trainer:
         seed_everything(self.seed)
         self.model = Decoder(self.mcfg).to(self.device)
         self.opt = make_optimizer(self.model, self.tcfg)
+        self.state = TrainState(self.model, self.opt, self.sampler, self.tcfg, self.total, config_hash=self.chash,
+                                prints=self.prints, amp=precision_label(self.amp_dtype), rank=self.dist.rank,
+                                world=self.dist.world)
         if self.dist.enabled and self.dist.rank > 0:  # own dropout stream per rank (init is identical)
             torch.manual_seed(self.seed * 1000 + self.dist.rank)
 
@@ -136,6 +142,7 @@ class Trainer:
         check_run(self.mcfg, self.model_name, self.tcfg, data, context, self.amp_dtype, self.device,
                   self.dist.world)
         self.total = total_steps_for(self.tcfg, len(data.train_idx))
+        self.cadence = Cadence.of(self.tcfg, self.total)
         data_seed = self.seed if self.tcfg.data_seed is None else self.tcfg.data_seed
         self.sampler = BatchSampler(data.train_idx, data_seed, self.B, self.accum)
         self.sub_idx = eval_subset(data.val_idx, self.tcfg.eval_windows, self.preset.data.split_seed)
@@ -151,33 +158,14 @@ class Trainer:
 
     # ---- resume or start ---------------------------------------------------------------------
     def resume(self) -> None:
-        """Restore model, optimizer, counters and RNG from the last good checkpoint, if any."""
-        self.start, self.final = 0, None
-        self.best = {"val_loss": float("inf"), "step": 0, "full": False}
-        self.clock = {"elapsed_s": 0.0, "train_s": 0.0}
-        self.last_ckpt: Optional[int] = None
-        self.records: list[str] = []  # rank 0: the metrics lines written so far (checkpoints carry them)
-        self.records_copy: Optional[str] = None
+        """Restore the training state from the last good checkpoint, if any."""
         found = checkpoint.load_resume(self.rd.checkpoints, expect_hash=self.chash, warn=self.say)
         if found is None:
             return
-        state, path = found
-        provenance.check_resume(self.rd.path, state["step"], state.get("provenance"), self.prints)
-        saved, now = state.get("amp"), precision_label(self.amp_dtype)
-        if saved is not None and saved != now:  # train.amp: auto resolves per machine
-            raise ConfigError(
-                f"{self.rd.path}: its checkpoint (step {state['step']}) was trained in {saved}, but here "
-                f"train.amp={self.tcfg.amp} gives {now}; a run must not change precision midway. Resume "
-                f"it where {saved} is chosen, or delete the folder to retrain")
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.start, self.final = state["step"], state.get("final")
-        self.best, self.clock = dict(state["best"]), dict(state["clock"])
-        self.last_ckpt = self.start
-        self.records_copy = state.get("metrics")
-        ranks = state.get("rng_ranks") or []
-        checkpoint.restore_rng(ranks[self.dist.rank] if len(ranks) == self.dist.world else state["rng"])
-        self.say(f"{self.rd.path}: resuming from step {self.start} of {self.total} (checkpoint {path})")
+        ckpt, path = found
+        self.state.load_state_dict(ckpt, self.rd.path)
+        self.last_ckpt = self.state.step
+        self.say(f"{self.rd.path}: resuming from step {self.state.step} of {self.total} (checkpoint {path})")
 
     def claim_files(self) -> None:
         """Rank 0 writes the config and drops what a crash left after the checkpoint."""
@@ -186,11 +174,11 @@ class Trainer:
             clean_temp_files(self.rd.checkpoints)
             self.rd.write_config(self.doc)
             # keep exactly the records up to the checkpoint: drop later ones, restore lost ones
-            expected = expected_steps(self.start, self.total, self.log_every, self.tcfg.eval_every)
-            note = self.rd.resume_metrics(self.start, self.records_copy, expected)
+            step = self.state.step
+            note = self.rd.resume_metrics(step, self.state.metrics_copy(), self.cadence.written_by(step))
             if note:
                 self.say(note)
-            self.records = [line + "\n" for line in self.rd.metric_lines()]  # now exactly those up to start
+            self.state.metrics = [line + "\n" for line in self.rd.metric_lines()]  # now exactly those up to step
 
     def wrap_model(self) -> None:
         """``self.net``: the model as trained (compiled and/or DDP-wrapped); ``self.model`` stays bare."""
@@ -206,13 +194,14 @@ class Trainer:
         from tqdm.auto import tqdm
 
         self.since_eval, self.since_log = RunningSums(), RunningSums()
-        self.t_wall0 = time.perf_counter() - self.clock["elapsed_s"]
-        bar = tqdm(total=self.total, initial=self.start, disable=not self.show, unit="step",
+        self.t_wall0 = time.perf_counter() - self.state.clock["elapsed_s"]
+        bar = tqdm(total=self.total, initial=self.state.step, disable=not self.show, unit="step",
                    dynamic_ncols=True, desc=f"{self.model_name} seed{self.seed}")
         self.model.train()
         try:
-            for step in range(self.start, self.total):
+            for step in range(self.state.step, self.total):
                 result = self.train_step(step)
+                self.state.step = step + 1
                 self._tally(result)
                 tok_s = self.targets_per_step / max(result.dt, 1e-9)
                 bar.set_postfix_str(f"loss {result.ce:.3f}  {tok_s:,.0f} tok/s", refresh=False)
@@ -287,31 +276,29 @@ class Trainer:
         return f"The last good checkpoint ({self.rd.checkpoints / checkpoint.LATEST}, step {self.last_ckpt})"
 
     def _tally(self, result: StepResult) -> None:
-        self.clock["train_s"] += result.dt
+        self.state.clock["train_s"] += result.dt
         self.since_eval.add(result)
         self.since_log.add(result)
 
     def _after_step(self, done: int, result: StepResult) -> None:
-        """Log, evaluate and checkpoint as due after optimizer step ``done`` (1-based)."""
-        self.log(done, result)
-        is_last = done == self.total
-        evaluated = done % self.tcfg.eval_every == 0 or is_last
-        if evaluated:
+        """Log, evaluate and checkpoint as the cadence has it after optimizer step ``done`` (1-based)."""
+        if self.cadence.logs(done):
+            self.log(done, result)
+        if self.cadence.evaluates(done):
             rec = self.evaluate(done, result.lr)
-            if is_last:
-                self.final = rec
-        ck_due = (done % self.tcfg.checkpoint_every == 0) if self.tcfg.checkpoint_every else evaluated
-        if ck_due or is_last:
-            self.clock["elapsed_s"] = time.perf_counter() - self.t_wall0
-            self.save(done, self.final if is_last else None)
+            if self.cadence.is_last(done):
+                self.state.final = rec
+        if self.cadence.checkpoints(done):
+            self.state.clock["elapsed_s"] = time.perf_counter() - self.t_wall0
+            self.save()
 
     # ---- log: the "train" records -------------------------------------------------------------
     def log(self, done: int, result: StepResult) -> None:
-        """Append a "train" record (means since the last one) every ``log_every`` steps."""
-        if not (self.dist.main and done % self.log_every == 0):
+        """Append a "train" record (means since the last one; rank 0 writes it)."""
+        if not self.dist.main:
             return
-        self.records.append(self.rd.append_metrics(train_record(done, self.targets_per_step, self.since_log,
-                                                                result, tokens=self.tokens(done))))
+        self.state.metrics.append(self.rd.append_metrics(train_record(done, self.targets_per_step, self.since_log,
+                                                                      result, tokens=self.tokens(done))))
         self.since_log = RunningSums()
 
     # ---- evaluate: the "eval" records ---------------------------------------------------------
@@ -322,15 +309,16 @@ class Trainer:
         # `best` compares like with like: the subset's losses only (a full pass at the end
         # is a different sample of windows); the full pass is the final record
         ev_best = ev if not ev["full"] or self.subset_is_full else self._eval_pass(full=False)
-        self.clock["elapsed_s"] = time.perf_counter() - self.t_wall0
-        if ev_best["val_loss"] < self.best["val_loss"]:
-            self.best = {"val_loss": ev_best["val_loss"], "step": done, "full": ev_best["full"]}
-        rec = eval_record(done, self.targets_per_step, lr, ev, self.since_eval, self.clock["elapsed_s"],
+        state = self.state
+        state.clock["elapsed_s"] = time.perf_counter() - self.t_wall0
+        if ev_best["val_loss"] < state.best["val_loss"]:
+            state.best = {"val_loss": ev_best["val_loss"], "step": done, "full": ev_best["full"]}
+        rec = eval_record(done, self.targets_per_step, lr, ev, self.since_eval, state.clock["elapsed_s"],
                           tokens=self.tokens(done))
         if ev_best is not ev:
             rec["subset_val_loss"] = ev_best["val_loss"]
         if self.dist.main:
-            self.records.append(self.rd.append_metrics(rec))
+            state.metrics.append(self.rd.append_metrics(rec))
         self.since_eval = RunningSums()
         return rec
 
@@ -343,30 +331,28 @@ class Trainer:
         return ev
 
     # ---- save: checkpoints --------------------------------------------------------------------
-    def save(self, step: int, final_rec: Optional[dict] = None) -> None:
+    def save(self) -> None:
         """With ``keep_checkpoints`` a model-only snapshot, THEN ``latest.pt`` (the old one becomes
         ``prev.pt``): a kill between the two resumes before this step and rewrites the snapshot,
         so none is ever lost. Every rank contributes its RNG state, rank 0 writes."""
-        rng = checkpoint.capture_rng()
-        all_rng = self.dist.gather(rng)
+        rng_ranks = self.dist.gather(checkpoint.capture_rng())
         if self.dist.main:
             ckpt_dir = self.rd.checkpoints
             if self.tcfg.keep_checkpoints:
-                checkpoint.save(checkpoint.snapshot_path(ckpt_dir, step),
-                                {"kind": "snapshot", "step": step, "total_steps": self.total,
-                                 "config_hash": self.chash, "provenance": self.prints,
-                                 "model": self.model.state_dict()})
-            checkpoint.save(ckpt_dir / checkpoint.LATEST, checkpoint_state(self, step, final_rec, rng, all_rng),
-                            keep_prev=True)
-        self.last_ckpt = step
+                checkpoint.save(checkpoint.snapshot_path(ckpt_dir, self.state.step), self.state.snapshot_state_dict())
+            checkpoint.save(ckpt_dir / checkpoint.LATEST, self.state.state_dict(rng_ranks), keep_prev=True)
+        self.last_ckpt = self.state.step
 
     # ---- finish: the summary ------------------------------------------------------------------
     def finish(self) -> dict:
         """Write ``summary.json`` (rank 0) and return the summary."""
-        if self.final is None:  # resumed from the final checkpoint: nothing left to do but the summary
+        state = self.state
+        if state.final is None:  # resumed from the final checkpoint: nothing left to do but the summary
             raise CheckpointStateError(self.rd.path)
-        self.clock["elapsed_s"] = max(self.clock["elapsed_s"], time.perf_counter() - self.t_wall0)
-        summary = summary_record(self)
+        state.clock["elapsed_s"] = max(state.clock["elapsed_s"], time.perf_counter() - self.t_wall0)
+        summary = summary_record(state, model=self.model_name, seed=self.seed, preset=self.preset.name,
+                                 tokens=self.tokens(self.total), params=count_params(self.mcfg).as_dict(),
+                                 device=self.device, data=self.data)
         if self.dist.main:
             self.rd.write_summary(summary)
         self.dist.barrier()

@@ -1,0 +1,172 @@
+"""Tests of studylib.run.train_state (what a checkpoint holds) and studylib.run.cadence (which steps
+log, evaluate and checkpoint): the cadence against what the training loop writes, the state's
+round trip through a checkpoint file, refusals that change nothing, and a run checkpointed by the
+code before TrainState existed resuming to the same run."""
+from __future__ import annotations
+
+import copy
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from _tiny import comparable, synthetic_data, tiny_preset
+from studylib.config import ConfigError, preset_from_dict
+from studylib.data.windows import BatchSampler
+from studylib.nn.model import Decoder
+from studylib.run import checkpoint as C
+from studylib.run import trainer as T
+from studylib.run.cadence import Cadence
+from studylib.run.optim import make_optimizer
+from studylib.run.provenance import ProvenanceError
+from studylib.run.rundir import RunDir
+from studylib.run.train_state import TrainState
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LEGACY = Path(__file__).parent / "data" / "legacy_run"  # written by main 6c927cd (see the last test)
+LEGACY_RAW = {
+    "name": "legacy",
+    "data": {"source": "local", "vocab_size": 64, "context": 17},
+    "train": {"batch_size": 4, "grad_accum": 2, "lr": 3e-3, "min_lr": 3e-4, "warmup_frac": 0.1,
+              "max_steps": 10, "eval_every": 3, "eval_windows": 8, "amp": "off", "device": "cpu"},
+    "model": {"d_model": 8, "n_layers": 1, "n_heads": 1, "n_kv_heads": 1, "dropout": 0.1,
+              "ffn": {"kind": "moe", "hidden": 8, "num_experts": 2, "top_k": 1, "balance_coef": 0.01}},
+    "models": {"moe": {}},
+    "seeds": [1],
+}
+
+
+def legacy_data():
+    return synthetic_data(n_windows=120, context=17, vocab=64, seed=3, val=12)
+
+
+# --------------------------------------------------------------------------------------------
+# the cadence
+# --------------------------------------------------------------------------------------------
+def test_cadence_of_a_small_run_by_hand():
+    c = Cadence(total=10, eval_every=4, log_every=3)
+    assert c.written_by(10) == {"train": [3, 6, 9], "eval": [4, 8, 10]}
+    assert c.written_by(9) == {"train": [3, 6, 9], "eval": [4, 8]}  # the last step's eval is not due yet
+    assert c.written_by(0) == {"train": [], "eval": []}
+    assert [s for s in range(1, 11) if c.checkpoints(s)] == [4, 8, 10]
+    every3 = Cadence(total=10, eval_every=4, log_every=3, checkpoint_every=3)
+    assert [s for s in range(1, 11) if every3.checkpoints(s)] == [3, 6, 9, 10]
+
+
+@pytest.mark.parametrize("eval_every, log_every", [(250, 10), (30, 3), (10, 1), (5, 1), (1, 1)])
+def test_log_every_is_a_tenth_of_eval_every_between_1_and_10(eval_every, log_every):
+    assert Cadence.of(tiny_preset(train={"eval_every": eval_every}).train, 12).log_every == log_every
+
+
+def test_the_loop_writes_what_the_cadence_says(tmp_path):
+    """Records and checkpoints of a run (log every 2, evaluate every 20 and at 25, checkpoint
+    every 7 and at 25) are the steps its cadence names, prefix by prefix."""
+    preset = tiny_preset(train={"max_steps": 25, "eval_every": 20, "checkpoint_every": 7, "keep_checkpoints": True,
+                                "batch_size": 2, "grad_accum": 1})
+    T.train_run(preset, "dense", 1, run_dir=tmp_path, progress=False, data=synthetic_data(n_windows=80, val=8))
+    cadence = Cadence.of(preset.train, 25)
+    recs = RunDir(tmp_path).read_metrics()
+    for done in (6, 19, 20, 24, 25):
+        got = {kind: [r["step"] for r in recs if r["kind"] == kind and r["step"] <= done] for kind in ("train", "eval")}
+        assert got == cadence.written_by(done)
+    assert got == {"train": list(range(2, 25, 2)), "eval": [20, 25]}
+    assert [s for s, _ in C.list_snapshots(tmp_path / "checkpoints")] == [7, 14, 21, 25]
+    assert [s for s in range(1, 26) if cadence.checkpoints(s)] == [7, 14, 21, 25]
+
+
+# --------------------------------------------------------------------------------------------
+# the training state
+# --------------------------------------------------------------------------------------------
+def _state(seed: int, amp: str = "fp32", prints=None) -> TrainState:
+    preset = tiny_preset()
+    torch.manual_seed(seed)
+    model = Decoder(preset.model_config("moe"))
+    opt = make_optimizer(model, preset.train)
+    sampler = BatchSampler(np.arange(64), 1, 8, 2)
+    return TrainState(model, opt, sampler, preset.train, 12, config_hash="h", prints=prints or {}, amp=amp)
+
+
+def _trained(state: TrainState, steps: int) -> TrainState:
+    x = torch.randint(0, 256, (2, 9))
+    for _ in range(steps):
+        out = state.model(x[:, :-1], x[:, 1:], return_logits=False)
+        (out.loss + out.aux_loss).backward()
+        state.optimizer.step()
+        state.optimizer.zero_grad()
+    state.step = steps
+    state.best, state.clock = {"val_loss": 4.5, "step": 2, "full": False}, {"elapsed_s": 1.5, "train_s": 1.0}
+    state.metrics = ['{"kind": "train", "step": 1}\n', '{"kind": "train", "step": 2}\n']
+    return state
+
+
+def _assert_same(a, b) -> None:
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+def test_state_round_trips_through_a_checkpoint_file(tmp_path):
+    src = _trained(_state(seed=1), steps=3)
+    random.seed(4), np.random.seed(4), torch.manual_seed(4)
+    written = src.state_dict([C.capture_rng()])
+    after = (random.random(), np.random.rand(), torch.rand(3))
+    C.save(tmp_path / C.LATEST, written)
+    dst = _state(seed=2)  # other initial weights, fresh optimizer
+    torch.manual_seed(99)
+    dst.load_state_dict(C.load(tmp_path / C.LATEST, kind="full"), "run")
+    assert (random.random(), np.random.rand()) == after[:2] and torch.equal(torch.rand(3), after[2])
+    assert dst.step == 3 and dst.best == src.best and dst.clock == src.clock and dst.final is None
+    assert dst.metrics_copy() == "".join(src.metrics)
+    _assert_same(dst.state_dict(written["rng_ranks"]), written)  # everything it holds came back
+    assert written["scheduler"]["step"] == 3 and written["data_position"]["step"] == 3
+    snap = src.snapshot_state_dict()
+    assert snap["kind"] == "snapshot" and snap["step"] == 3 and "optimizer" not in snap
+    _assert_same(snap["model"], written["model"])
+
+
+@pytest.mark.parametrize("other", ["amp", "data"])
+def test_a_refused_resume_changes_nothing(tmp_path, other):
+    saved = _trained(_state(seed=1, prints={"corpus_sha256": "aaa"}), steps=2).state_dict([C.capture_rng()])
+    kw = {"amp": "bfloat16"} if other == "amp" else {"prints": {"corpus_sha256": "bbb"}}
+    dst = _state(seed=2, **kw)
+    before = copy.deepcopy(dst.model.state_dict())
+    with pytest.raises(ProvenanceError if other == "data" else ConfigError,
+                       match="trained in fp32, but here" if other == "amp" else "corpus"):
+        dst.load_state_dict(saved, "run")
+    assert dst.step == 0 and dst.metrics is None and not dst.optimizer.state
+    _assert_same(dst.model.state_dict(), before)
+
+
+def test_a_run_checkpointed_by_the_previous_code_resumes_to_the_same_run(tmp_path):
+    """``data/legacy_run``: LEGACY_RAW's moe, seed 1, trained by main 6c927cd (before TrainState)
+    and killed in step 8: its latest.pt (step 6) and metrics.jsonl. Resumed here, it ends as the
+    uninterrupted run of this code: the same records, weights and summary (bar timings)."""
+    preset = preset_from_dict(LEGACY_RAW)
+    res = tmp_path / "res"
+    shutil.copytree(LEGACY, res)
+    assert C.load(res / "checkpoints" / C.LATEST)["step"] == 6
+    T.train_run(preset, "moe", 1, run_dir=res, progress=False, data=legacy_data())
+    T.train_run(preset, "moe", 1, run_dir=tmp_path / "ref", progress=False, data=legacy_data())
+    a, b = RunDir(res), RunDir(tmp_path / "ref")
+    assert len(a.read_metrics()) == 10 + 4 and comparable(a.read_metrics()) == comparable(b.read_metrics())
+    timing = ("wall_time_s", "train_time_s", "train_tok_per_s")
+    assert {k: v for k, v in a.summary().items() if k not in timing} == \
+        {k: v for k, v in b.summary().items() if k not in timing}
+    wa, wb = C.load(a.checkpoints / C.LATEST)["model"], C.load(b.checkpoints / C.LATEST)["model"]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert json.loads((res / "summary.json").read_text())["steps"] == 10
