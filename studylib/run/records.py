@@ -127,7 +127,7 @@ def summary_record(t) -> dict:
         "device": str(t.device), "amp": amp,
         # fp32 results depend on it (~1e-7 between 1 and 2 threads): --jobs 1 trains in-process on
         # every core, a sweep's workers on cores // jobs each (README, "Measured")
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": t.prints.get("torch_threads", torch.get_num_threads()),  # the training's (provenance.of_data)
         "world_size": t.dist.world, "config_hash": t.chash, "data": data_summary(t.data),
         "provenance": t.prints,  # fingerprints of the corpus and tokenizer (studylib.run.provenance)
         "finished": True,

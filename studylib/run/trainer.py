@@ -163,7 +163,7 @@ class Trainer:
         if found is None:
             return
         state, path = found
-        provenance.check_resume(self.rd.path, state["step"], state.get("provenance"), self.prints)
+        self.prints = provenance.check_resume(self.rd.path, state, self.prints)
         saved, now = state.get("amp"), precision_label(self.amp_dtype)
         if saved is not None and saved != now:  # train.amp: auto resolves per machine
             raise ConfigError(
