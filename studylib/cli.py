@@ -6,9 +6,9 @@ Each command lives in the module that does the work, which exposes ``add_cli(par
 Errors: a known error (bad arguments, config, data, checkpoint, run directory) prints ONE line
 ``error: ...`` naming the field or file and exits with 2, before anything is created on disk
 (arguments shared by commands, ``--seed`` and ``--run-dir``, are checked here before the command
-runs), and so does the sweep's (a failed run, a scheduler that does not answer or went away, a
-worker that is refused: :class:`studylib.study.orchestration.common.SweepError`). Any other
-exception keeps its traceback.
+runs), and so do the sweep's: a failed run (:class:`studylib.study.orchestration.common.SweepError`)
+and a Dask cluster that cannot train it (a scheduler that does not answer or went away, a refused
+worker: ``ClusterError``, a ConfigError). Any other exception keeps its traceback.
 """
 from __future__ import annotations
 
@@ -77,9 +77,6 @@ UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT
 
 
 def known_error(e: BaseException) -> bool:
-    """A known error, or one raised from a known error (the study's StudyError from a SweepError)."""
-    if e.__cause__ is not None and known_error(e.__cause__):
-        return True
     if isinstance(e, ConfigError):
         return True
     if isinstance(e, OSError) and e.errno in UNWRITABLE:

@@ -22,7 +22,8 @@ mix them). The runs' tasks carry the fingerprint, so a worker that joins later i
 way. A task's key is the run's identity (:func:`task_key`: preset, variant tag, model, seed and a
 digest of its run directory and config hash), so two studies on one scheduler never share a task.
 Whatever goes wrong on the way (the scheduler killed, a lost connection) is a
-:class:`~studylib.study.orchestration.common.SweepError`: one line, exit 2 from the CLI.
+:class:`~studylib.study.orchestration.common.ClusterError`: one line, exit 2 from the CLI;
+a run that fails is a :class:`~studylib.study.orchestration.common.SweepError` naming it and its log.
 
 A run is one task (:func:`studylib.study.orchestration.worker.train_task`): it checks that its worker sees the run directory and the
 data cache (:func:`visibility_error`, also run on every worker before anything is queued), trains
@@ -45,12 +46,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+from studylib.config import ConfigError
 from studylib.run import provenance
 from studylib.run.alloc import GUARD, fast_allocator_env
 from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import LOG_FILE
 from studylib.run.spec import RunSpec
-from studylib.study.orchestration.common import SweepError, available_cores
+from studylib.study.orchestration.common import ClusterError, SweepError, available_cores
 from studylib.study.orchestration.worker import (PLUGIN, THREADS_ENV, StudyPlugin, fingerprint, fingerprint_error,
                                                  train_task, worker_visibility)
 
@@ -59,7 +61,7 @@ from studylib.study.orchestration.worker import (PLUGIN, THREADS_ENV, StudyPlugi
 SCHEDULER_TIMEOUT_S = 20.0
 
 def probe_scheduler(address: str, timeout: float = SCHEDULER_TIMEOUT_S) -> None:
-    """A SweepError unless a Dask scheduler answers at ``address`` (its ``identity``) within
+    """A ClusterError unless a Dask scheduler answers at ``address`` (its ``identity``) within
     ``timeout`` seconds. On its own event loop in a helper thread (a notebook's kernel runs one in
     this thread)."""
     from distributed.comm import connect
@@ -81,12 +83,12 @@ def probe_scheduler(address: str, timeout: float = SCHEDULER_TIMEOUT_S) -> None:
         try:
             reply = pool.submit(asyncio.run, bounded()).result()
         except (TimeoutError, asyncio.TimeoutError):
-            raise SweepError(f"scheduler {address}: no Dask scheduler answered within {timeout:.0f} s (something "
+            raise ClusterError(f"scheduler {address}: no Dask scheduler answered within {timeout:.0f} s (something "
                              f"else listens there?); {start}") from None
         except (OSError, ValueError, TypeError) as e:  # refused, unreachable, a malformed address or reply
-            raise SweepError(f"scheduler {address}: cannot connect ({_one_line(e)}); {start}") from None
+            raise ClusterError(f"scheduler {address}: cannot connect ({_one_line(e)}); {start}") from None
     if not isinstance(reply, dict) or reply.get("type") != "Scheduler":
-        raise SweepError(f"scheduler {address}: what answers there is not a Dask scheduler; {start}")
+        raise ClusterError(f"scheduler {address}: what answers there is not a Dask scheduler; {start}")
 
 
 def _one_line(e: BaseException, n: int = 200) -> str:
@@ -149,7 +151,7 @@ class Cluster:
     # ---- start / stop ----------------------------------------------------------------------
     def __enter__(self) -> "Cluster":
         # distributed's client logs a traceback for every failed reconnect before our one line: the
-        # errors reach the sweep as SweepErrors instead (restored by close)
+        # errors reach the sweep as one-line ClusterErrors instead (restored by close)
         for name in ("distributed", "distributed.client"):
             log = logging.getLogger(name)
             self._log_levels[name] = log.level
@@ -165,11 +167,11 @@ class Cluster:
     @contextlib.contextmanager
     def connection(self):
         """Errors of the connection to the scheduler (it was killed, the network went) as one
-        SweepError line."""
+        ClusterError line."""
         try:
             yield
         except (OSError, TimeoutError, asyncio.CancelledError) as e:
-            raise SweepError(f"{self.where}: the connection failed ({_one_line(e)}); is it still running? Run the "
+            raise ClusterError(f"{self.where}: the connection failed ({_one_line(e)}); is it still running? Run the "
                              f"sweep again once it is: its runs resume from their last checkpoints") from None
 
     def __exit__(self, exc_type, *exc) -> None:
@@ -204,17 +206,17 @@ class Cluster:
         try:
             self.client = Client(self.address, timeout=f"{SCHEDULER_TIMEOUT_S:.0f}s")
         except (OSError, TimeoutError) as e:
-            raise SweepError(f"scheduler {self.address}: cannot connect ({_one_line(e)}); start one with `dask "
+            raise ClusterError(f"scheduler {self.address}: cannot connect ({_one_line(e)}); start one with `dask "
                              f"scheduler` and workers with `dask worker {self.address} --nthreads 1`") from None
         try:
             self.client.wait_for_workers(1, timeout=self.wait_s)
         except TimeoutError:
-            raise SweepError(f"scheduler {self.address}: no worker joined within {self.wait_s:.0f} s; start one "
+            raise ClusterError(f"scheduler {self.address}: no worker joined within {self.wait_s:.0f} s; start one "
                              f"with `dask worker {self.address} --nthreads 1`") from None
         workers = self.client.scheduler_info(n_workers=-1)["workers"]
         crowded = [f"{a} ({w['nthreads']} threads)" for a, w in workers.items() if w.get("nthreads", 1) != 1]
         if crowded:
-            raise SweepError(f"scheduler {self.address}: worker {crowded[0]} runs several tasks at once; start "
+            raise ClusterError(f"scheduler {self.address}: worker {crowded[0]} runs several tasks at once; start "
                              "each worker with --nthreads 1 (it trains one run at a time with all its torch "
                              "threads)")
         per_host: dict = {}
@@ -254,27 +256,27 @@ class Cluster:
     def check_workers(self, markers: dict) -> None:
         """Every connected worker sees every marker (:func:`visibility_error`) and trains with this
         process's code and torch and the same threads as the others (:meth:`check_fingerprints`),
-        else a SweepError."""
+        else a ClusterError."""
         with self.connection():
             self.check_fingerprints()
             for addr, err in sorted(self.client.run(worker_visibility, markers).items()):
                 if err:
-                    raise SweepError(err)
+                    raise ClusterError(err)
 
     def check_fingerprints(self) -> dict:
         """The fingerprint the study's runs train with (``self.expect``): this process's code and
-        torch, the workers' one thread count; a worker that differs is a SweepError naming it."""
+        torch, the workers' one thread count; a worker that differs is a ClusterError naming it."""
         mine = provenance.of_code()
         by_threads: dict = {}
         for addr, got in sorted(self.client.run(fingerprint, on_error="return").items()):
             got = None if isinstance(got, BaseException) else got  # an older studylib has no fingerprint
             err = fingerprint_error(addr, got, mine)
             if err:
-                raise SweepError(err)
+                raise ClusterError(err)
             by_threads.setdefault(got[provenance.THREADS], []).append(addr)
         if len(by_threads) > 1:
             groups = "; ".join(f"{n} thread(s): {', '.join(addrs)}" for n, addrs in sorted(by_threads.items()))
-            raise SweepError(f"{self.where}: its workers train with different torch thread counts ({groups}): fp32 "
+            raise ClusterError(f"{self.where}: its workers train with different torch thread counts ({groups}): fp32 "
                              f"results differ between thread counts, so a study does not mix them; start every "
                              f"worker with the same {THREADS_ENV}")
         self.expect = {**mine, provenance.THREADS: next(iter(by_threads), None)}
@@ -335,7 +337,7 @@ class Cluster:
         in the run's log)."""
         log = spec.run_dir / LOG_FILE
         if fut.status == "cancelled":
-            raise SweepError(f"training {spec.label}: its task was cancelled ({where} stopped or restarted?); run "
+            raise ClusterError(f"training {spec.label}: its task was cancelled ({where} stopped or restarted?); run "
                              f"the sweep again: the run resumes from its last checkpoint ({spec.run_dir})")
         exc = fut.exception() if fut.status == "error" else None
         if exc is not None:
@@ -347,9 +349,11 @@ class Cluster:
             raise SweepError(f"training {spec.label} failed ({_one_line(exc, 400)}); its log is {log}")
         reply = fut.result()
         if reply.get("refused"):
-            raise SweepError(reply["refused"])
+            raise ClusterError(reply["refused"])
         if reply.get("locked"):  # another process trains this run: one line, exit 2 (a known error)
             raise RunDirLocked(reply["locked"])
+        if reply.get("config"):  # other data or code than the run's checkpoint, ...: the same, its own line
+            raise ConfigError(reply["config"])
         if not reply.get("ok"):
             raise SweepError(f"training {spec.label} failed ({reply.get('error')}); its log is {log}")
         if not spec.rundir.finished():

@@ -32,12 +32,11 @@ from typing import Iterable, Optional, Sequence
 from studylib.config import ConfigError, Preset, override
 from studylib.config.presets import Overrides
 from studylib.data.split import fingerprint_now
-from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import outputs_root
 from studylib.run.provenance import check_reuse, code_differs, flag_reused
 from studylib.run.spec import RunSpec
 from studylib.study.analysis.frames import collect_runs
-from studylib.study.orchestration.common import SweepError, available_cores
+from studylib.study.orchestration.common import ClusterError, SweepError, available_cores
 
 
 def _unique(items: Iterable) -> list:
@@ -214,7 +213,7 @@ def _train_in_process(missing: Sequence[RunSpec], datas, bar, progress: bool) ->
         bar.set_postfix_str(f"{spec.model} seed{spec.seed}")
         try:
             train_spec(spec, progress=progress, data=datas.get(spec.preset.data))
-        except RunDirLocked:  # another process trains this run: one line, exit 2 (a known error)
+        except ConfigError:  # another process trains the run, other data or code: one line, exit 2 (a known error)
             raise
         except Exception as e:
             raise SweepError(f"training {spec.label} failed ({spec.run_dir}): {type(e).__name__}: {e}") from e
@@ -250,4 +249,5 @@ def _step(spec: RunSpec) -> int:
 
 
 __all__ = ["ensure_runs", "ensure_grid", "ensure_grids", "Grid", "plan_runs", "check_finished_data", "SweepError",
+           "ClusterError",
            "available_cores", "default_jobs", "scheduler_address", "SCHEDULER_ENV"]

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 from distributed import WorkerPlugin
 
+from studylib.config import ConfigError
 from studylib.run import provenance
 from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import LOG_FILE
@@ -155,8 +156,10 @@ def train_logged(train: Callable[[], dict], spec: RunSpec, who: str) -> dict:
             reply = {"ok": True}
         except Exception as e:
             traceback.print_exc()
-            reply = {"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())}",
-                     "locked": " ".join(str(e).split()) if isinstance(e, RunDirLocked) else None}
+            line = " ".join(str(e).split())
+            reply = {"ok": False, "error": f"{type(e).__name__}: {line}",
+                     "locked": line if isinstance(e, RunDirLocked) else None,
+                     "config": line if isinstance(e, ConfigError) else None}  # a known error: its own line
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
