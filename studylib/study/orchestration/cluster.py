@@ -84,7 +84,7 @@ def probe_scheduler(address: str, timeout: float = SCHEDULER_TIMEOUT_S) -> None:
             reply = pool.submit(asyncio.run, bounded()).result()
         except (TimeoutError, asyncio.TimeoutError):
             raise ClusterError(f"scheduler {address}: no Dask scheduler answered within {timeout:.0f} s (something "
-                             f"else listens there?); {start}") from None
+                               f"else listens there?); {start}") from None
         except (OSError, ValueError, TypeError) as e:  # refused, unreachable, a malformed address or reply
             raise ClusterError(f"scheduler {address}: cannot connect ({_one_line(e)}); {start}") from None
     if not isinstance(reply, dict) or reply.get("type") != "Scheduler":
@@ -172,7 +172,7 @@ class Cluster:
             yield
         except (OSError, TimeoutError, asyncio.CancelledError) as e:
             raise ClusterError(f"{self.where}: the connection failed ({_one_line(e)}); is it still running? Run the "
-                             f"sweep again once it is: its runs resume from their last checkpoints") from None
+                               f"sweep again once it is: its runs resume from their last checkpoints") from None
 
     def __exit__(self, exc_type, *exc) -> None:
         self.close(abort=exc_type is not None)
@@ -207,18 +207,18 @@ class Cluster:
             self.client = Client(self.address, timeout=f"{SCHEDULER_TIMEOUT_S:.0f}s")
         except (OSError, TimeoutError) as e:
             raise ClusterError(f"scheduler {self.address}: cannot connect ({_one_line(e)}); start one with `dask "
-                             f"scheduler` and workers with `dask worker {self.address} --nthreads 1`") from None
+                               f"scheduler` and workers with `dask worker {self.address} --nthreads 1`") from None
         try:
             self.client.wait_for_workers(1, timeout=self.wait_s)
         except TimeoutError:
             raise ClusterError(f"scheduler {self.address}: no worker joined within {self.wait_s:.0f} s; start one "
-                             f"with `dask worker {self.address} --nthreads 1`") from None
+                               f"with `dask worker {self.address} --nthreads 1`") from None
         workers = self.client.scheduler_info(n_workers=-1)["workers"]
         crowded = [f"{a} ({w['nthreads']} threads)" for a, w in workers.items() if w.get("nthreads", 1) != 1]
         if crowded:
             raise ClusterError(f"scheduler {self.address}: worker {crowded[0]} runs several tasks at once; start "
-                             "each worker with --nthreads 1 (it trains one run at a time with all its torch "
-                             "threads)")
+                               "each worker with --nthreads 1 (it trains one run at a time with all its torch "
+                               "threads)")
         per_host: dict = {}
         for w in workers.values():
             per_host[w["host"]] = per_host.get(w["host"], 0) + 1
@@ -277,16 +277,17 @@ class Cluster:
         if len(by_threads) > 1:
             groups = "; ".join(f"{n} thread(s): {', '.join(addrs)}" for n, addrs in sorted(by_threads.items()))
             raise ClusterError(f"{self.where}: its workers train with different torch thread counts ({groups}): fp32 "
-                             f"results differ between thread counts, so a study does not mix them; start every "
-                             f"worker with the same {THREADS_ENV}")
+                               f"results differ between thread counts, so a study does not mix them; start every "
+                               f"worker with the same {THREADS_ENV}")
         self.expect = {**mine, provenance.THREADS: next(iter(by_threads), None)}
         return self.expect
 
     def train(self, specs: Sequence[RunSpec], markers: dict, on_done: Callable[[RunSpec], None],
               on_tick: Callable[[list], None] = lambda running: None) -> None:
         """Train ``specs`` (in this order of priority); ``on_done(spec)`` after each finished run,
-        ``on_tick(specs in flight)`` about every 2 s. The first failure raises a SweepError
-        (the other runs are cancelled; those in flight on a LocalCluster stop with it)."""
+        ``on_tick(specs in flight)`` about every 2 s. The first failure raises a SweepError (a
+        ClusterError when the cluster is at fault; the other runs are cancelled, those in flight on a
+        LocalCluster stop with it)."""
         with self.connection():
             self._train(specs, markers, on_done, on_tick)
 
@@ -338,7 +339,7 @@ class Cluster:
         log = spec.run_dir / LOG_FILE
         if fut.status == "cancelled":
             raise ClusterError(f"training {spec.label}: its task was cancelled ({where} stopped or restarted?); run "
-                             f"the sweep again: the run resumes from its last checkpoint ({spec.run_dir})")
+                               f"the sweep again: the run resumes from its last checkpoint ({spec.run_dir})")
         exc = fut.exception() if fut.status == "error" else None
         if exc is not None:
             from distributed import KilledWorker
