@@ -6,7 +6,9 @@ Each command lives in the module that does the work, which exposes ``add_cli(par
 Errors: a known error (bad arguments, config, data, checkpoint, run directory) prints ONE line
 ``error: ...`` naming the field or file and exits with 2, before anything is created on disk
 (arguments shared by commands, ``--seed`` and ``--run-dir``, are checked here before the command
-runs). Any other exception keeps its traceback.
+runs), and so do the sweep's: a failed run (:class:`studylib.study.orchestration.common.SweepError`)
+and a Dask cluster that cannot train it (a scheduler that does not answer or went away, a refused
+worker: ``ClusterError``, a ConfigError). Any other exception keeps its traceback.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ COMMANDS = {
 
 # Known errors besides ConfigError (and its DataError / RunDirConflict / ...): (module, class).
 # Looked up in sys.modules only, so this module never imports torch for them.
-KNOWN_ERRORS = (("studylib.run.checkpoint", "CheckpointError"),)
+KNOWN_ERRORS = (("studylib.run.checkpoint", "CheckpointError"),
+                ("studylib.study.orchestration.common", "SweepError"))
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,6 +1,7 @@
 """The one-way import rule of studylib: a module imports its own package and the packages below it
-(config, storage < nn, data < run < study < tools < the CLI), never one above. Every import counts, the
-function-local ones too, so an upward edge cannot hide inside a function."""
+(config, storage < nn, data < run < study < tools < the CLI), never one above, and no modules import
+each other in a circle (inside a package either). Every import counts, the function-local ones too, so
+an upward edge or a circle cannot hide inside a function."""
 from __future__ import annotations
 
 import ast
@@ -95,6 +96,129 @@ def test_the_checker_finds_hidden_and_relative_upward_edges(tmp_path):
     src.write_text("from studylib.study.orchestration import sweep\n")  # a part of study/ above
     assert _upward(src, "studylib.study.analysis.probe") != []
     assert _upward(src, "studylib.study.runner.probe") == []
+
+
+def _edges(pkg: Path) -> dict[str, set[str]]:
+    """``{module: modules it imports}`` of the package at ``pkg``; ``from a.b import c`` is an edge
+    to the module ``a.b.c`` when it is one, else to ``a.b``."""
+    files = {_module_name_in(pkg, p): p for p in sorted(pkg.rglob("*.py"))}
+    out = {}
+    for me, path in files.items():
+        out[me] = set()
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+            for mod in _targets(node, me, path):
+                if mod in files and mod != me:
+                    out[me].add(mod)
+    return out
+
+
+def _runtime_nodes(tree):
+    """Every node but those under ``if TYPE_CHECKING:`` (annotations only: never imported)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo += node.orelse
+            continue
+        todo += ast.iter_child_nodes(node)
+
+
+def _module_name_in(pkg: Path, path: Path) -> str:
+    parts = list(path.relative_to(pkg.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _targets(node, me: str, path: Path) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+        mod = ".".join(base + ([node.module] if node.module else []))
+    else:
+        mod = node.module or ""
+    return [f"{mod}.{a.name}" for a in node.names] + [mod]  # the submodule if it is one, and the module
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One circle ``[a, b, ..., a]`` per strongly connected group of modules (iterative Tarjan)."""
+    index, low, on, stack, found, counter = {}, {}, set(), [], [], [0]
+
+    def visit(root: str) -> None:
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                group = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    group.append(w)
+                    if w == v:
+                        break
+                if len(group) > 1:
+                    found.append(_path_through(sorted(group), edges))
+
+    for m in sorted(edges):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def _path_through(group: list[str], edges: dict) -> list[str]:
+    """A shortest circle from ``group[0]`` back to itself inside the group (breadth first)."""
+    start, members = group[0], set(group)
+    paths, queue = {start: [start]}, [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(edges[v] & members):
+            if w == start:
+                return paths[v] + [start]
+            if w not in paths:
+                paths[w] = paths[v] + [w]
+                queue.append(w)
+    return group  # pragma: no cover - a strongly connected group always has a circle
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    circles = _circles(_edges(PKG))
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_the_checker_finds_a_circle_hidden_in_a_function(tmp_path):
+    pkg = tmp_path / "studylib"
+    (pkg / "study" / "orchestration").mkdir(parents=True)
+    for init in (pkg, pkg / "study", pkg / "study" / "orchestration"):
+        (init / "__init__.py").write_text("")
+    orch = pkg / "study" / "orchestration"
+    (orch / "a.py").write_text("from studylib.study.orchestration.b import X\n")
+    (orch / "b.py").write_text("from studylib.study.orchestration.c import Y\nX = 1\n")
+    (orch / "c.py").write_text("def f():\n    from . import a\n    return a\nY = 2\n")
+    names = ["studylib.study.orchestration." + n for n in "abc"]
+    assert _circles(_edges(pkg)) == [names + names[:1]]
+    (orch / "c.py").write_text("Y = 2\n")  # the function-local import gone: no circle
+    assert _circles(_edges(pkg)) == []
 
 
 def test_run_storage_and_the_analysis_import_without_torch():

@@ -72,7 +72,7 @@ class TrainState:
         on other data (:func:`studylib.run.provenance.check_resume`) or in another precision, then
         weights, optimizer, counters, metrics copy and this rank's RNG."""
         step = state["step"]
-        provenance.check_resume(run, step, state.get("provenance"), self.prints)
+        self.prints = provenance.check_resume(run, state, self.prints)  # the training's code/threads on a last checkpoint
         saved = state.get("amp")
         if saved is not None and saved != self.amp:  # train.amp: auto resolves per machine
             raise ConfigError(

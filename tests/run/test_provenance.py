@@ -157,3 +157,87 @@ def test_resuming_on_another_corpus_is_refused(box, capsys, tmp_path, monkeypatc
     assert main(["train", "--params", params, "--model", "dense", "--seed", "1", "--run-dir", str(run),
                  "--no-progress"]) == 0
     assert RunDir(run).summary()["best_val_loss"] == RunDir(root / "run1").summary()["best_val_loss"]
+
+
+# --------------------------------------------------------------------------------------------
+# the code that trained a run (issue #33)
+# --------------------------------------------------------------------------------------------
+def _copy_package(dest):
+    from studylib.run.provenance import PACKAGE
+
+    shutil.copytree(PACKAGE, dest / "studylib", ignore=shutil.ignore_patterns("__pycache__"))
+    return dest / "studylib"
+
+
+def test_the_code_fingerprint_is_the_source_not_its_place(tmp_path):
+    """The same source at another path has this process's fingerprint; one constant changed in
+    lr_at (the issue's other checkout) gives another; a bytecode cache does not count."""
+    from studylib.run.provenance import code_sha256
+
+    here = code_sha256()
+    a = _copy_package(tmp_path / "a")
+    (a / "run" / "__pycache__").mkdir(exist_ok=True)
+    (a / "run" / "__pycache__" / "optim.cpython-311.pyc").write_bytes(b"stale")
+    assert code_sha256(a) == here
+    b = _copy_package(tmp_path / "b")
+    optim = b / "run" / "optim.py"
+    text = optim.read_text()
+    assert "(1.0 + math.cos(math.pi * p))" in text
+    optim.write_text(text.replace("(1.0 + math.cos(math.pi * p))", "(1.0 + math.cos(math.pi * p * 0.9))"))
+    assert code_sha256(b) != here
+    (a / "run" / "optim.py").rename(a / "run" / "optim2.py")  # a renamed file is other code too
+    assert code_sha256.__wrapped__(a) != here
+
+
+def test_runs_record_the_code_torch_and_threads_that_trained_them(world):
+    import torch
+
+    from studylib.run.provenance import code_sha256
+
+    root, _ = world
+    rd = RunDir(root / "run1")
+    prints, summary = rd.fingerprints(), rd.summary()
+    assert prints["code_sha256"] == code_sha256() and prints["torch_version"] == torch.__version__
+    assert prints["torch_threads"] == summary["torch_threads"] >= 1
+    assert C.load(rd.checkpoints / C.LATEST)["provenance"] == prints
+
+
+def test_resuming_under_other_code_is_refused(box, capsys):
+    """A run stopped at step 3 of 6 whose checkpoint another studylib trained: refused, one line,
+    nothing written; with its own code's fingerprint it resumes and ends as the uninterrupted run."""
+    root, params, run = box
+    (run / "summary.json").unlink()
+    latest, prev = run / "checkpoints" / C.LATEST, run / "checkpoints" / "prev.pt"
+    state = C.load(prev)
+    assert state["step"] == 3 and state.get("final") is None
+    own = state["provenance"]["code_sha256"]
+    state["provenance"] = dict(state["provenance"], code_sha256="c" * 64)
+    C.save(latest, state)
+    argv = ["train", "--params", params, "--model", "dense", "--seed", "1", "--run-dir", str(run), "--no-progress"]
+    line = _refused(argv, capsys, run)
+    assert str(run) in line and "other code" in line and f"studylib code sha256 {'c' * 12} -> {own[:12]}" in line
+    state["provenance"]["code_sha256"] = own
+    C.save(latest, state)
+    assert main(argv) == 0
+    assert RunDir(run).summary()["best_val_loss"] == RunDir(root / "run1").summary()["best_val_loss"]
+
+
+def test_a_rebuilt_summary_records_the_trainings_threads(box, capsys):
+    """The summary is gone, the last checkpoint is there: the run is not retrained, its summary is
+    rebuilt, and it records the threads (and code) that trained it, not the rebuilding process's."""
+    import torch
+
+    root, params, run = box
+    trained = RunDir(root / "run1").summary()
+    (run / "summary.json").unlink()
+    n = torch.get_num_threads()
+    torch.set_num_threads(trained["torch_threads"] + 1)
+    try:
+        assert main(["train", "--params", params, "--model", "dense", "--seed", "1", "--run-dir", str(run),
+                     "--no-progress"]) == 0
+    finally:
+        torch.set_num_threads(n)
+    rebuilt = RunDir(run).summary()
+    assert rebuilt["torch_threads"] == trained["torch_threads"]
+    assert rebuilt["provenance"] == trained["provenance"]
+    assert rebuilt["best_val_loss"] == trained["best_val_loss"]

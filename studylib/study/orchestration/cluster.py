@@ -11,6 +11,19 @@
   ``study.scheduler``) whose workers were started with ``dask worker ADDRESS --nthreads 1``, on
   any machines that see the same outputs and data cache (a shared filesystem). Each worker trains
   one run at a time; a worker that declares ``--resources GPU=1`` takes the runs that need a GPU.
+  An address where no Dask scheduler answers within :data:`SCHEDULER_TIMEOUT_S` is one error line
+  (:func:`probe_scheduler`), not a wait.
+
+Before anything is queued every worker reports what it trains with (the worker plugin's
+fingerprint, :func:`studylib.study.orchestration.worker.fingerprint`): a worker whose ``studylib``
+code or torch differs from this process's is refused, and so are workers of mixed torch thread
+counts (the study's runs would differ in their last fp32 digits by worker; the study does not
+mix them). The runs' tasks carry the fingerprint, so a worker that joins later is refused the same
+way. A task's key is the run's identity (:func:`task_key`: preset, variant tag, model, seed and a
+digest of its run directory and config hash), so two studies on one scheduler never share a task.
+Whatever goes wrong on the way (the scheduler killed, a lost connection) is a
+:class:`~studylib.study.orchestration.common.ClusterError`: one line, exit 2 from the CLI;
+a run that fails is a :class:`~studylib.study.orchestration.common.SweepError` naming it and its log.
 
 A run is one task (:func:`studylib.study.orchestration.worker.train_task`): it checks that its worker sees the run directory and the
 data cache (:func:`visibility_error`, also run on every worker before anything is queued), trains
@@ -23,25 +36,63 @@ rescheduled on another worker by the scheduler, where it resumes from the run's 
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import logging
 import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+from studylib.config import ConfigError
+from studylib.run import provenance
 from studylib.run.alloc import GUARD, fast_allocator_env
 from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import LOG_FILE
 from studylib.run.spec import RunSpec
-from studylib.study.orchestration.sweep import SweepError, available_cores
-from studylib.study.orchestration.worker import PLUGIN, StudyPlugin, train_task, worker_visibility
+from studylib.study.orchestration.common import ClusterError, SweepError, available_cores
+from studylib.study.orchestration.worker import (PLUGIN, THREADS_ENV, StudyPlugin, fingerprint, fingerprint_error,
+                                                 train_task, worker_visibility)
 
-def log_tail(path: Path, n: int = 15) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "    (no log)"
-    return "\n".join("    " + ln for ln in lines[-n:]) or "    (empty log)"
+#: How long a ``--scheduler`` address has to answer as a Dask scheduler (distributed's own connect
+#: waits forever on a server that accepts the connection and never speaks Dask's protocol).
+SCHEDULER_TIMEOUT_S = 20.0
+
+def probe_scheduler(address: str, timeout: float = SCHEDULER_TIMEOUT_S) -> None:
+    """A ClusterError unless a Dask scheduler answers at ``address`` (its ``identity``) within
+    ``timeout`` seconds. On its own event loop in a helper thread (a notebook's kernel runs one in
+    this thread)."""
+    from distributed.comm import connect
+
+    async def identity():
+        comm = await connect(address, timeout=timeout)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    async def bounded():
+        return await asyncio.wait_for(identity(), timeout + 2)
+
+    start = (f"start one with `dask scheduler` and workers with `dask worker {address} --nthreads 1`, or "
+             f"point --scheduler / $STUDYLIB_SCHEDULER / study.scheduler at it")
+    with ThreadPoolExecutor(1, thread_name_prefix="studylib-probe") as pool:
+        try:
+            reply = pool.submit(asyncio.run, bounded()).result()
+        except (TimeoutError, asyncio.TimeoutError):
+            raise ClusterError(f"scheduler {address}: no Dask scheduler answered within {timeout:.0f} s (something "
+                               f"else listens there?); {start}") from None
+        except (OSError, ValueError, TypeError) as e:  # refused, unreachable, a malformed address or reply
+            raise ClusterError(f"scheduler {address}: cannot connect ({_one_line(e)}); {start}") from None
+    if not isinstance(reply, dict) or reply.get("type") != "Scheduler":
+        raise ClusterError(f"scheduler {address}: what answers there is not a Dask scheduler; {start}")
+
+
+def _one_line(e: BaseException, n: int = 200) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:n]}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -93,15 +144,35 @@ class Cluster:
         self.wait_s = wait_for_workers
         self.cluster = self.client = None
         self.gpus = False
+        self.expect: Optional[dict] = None  # what the runs train with (check_workers)
+        self.where = f"scheduler {address}" if address else "the local Dask cluster"
+        self._log_levels: dict = {}
 
     # ---- start / stop ----------------------------------------------------------------------
     def __enter__(self) -> "Cluster":
+        # distributed's client logs a traceback for every failed reconnect before our one line: the
+        # errors reach the sweep as one-line ClusterErrors instead (restored by close)
+        for name in ("distributed", "distributed.client"):
+            log = logging.getLogger(name)
+            self._log_levels[name] = log.level
+            log.setLevel(logging.CRITICAL)
         try:
-            self._start()
+            with self.connection():
+                self._start()
         except BaseException:
             self.close(abort=True)
             raise
         return self
+
+    @contextlib.contextmanager
+    def connection(self):
+        """Errors of the connection to the scheduler (it was killed, the network went) as one
+        ClusterError line."""
+        try:
+            yield
+        except (OSError, TimeoutError, asyncio.CancelledError) as e:
+            raise ClusterError(f"{self.where}: the connection failed ({_one_line(e)}); is it still running? Run the "
+                               f"sweep again once it is: its runs resume from their last checkpoints") from None
 
     def __exit__(self, exc_type, *exc) -> None:
         self.close(abort=exc_type is not None)
@@ -131,23 +202,23 @@ class Cluster:
             self.echo(f"training on a local Dask cluster: {slots} worker(s) x {threads} torch thread(s)"
                       + (", one GPU each" if gpus else "") + f"; dashboard {self.client.dashboard_link}")
             return
+        probe_scheduler(self.address)
         try:
-            self.client = Client(self.address, timeout="20s")
+            self.client = Client(self.address, timeout=f"{SCHEDULER_TIMEOUT_S:.0f}s")
         except (OSError, TimeoutError) as e:
-            raise SweepError(f"scheduler {self.address}: cannot connect ({' '.join(str(e).split())[:200]}); "
-                             f"start one with `dask scheduler` and workers with `dask worker {self.address} "
-                             "--nthreads 1`") from None
+            raise ClusterError(f"scheduler {self.address}: cannot connect ({_one_line(e)}); start one with `dask "
+                               f"scheduler` and workers with `dask worker {self.address} --nthreads 1`") from None
         try:
             self.client.wait_for_workers(1, timeout=self.wait_s)
         except TimeoutError:
-            raise SweepError(f"scheduler {self.address}: no worker joined within {self.wait_s:.0f} s; start one "
-                             f"with `dask worker {self.address} --nthreads 1`") from None
+            raise ClusterError(f"scheduler {self.address}: no worker joined within {self.wait_s:.0f} s; start one "
+                               f"with `dask worker {self.address} --nthreads 1`") from None
         workers = self.client.scheduler_info(n_workers=-1)["workers"]
         crowded = [f"{a} ({w['nthreads']} threads)" for a, w in workers.items() if w.get("nthreads", 1) != 1]
         if crowded:
-            raise SweepError(f"scheduler {self.address}: worker {crowded[0]} runs several tasks at once; start "
-                             "each worker with --nthreads 1 (it trains one run at a time with all its torch "
-                             "threads)")
+            raise ClusterError(f"scheduler {self.address}: worker {crowded[0]} runs several tasks at once; start "
+                               "each worker with --nthreads 1 (it trains one run at a time with all its torch "
+                               "threads)")
         per_host: dict = {}
         for w in workers.values():
             per_host[w["host"]] = per_host.get(w["host"], 0) + 1
@@ -177,25 +248,57 @@ class Cluster:
                 except Exception:  # pragma: no cover - closing must not hide the real error
                     pass
         self.client = self.cluster = None
+        for name, level in self._log_levels.items():
+            logging.getLogger(name).setLevel(level)
+        self._log_levels = {}
 
     # ---- the runs ----------------------------------------------------------------------------
     def check_workers(self, markers: dict) -> None:
-        """Every connected worker sees every marker (:func:`visibility_error`), else a SweepError."""
-        for addr, err in sorted(self.client.run(worker_visibility, markers).items()):
+        """Every connected worker sees every marker (:func:`visibility_error`) and trains with this
+        process's code and torch and the same threads as the others (:meth:`check_fingerprints`),
+        else a ClusterError."""
+        with self.connection():
+            self.check_fingerprints()
+            for addr, err in sorted(self.client.run(worker_visibility, markers).items()):
+                if err:
+                    raise ClusterError(err)
+
+    def check_fingerprints(self) -> dict:
+        """The fingerprint the study's runs train with (``self.expect``): this process's code and
+        torch, the workers' one thread count; a worker that differs is a ClusterError naming it."""
+        mine = provenance.of_code()
+        by_threads: dict = {}
+        for addr, got in sorted(self.client.run(fingerprint, on_error="return").items()):
+            got = None if isinstance(got, BaseException) else got  # an older studylib has no fingerprint
+            err = fingerprint_error(addr, got, mine)
             if err:
-                raise SweepError(err)
+                raise ClusterError(err)
+            by_threads.setdefault(got[provenance.THREADS], []).append(addr)
+        if len(by_threads) > 1:
+            groups = "; ".join(f"{n} thread(s): {', '.join(addrs)}" for n, addrs in sorted(by_threads.items()))
+            raise ClusterError(f"{self.where}: its workers train with different torch thread counts ({groups}): fp32 "
+                               f"results differ between thread counts, so a study does not mix them; start every "
+                               f"worker with the same {THREADS_ENV}")
+        self.expect = {**mine, provenance.THREADS: next(iter(by_threads), None)}
+        return self.expect
 
     def train(self, specs: Sequence[RunSpec], markers: dict, on_done: Callable[[RunSpec], None],
               on_tick: Callable[[list], None] = lambda running: None) -> None:
         """Train ``specs`` (in this order of priority); ``on_done(spec)`` after each finished run,
-        ``on_tick(specs in flight)`` about every 2 s. The first failure raises a SweepError
-        (the other runs are cancelled; those in flight on a LocalCluster stop with it)."""
+        ``on_tick(specs in flight)`` about every 2 s. The first failure raises a SweepError (a
+        ClusterError when the cluster is at fault; the other runs are cancelled, those in flight on a
+        LocalCluster stop with it)."""
+        with self.connection():
+            self._train(specs, markers, on_done, on_tick)
+
+    def _train(self, specs, markers, on_done, on_tick) -> None:
         from distributed import wait
 
+        expect = self.expect if self.expect is not None else self.check_fingerprints()
         futures = {}
         for i, spec in enumerate(specs):
             shipped = spec.portable() if self.address else spec
-            fut = self.client.submit(train_task, shipped, markers, key=_task_key(spec), pure=False,
+            fut = self.client.submit(train_task, shipped, markers, expect, key=task_key(spec), pure=False,
                                      priority=len(specs) - i, retries=0,
                                      resources={"GPU": 1} if needs_gpu(spec, self.gpus) else None)
             futures[fut] = spec
@@ -213,7 +316,7 @@ class Cluster:
                 pending -= done
                 for fut in sorted(done, key=list(futures).index):
                     spec = futures[fut]
-                    self._check(spec, fut)
+                    self._check(spec, fut, self.where)
                     on_done(spec)
                 if pending:
                     on_tick(self._in_flight(by_key))
@@ -230,31 +333,33 @@ class Cluster:
         return [s for s in running if _locked(s)]  # assigned and started (a worker may hold a queued one)
 
     @staticmethod
-    def _check(spec: RunSpec, fut) -> None:
+    def _check(spec: RunSpec, fut, where: str) -> None:
+        """One line for a run whose task did not end with a finished run (its traceback, if any, is
+        in the run's log)."""
         log = spec.run_dir / LOG_FILE
         if fut.status == "cancelled":
-            raise SweepError(f"training {spec.label}: its task was cancelled by the scheduler (restarted?); run the "
-                             f"sweep again: the run resumes from its last checkpoint ({spec.run_dir})")
+            raise ClusterError(f"training {spec.label}: its task was cancelled ({where} stopped or restarted?); run "
+                               f"the sweep again: the run resumes from its last checkpoint ({spec.run_dir})")
         exc = fut.exception() if fut.status == "error" else None
         if exc is not None:
             from distributed import KilledWorker
 
             if isinstance(exc, KilledWorker):
                 raise SweepError(f"training {spec.label} failed: every worker that trained it died (Dask gives a run "
-                                 f"up after `distributed.scheduler.allowed-failures` worker deaths); its log is "
-                                 f"{log}. Last lines:\n{log_tail(log)}")
-            raise SweepError(f"training {spec.label} failed ({type(exc).__name__}: {exc}); its log is {log}")
+                                 f"up after `distributed.scheduler.allowed-failures` worker deaths); its log is {log}")
+            raise SweepError(f"training {spec.label} failed ({_one_line(exc, 400)}); its log is {log}")
         reply = fut.result()
         if reply.get("refused"):
-            raise SweepError(reply["refused"])
+            raise ClusterError(reply["refused"])
         if reply.get("locked"):  # another process trains this run: one line, exit 2 (a known error)
             raise RunDirLocked(reply["locked"])
+        if reply.get("config"):  # other data or code than the run's checkpoint, ...: the same, its own line
+            raise ConfigError(reply["config"])
         if not reply.get("ok"):
-            raise SweepError(f"training {spec.label} failed ({reply.get('error')}); its log is {log}. "
-                             f"Last lines:\n{log_tail(log)}")
+            raise SweepError(f"training {spec.label} failed ({reply.get('error')}); its log is {log}")
         if not spec.rundir.finished():
             raise SweepError(f"training {spec.label} ended without a finished summary in {spec.run_dir}; its log "
-                             f"is {log}. Last lines:\n{log_tail(log)}")
+                             f"is {log}")
 
 
 def _locked(spec: RunSpec) -> bool:
@@ -265,9 +370,14 @@ def _locked(spec: RunSpec) -> bool:
         return False
 
 
-def _task_key(spec: RunSpec) -> str:
+def task_key(spec: RunSpec) -> str:
+    """``train-<preset>[-<tag>]-<model>-seed<N>-<digest>``: the run's identity (its preset, the
+    variant tag of its overrides, its model and seed) and 8 hex digits of its run directory and
+    config hash, so no two runs share a Dask task, whichever study on the scheduler queues them;
+    the same run queued twice (one run directory) is one task."""
     tag = spec.run_dir.parent.name if spec.run_dir.parent.name != spec.model else ""
-    return f"train-{spec.model}-seed{spec.seed}" + (f"-{tag}" if tag else "")
+    digest = hashlib.sha256(f"{spec.run_dir}\0{spec.document()['run']['config_hash']}".encode()).hexdigest()[:8]
+    return f"train-{spec.preset.name}" + (f"-{tag}" if tag else "") + f"-{spec.model}-seed{spec.seed}-{digest}"
 
 
 class Markers:
@@ -295,4 +405,5 @@ class Markers:
                 pass
 
 
-__all__ = ["Cluster", "Markers", "QUIET_WORKERS", "worker_environment", "needs_gpu", "gpu_count"]
+__all__ = ["Cluster", "Markers", "QUIET_WORKERS", "SCHEDULER_TIMEOUT_S", "probe_scheduler", "task_key",
+           "worker_environment", "needs_gpu", "gpu_count"]

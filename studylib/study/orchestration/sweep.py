@@ -32,16 +32,11 @@ from typing import Iterable, Optional, Sequence
 from studylib.config import ConfigError, Preset, override
 from studylib.config.presets import Overrides
 from studylib.data.split import fingerprint_now
-from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import outputs_root
-from studylib.run.provenance import check_reuse
+from studylib.run.provenance import check_reuse, code_differs, flag_reused
 from studylib.run.spec import RunSpec
 from studylib.study.analysis.frames import collect_runs
-
-
-class SweepError(RuntimeError):
-    """A training run of the sweep failed (the message names the model, seed and log file), or the
-    cluster cannot train the sweep (the message names the worker and what it lacks)."""
+from studylib.study.orchestration.common import ClusterError, SweepError, available_cores
 
 
 def _unique(items: Iterable) -> list:
@@ -50,13 +45,6 @@ def _unique(items: Iterable) -> list:
         if x not in out:
             out.append(x)
     return out
-
-
-def available_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def default_jobs(preset: Preset) -> int:
@@ -142,18 +130,19 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
     if jobs < 1:
         raise ConfigError(f"ensure_runs: jobs must be >= 1, got {jobs}")
     address = scheduler_address(preset, scheduler)
-    plans, runs, missing, corpora = [], set(), [], {}
+    plans, runs, missing, corpora, reused = [], set(), [], {}, {}
     for g in grids:
         models = _unique(g.models)
         seeds = g.seeds_of(preset)
         if not models or not seeds:
             raise ConfigError("ensure_runs: give at least one model and one seed")
         finished, todo = plan_runs(preset, models, seeds, g.overrides, g.tag)
-        check_finished_data(finished, corpora)  # the stories read once for every grid
+        reused.update(check_finished_data(finished, corpora))  # the stories read once for every grid
         plans.append((g, models, seeds))
         runs |= {spec.run_dir for spec in finished}
         missing += [spec for spec in todo if spec.run_dir not in runs]
         runs |= {spec.run_dir for spec in todo}  # a run two grids share is trained once
+    flag_reused(reused)  # one line for the runs other code trained
     total = len(runs)
     if missing:
         from tqdm.auto import tqdm
@@ -181,15 +170,20 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
     return frames
 
 
-def check_finished_data(finished: Sequence[RunSpec], corpora: Optional[dict] = None) -> None:
+def check_finished_data(finished: Sequence[RunSpec], corpora: Optional[dict] = None) -> dict:
     """Refuse finished runs whose recorded corpus fingerprint is not the stories their preset
     reads now (:func:`studylib.run.provenance.check_reuse`): a study never mixes runs of two
     corpora. Checked when the stories are local files (read once per data config: ~0.03 s for
     the shared subset); a hub corpus is not re-read (that needs the network), nor are runs trained
-    before fingerprints existed. ``corpora``: ``{data config: sha256 or None}``, filled as read."""
+    before fingerprints existed. ``corpora``: ``{data config: sha256 or None}``, filled as read.
+    Returns ``{run dir: recorded fingerprints}`` of the runs another code trained (or before code
+    fingerprints existed), for :func:`studylib.run.provenance.flag_reused`."""
     corpora = {} if corpora is None else corpora
+    other_code = {}
     for spec in finished:
         recorded = (spec.rundir.summary() or {}).get("provenance") or {}
+        if code_differs(recorded):
+            other_code[spec.run_dir] = recorded
         if not recorded.get("corpus_sha256"):
             continue
         cfg = spec.preset.data
@@ -197,6 +191,7 @@ def check_finished_data(finished: Sequence[RunSpec], corpora: Optional[dict] = N
             corpora[cfg] = fingerprint_now(cfg)
         if corpora[cfg] is not None:
             check_reuse(spec.run_dir, recorded, {"corpus_sha256": corpora[cfg]})
+    return other_code
 
 
 def _steps(spec: RunSpec, datas) -> int:
@@ -218,7 +213,7 @@ def _train_in_process(missing: Sequence[RunSpec], datas, bar, progress: bool) ->
         bar.set_postfix_str(f"{spec.model} seed{spec.seed}")
         try:
             train_spec(spec, progress=progress, data=datas.get(spec.preset.data))
-        except RunDirLocked:  # another process trains this run: one line, exit 2 (a known error)
+        except ConfigError:  # another process trains the run, other data or code: one line, exit 2 (a known error)
             raise
         except Exception as e:
             raise SweepError(f"training {spec.label} failed ({spec.run_dir}): {type(e).__name__}: {e}") from e
@@ -227,7 +222,7 @@ def _train_in_process(missing: Sequence[RunSpec], datas, bar, progress: bool) ->
 
 def _train_on_cluster(preset: Preset, missing: Sequence[RunSpec], slots: int, address: Optional[str],
                       steps: dict, bar, progress: bool) -> None:
-    from studylib.study.orchestration.cluster import Cluster, Markers
+    from studylib.study.orchestration.cluster import Cluster, Markers  # here: importing distributed takes ~1.5 s
 
     shown = {"at": 0.0}
     every = 2.0 if sys.stderr.isatty() else 10.0  # a log file gets a line every 10 s
@@ -254,4 +249,5 @@ def _step(spec: RunSpec) -> int:
 
 
 __all__ = ["ensure_runs", "ensure_grid", "ensure_grids", "Grid", "plan_runs", "check_finished_data", "SweepError",
+           "ClusterError",
            "available_cores", "default_jobs", "scheduler_address", "SCHEDULER_ENV"]

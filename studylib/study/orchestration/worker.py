@@ -3,11 +3,15 @@
 * :class:`StudyPlugin`, registered on every worker: the torch threads a run gets (on a worker the
   sweep did not start: ``$STUDYLIB_THREADS``, else its share of its host's cores), the GPU a local
   worker owns, the data of each distinct data section loaded once per worker process, and Dask's
-  housekeeping turned down (its profiler and its 20 ms tick took the GIL from the training loop);
+  housekeeping turned down (its profiler and its 20 ms tick took the GIL from the training loop).
+  At set-up, before it gets work, it takes the worker's fingerprint: the ``studylib`` code and
+  torch it imports and its thread count (:func:`studylib.run.provenance.of_code`), which the
+  sweep reads (:func:`fingerprint`) and compares (:func:`fingerprint_error`);
 * :func:`train_task`, one run: it checks that this worker sees the run directory and the data
-  cache (:func:`visibility_error`), then trains the run with everything it prints appended to the
+  cache (:func:`visibility_error`) and runs the study's code, torch and threads (a worker that
+  joined after the sweep's check), then trains the run with everything it prints appended to the
   run's ``train.log`` (:func:`train_logged`) and answers ``{"ok": True}`` or
-  ``{"ok": False, "error": ...}``.
+  ``{"ok": False, "error": ...}`` (``"refused"``: one line, nothing trained).
 """
 from __future__ import annotations
 
@@ -21,10 +25,12 @@ from typing import Callable, Optional
 
 from distributed import WorkerPlugin
 
+from studylib.config import ConfigError
+from studylib.run import provenance
 from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import LOG_FILE
 from studylib.run.spec import RunSpec
-from studylib.study.orchestration.sweep import available_cores
+from studylib.study.orchestration.common import available_cores
 
 THREADS_ENV = "STUDYLIB_THREADS"  # a remote worker's torch threads (default: its share of the host's cores)
 PLUGIN = "studylib"
@@ -42,6 +48,7 @@ class StudyPlugin(WorkerPlugin):
     def __init__(self, threads: Optional[int] = None, per_host: Optional[dict] = None, gpus: int = 0):
         self.threads, self.per_host, self.gpus = threads, per_host or {}, gpus
         self.datas = None
+        self.fingerprint: Optional[dict] = None
 
     def setup(self, worker) -> None:
         from distributed.comm import get_address_host
@@ -50,6 +57,7 @@ class StudyPlugin(WorkerPlugin):
             env = os.environ.get(THREADS_ENV)
             share = available_cores() // max(1, self.per_host.get(get_address_host(worker.address), 1))
             self.threads = int(env) if env and env.isdigit() and int(env) > 0 else max(1, share)
+        self.fingerprint = {**provenance.of_code(), provenance.THREADS: self.threads}
         for name in ("profile", "profile-cycle"):  # see cluster.QUIET_WORKERS
             pc = worker.periodic_callbacks.get(name)
             if pc is not None:
@@ -84,15 +92,41 @@ def visibility_error(markers: dict, where: str = "") -> Optional[str]:
     return None
 
 
-def train_task(spec: RunSpec, markers: dict) -> dict:
-    """One run on a Dask worker (see the module docstring); the reply ``{"ok": ...}``."""
+def fingerprint(dask_worker) -> Optional[dict]:
+    """What this worker trains with (``client.run``): ``{code_sha256, torch_version, torch_threads}``
+    from its :class:`StudyPlugin`."""
+    return dask_worker.plugins[PLUGIN].fingerprint
+
+
+def fingerprint_error(where: str, got: Optional[dict], expect: dict) -> Optional[str]:
+    """None when a worker's fingerprint ``got`` is the study's ``expect`` (its code and torch are
+    the study process's, its threads the study's workers'); else one line naming the worker and
+    what differs."""
+    got = got or {}
+    diff = provenance.mismatches(expect, got, provenance.CODE_KEYS)
+    if diff or not got.get("code_sha256"):
+        return (f"worker {where} runs other code than this study ({'; '.join(diff) or 'no fingerprint reported'}; "
+                f"this study -> the worker): its runs would train on other code under the same config hash. "
+                f"Start it from the same studylib checkout and torch as the study, or stop it")
+    threads, want = got.get(provenance.THREADS), expect.get(provenance.THREADS)
+    if want is not None and threads != want:
+        return (f"worker {where} trains with {threads} torch threads, this study's workers with {want}: fp32 "
+                f"results differ between thread counts, so a study does not mix them; start every worker "
+                f"with the same {THREADS_ENV}")
+    return None
+
+
+def train_task(spec: RunSpec, markers: dict, expect: dict) -> dict:
+    """One run on a Dask worker (see the module docstring); the reply ``{"ok": ...}``. ``expect``:
+    the fingerprint the study's runs train with (:func:`fingerprint_error`)."""
     from distributed import get_worker
 
     worker = get_worker()
-    refused = visibility_error(markers, worker.address)
+    plugin = worker.plugins[PLUGIN]
+    refused = visibility_error(markers, worker.address) or fingerprint_error(worker.address, plugin.fingerprint,
+                                                                             expect)
     if refused:
         return {"ok": False, "refused": refused}
-    plugin = worker.plugins[PLUGIN]
     import torch
 
     torch.set_num_threads(plugin.threads)
@@ -122,8 +156,10 @@ def train_logged(train: Callable[[], dict], spec: RunSpec, who: str) -> dict:
             reply = {"ok": True}
         except Exception as e:
             traceback.print_exc()
-            reply = {"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())}",
-                     "locked": " ".join(str(e).split()) if isinstance(e, RunDirLocked) else None}
+            line = " ".join(str(e).split())
+            reply = {"ok": False, "error": f"{type(e).__name__}: {line}",
+                     "locked": line if isinstance(e, RunDirLocked) else None,
+                     "config": line if isinstance(e, ConfigError) else None}  # a known error: its own line
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -138,4 +174,5 @@ def worker_visibility(markers: dict, dask_worker=None) -> Optional[str]:
     return visibility_error(markers, getattr(dask_worker, "address", ""))
 
 
-__all__ = ["StudyPlugin", "train_task", "train_logged", "visibility_error", "worker_visibility", "PLUGIN", "THREADS_ENV"]
+__all__ = ["StudyPlugin", "train_task", "train_logged", "visibility_error", "worker_visibility", "fingerprint",
+           "fingerprint_error", "PLUGIN", "THREADS_ENV"]

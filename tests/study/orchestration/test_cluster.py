@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from studylib.run.dirlock import RunDirLocked, dir_lock
 from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
 from studylib.study.orchestration import sweep
+from studylib.study.orchestration.cluster import SCHEDULER_TIMEOUT_S
+from studylib.study.orchestration.common import ClusterError
 from studylib.study.orchestration.plan import NOTEBOOK_GRIDS, study_grids
 
 pytestmark = pytest.mark.slow
@@ -207,17 +210,18 @@ class DaskProcesses:
             self.stop()
             raise
 
-    def _start(self, cmd: list, name: str, prefix: tuple = ()) -> subprocess.Popen:
+    def _start(self, cmd: list, name: str, prefix: tuple = (), env: dict | None = None) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "w")
         proc = subprocess.Popen([*prefix, *cmd], stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp,
-                                start_new_session=True)
+                                start_new_session=True, env=dict(os.environ, **(env or {})))
         self.procs.append(proc)
         return proc
 
-    def worker(self, name: str, nthreads: int = 1, prefix: tuple = ()) -> subprocess.Popen:
-        """A worker (with its nanny) named ``name``, started in another working directory."""
+    def worker(self, name: str, nthreads: int = 1, prefix: tuple = (), env: dict | None = None) -> subprocess.Popen:
+        """A worker (with its nanny) named ``name``, started in another working directory (with
+        ``env`` added to the environment)."""
         proc = self._start([sys.executable, "-m", "dask", "worker", self.address, "--nthreads", str(nthreads),
-                            "--name", name, "--no-dashboard", "--memory-limit", "0"], name, prefix)
+                            "--name", name, "--no-dashboard", "--memory-limit", "0"], name, prefix, env)
         self.workers[name] = proc
         return proc
 
@@ -326,7 +330,7 @@ def test_a_worker_that_cannot_see_the_run_directory_or_runs_several_tasks_is_ref
     try:
         crowded = d.worker("crowded", nthreads=2)
         d.wait_for_workers(1)
-        with pytest.raises(sweep.SweepError, match=r"runs several tasks at once; start each worker with --nthreads 1"):
+        with pytest.raises(ClusterError, match=r"runs several tasks at once; start each worker with --nthreads 1"):
             sweep.ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
         os.killpg(crowded.pid, signal.SIGTERM)
         crowded.wait(timeout=30)
@@ -338,7 +342,7 @@ def test_a_worker_that_cannot_see_the_run_directory_or_runs_several_tasks_is_ref
         (dask_dir / "out").mkdir(exist_ok=True)
         d.worker("elsewhere", prefix=hidden)
         d.wait_for_workers(1)
-        with pytest.raises(sweep.SweepError) as ei:
+        with pytest.raises(ClusterError) as ei:
             sweep.ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
     finally:
         d.stop()
@@ -397,3 +401,149 @@ def test_a_run_another_process_trains_stops_the_study_with_one_line_and_exit_2(c
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert len(errors) == 1 and f"in use by another training process (pid {os.getpid()} " in errors[0], errors
+
+
+
+# --------------------------------------------------------------------------------------------
+# issue #33: the code and numerics of a run, two studies on one scheduler, one-line errors
+# --------------------------------------------------------------------------------------------
+def _other_checkout(dest: Path) -> Path:
+    """A copy of the studylib package with one constant of lr_at changed (the issue's other
+    checkout); the folder to put on a worker's PYTHONPATH."""
+    from studylib.run.provenance import PACKAGE
+
+    shutil.copytree(PACKAGE, dest / "studylib", ignore=shutil.ignore_patterns("__pycache__"))
+    optim = dest / "studylib" / "run" / "optim.py"
+    text = optim.read_text()
+    assert "0.5 * (cfg.lr - cfg.min_lr)" in text
+    optim.write_text(text.replace("0.5 * (cfg.lr - cfg.min_lr)", "0.45 * (cfg.lr - cfg.min_lr)"))
+    return dest
+
+
+def test_a_worker_running_other_code_or_other_threads_is_refused(dask_dir, cache, monkeypatch):
+    """Before: 6 of 12 runs trained on the other checkout's schedule, same config hash, exit 0; a
+    worker under STUDYLIB_THREADS=2 beside one-thread workers mixed silently."""
+    from studylib.run.provenance import code_sha256
+
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(dask_dir / "out"))
+    p = ci_preset(cache)
+    other = _other_checkout(dask_dir / "other")
+    d = DaskProcesses(dask_dir / "dask")
+    try:
+        stranger = d.worker("stranger", env={"PYTHONPATH": str(other), "STUDYLIB_THREADS": "1"})
+        d.wait_for_workers(1)
+        with pytest.raises(ClusterError) as ei:
+            sweep.ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
+        code_line = str(ei.value)
+        os.killpg(stranger.pid, signal.SIGTERM)
+        stranger.wait(timeout=30)
+        d.worker("one", env={"STUDYLIB_THREADS": "1"})
+        d.worker("two", env={"STUDYLIB_THREADS": "2"})
+        d.wait_for_workers(2)
+        with pytest.raises(ClusterError) as ei:
+            sweep.ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
+        threads_line = str(ei.value)
+    finally:
+        d.stop()
+    assert "\n" not in code_line
+    assert re.match(r"worker tcp://127\.0\.0\.1:\d+ runs other code than this study \(studylib code sha256 "
+                    + code_sha256()[:12] + " -> " + code_sha256(other / "studylib")[:12], code_line), code_line
+    assert "\n" not in threads_line and "different torch thread counts" in threads_line
+    assert re.search(r"\(1 thread\(s\): tcp://127\.0\.0\.1:\d+; 2 thread\(s\): tcp://127\.0\.0\.1:\d+\)", threads_line)
+    assert not RunDir.of(p, "dense_active", 1337).path.exists()  # nothing trained
+
+
+_ENSURE = r"""
+import sys
+from studylib.config import load_preset
+from studylib.study.orchestration import sweep
+p = load_preset(sys.argv[1], sys.argv[3:])
+sweep.ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=sys.argv[2])
+"""
+
+
+def test_two_studies_with_the_same_model_and_seed_train_at_once_on_one_scheduler(dask_dir, cache):
+    """Before: `ci` and a copy `ci_lr2` (lr 6e-3) at once on one scheduler shared the task
+    train-dense_active-seed1337, and one study failed ("ended without a finished summary")."""
+    text = (ROOT / "params" / "ci.yaml").read_text()
+    assert "\nname: ci\n" in text and "  lr: 3.0e-3\n" in text
+    lr2 = dask_dir / "ci_lr2.yaml"
+    lr2.write_text(text.replace("\nname: ci\n", "\nname: ci_lr2\n").replace("  lr: 3.0e-3\n", "  lr: 6.0e-3\n"))
+    sets = [f"data.data_dir={require_subset()}", f"data.cache_dir={cache}", *(f"{k}={v}" for k, v in LONG.items())]
+    ci_preset(cache, *sets[2:])  # the data cache, built once before the two studies start
+    env = dict(os.environ, STUDYLIB_OUTPUTS=str(dask_dir / "out"))
+    d = DaskProcesses(dask_dir / "dask", workers=("w1", "w2"))
+    try:
+        studies = [subprocess.Popen([sys.executable, "-c", _ENSURE, str(params), d.address, *sets], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                   for params in (ROOT / "params" / "ci.yaml", lr2)]
+        outs = [proc.communicate(timeout=400)[0].decode() for proc in studies]
+    finally:
+        d.stop()
+    assert [proc.returncode for proc in studies] == [0, 0], outs
+    rds = [RunDir(dask_dir / "out" / name / "runs" / "dense_active" / "seed1337") for name in ("ci", "ci_lr2")]
+    assert all(rd.finished() for rd in rds)
+    assert [len(_headers(rd)) for rd in rds] == [1, 1]  # each study trained its own run, once
+    assert rds[0].summary()["best_val_loss"] != rds[1].summary()["best_val_loss"]  # lr 3e-3 vs 6e-3
+
+
+def _study_cli(params: Path, scheduler: str, out: Path, cache: Path, timeout: float) -> subprocess.Popen:
+    env = dict(os.environ, STUDYLIB_OUTPUTS=str(out), STUDYLIB_DATA_DIR=str(require_subset()),
+               STUDYLIB_CACHE_DIR=str(cache))
+    return subprocess.Popen([sys.executable, "-m", "studylib", "study", "--params", str(params), "--notebooks", "03",
+                             "--no-report", "--no-progress", "--scheduler", scheduler], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _one_error_line(proc: subprocess.Popen, timeout: float) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in err and len(errors) == 1, err[-3000:]
+    return errors[0]
+
+
+def test_an_address_where_no_dask_scheduler_answers_fails_with_one_line_in_time(tmp_path, cache):
+    """Before: --scheduler at a port where a plain HTTP server listens waited silently (420 s+)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    http = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        _wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, "the http server listens", 30)
+        t0 = time.monotonic()
+        proc = _study_cli(ROOT / "params" / "ci.yaml", f"tcp://127.0.0.1:{port}", tmp_path / "out", cache, 300)
+        line = _one_error_line(proc, 300)
+        took = time.monotonic() - t0
+    finally:
+        http.kill()
+        http.wait()
+    assert line.startswith(f"error: scheduler tcp://127.0.0.1:{port}: no Dask scheduler answered within "
+                           f"{SCHEDULER_TIMEOUT_S:.0f} s"), line
+    assert took < SCHEDULER_TIMEOUT_S + 120, took  # the probe's wait, plus the CLI's start and the data
+    print(f"non-Dask port: one line after {took:.1f} s")
+
+
+def test_a_killed_scheduler_stops_the_study_with_one_line_and_exit_2(dask_dir, cache):
+    """Before: distributed's ConnectionRefusedError traceback, then the line, exit 1."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "params" / "ci.yaml").read_text())
+    raw["name"] = "ci_long"
+    raw["train"].update({k.split(".")[1]: v for k, v in LONG.items()})
+    params = dask_dir / "ci_long.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    d = DaskProcesses(dask_dir / "dask", workers=("w1",))
+    try:
+        proc = _study_cli(params, d.address, dask_dir / "out", cache, 600)
+        locks = lambda: [f for f in (dask_dir / "out").rglob(".lock") if f.stat().st_size]  # noqa: E731
+        _wait_for(lambda: locks(), "a run trains", timeout=300, proc=proc)
+        os.killpg(d.procs[0].pid, signal.SIGKILL)  # the scheduler
+        line = _one_error_line(proc, 300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        d.stop()
+    assert f"scheduler {d.address}" in line and "resume" in line, line
