@@ -130,3 +130,36 @@ def test_a_failing_cell_still_leaves_the_partly_executed_notebook(tmp_path):
         execute_notebook(py, out, {"x": 1}, tmp_path, progress=False)
     nb = nbformat.read(str(out), as_version=4)
     assert any(o.get("ename") == "ValueError" for c in nb.cells for o in c.get("outputs", []))
+
+
+@pytest.mark.slow
+def test_a_kill_while_the_report_is_written_leaves_the_previous_report(tmp_path):
+    """SIGKILL between writing the new report and putting it in place (the rename is held back
+    in the child): the previous report stays whole (it was left at 0 bytes)."""
+    import os
+    import signal
+    import sys
+    import time
+
+    src = tmp_path / "01_nb.ipynb"
+    nbformat.write(new_notebook(cells=[new_markdown_cell("x" * 100_000)]), str(src))
+    report = tmp_path / "report.html"
+    report.write_text("the previous report")
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import os, time, sys\n"
+        "real = os.replace\n"
+        "os.replace = lambda a, b: ((open(sys.argv[3], 'w').close(), time.sleep(600)) if str(b) == sys.argv[2]\n"
+        "                           else real(a, b))\n"
+        "from studylib.study.runner.report import write_report\n"
+        "write_report([sys.argv[1]], sys.argv[2])\n"), str(src), str(report), str(tmp_path / "renaming")])
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "renaming").exists() and child.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "renaming").exists(), "the report was written without the atomic rename"
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+    assert report.read_text() == "the previous report"
