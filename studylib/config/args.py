@@ -34,6 +34,7 @@ seed = _parser(int, lambda v: 0 <= v <= SEED_MAX, f"a seed: an integer in [0, {S
 positive_float = _parser(float, lambda v: v > 0, "a finite number > 0")
 non_negative_float = _parser(float, lambda v: v >= 0, "a finite number >= 0")
 probability = _parser(float, lambda v: 0 < v <= 1, "a probability in (0, 1]")
+dropout = _parser(float, lambda v: 0 <= v < 1, "a dropout rate in [0, 1)")
 
 
 def seed_error(value, where: str) -> str | None:

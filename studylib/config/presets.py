@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -98,16 +99,43 @@ def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
     models = raw.get("models") or {}
     if not isinstance(models, dict) or not models:
         raise ConfigError("models: must be a non-empty mapping of model name -> settings")
+    for m in models:
+        plain_name(m, f"models: the model name {m!r}")
     seeds = _coerce(raw.get("seeds", [1337, 1338, 1339]), tuple[int, ...], "seeds")
     if not seeds:
         raise ConfigError("seeds: must list at least one integer seed")
     for i, s in enumerate(seeds):
         if seed_error(s, f"seeds[{i}]"):
             raise ConfigError(seed_error(s, f"seeds[{i}]"))
-    name = raw.get("name") or (Path(path).stem if path else "preset")
+    name = preset_name(raw.get("name"), path)
     preset = Preset(name=name, data=data, train=train, model=model, models=models, seeds=seeds, path=path)
     study = study_from_dict(raw.get("study"), models, lambda m: preset.model_config(m).ffn.kind)
     return dataclasses.replace(preset, study=study)
+
+
+#: a preset's or a model's name: one folder of the run layout (``<outputs>/<preset>/runs/<model>``), never a path
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def plain_name(name: Any, where: str) -> str:
+    """``name`` when it is a plain identifier of letters, digits, ``-``, ``_`` and ``.``, starting
+    with a letter or digit and without ``..`` (it names a folder of the run layout), else a
+    :class:`ConfigError` naming ``where``."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"{where}: expected a plain name of letters, digits, '-', '_' and '.' (starting with "
+                          f"a letter or digit, no '..', no path separators: it names a folder under the "
+                          f"outputs), got {name!r}")
+    return name
+
+
+def preset_name(name: Any, path: Optional[str] = None) -> str:
+    """The preset's ``name`` (default: the file's stem) as :func:`plain_name` checks it: the
+    preset's folder ``<outputs>/<name>``."""
+    if name is None or name == "":
+        if not path:
+            return "preset"
+        return plain_name(Path(path).stem, f"name (from the file name {Path(path).name!r})")
+    return plain_name(name, "name")
 
 
 def load_preset(path: str | os.PathLike, overrides: Overrides = None) -> Preset:

@@ -34,10 +34,24 @@ def data_files(data_dir: str | os.PathLike) -> list[Path]:
 
     Files whose name contains ``valid`` (``valid.txt.gz``, ``validation-*.parquet``) are
     skipped: the held-out set is a split of our own stories, not the corpus' validation split.
+    All of them are one corpus, so they must share one format (``a.jsonl`` + ``b.jsonl``, or the
+    shards ``train-0000N.parquet``): files of two formats (``train.jsonl`` beside
+    ``train.txt.gz``, most likely one corpus twice) are a :class:`DataError` naming them.
     """
     d = Path(data_dir)
-    return sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")
-                  and p.name.endswith(DATA_EXTENSIONS) and "valid" not in p.name.lower())
+    files = sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")
+                   and p.name.endswith(DATA_EXTENSIONS) and "valid" not in p.name.lower())
+    formats = {_format(p) for p in files}
+    if len(formats) > 1:
+        raise DataError(f"data.data_dir={str(d)!r} holds training stories in {len(formats)} formats "
+                        f"({', '.join(p.name for p in files)}): one corpus is read from files of one format "
+                        f"(likely the same stories twice); move the other files out of the folder")
+    return files
+
+
+def _format(path: Path) -> str:
+    """The data format of a file: the longest of :data:`DATA_EXTENSIONS` its name ends with."""
+    return max((ext for ext in DATA_EXTENSIONS if path.name.endswith(ext)), key=len)
 
 
 def _read_text(path: Path, where: list) -> Iterator[str]:

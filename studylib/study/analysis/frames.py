@@ -20,6 +20,7 @@ import pandas as pd
 
 from studylib.config import Preset
 from studylib.run.rundir import RunDir
+from studylib.run.spec import RunSpec
 from studylib.study.analysis.stats import paired
 
 #: router statistics that are scalars per layer (``metrics.jsonl`` eval records, key ``router``)
@@ -50,15 +51,20 @@ def collect_runs(preset: Preset, models: Optional[Iterable[str]] = None,
     ``params_<key>`` / ``data_<key>``) of
     ``preset`` + ``overrides`` (a variant: :meth:`RunDir.variant`).
 
-    Missing or unfinished runs are left out; ``df.attrs["missing"]`` lists their (model, seed).
+    Missing or unfinished runs are left out; ``df.attrs["missing"]`` lists their (model, seed). A
+    finished run is read only once its folder is known to hold that run (:meth:`RunDir.check`):
+    one without ``config.yaml``, with another run's config, or whose summary and config disagree
+    is a :class:`~studylib.run.rundir.RunDirConflict` naming the folder, never a row.
     """
     rows, missing = [], []
     for m in (models if models is not None else preset.model_names()):
         for s in (seeds if seeds is not None else preset.seeds):
-            summ = RunDir.variant(preset, m, s, overrides, tag, root).summary()
+            spec = RunSpec.resolve(preset, m, s, overrides, tag, root)
+            summ = spec.rundir.summary()
             if not summ or not summ.get("finished"):
                 missing.append((m, s))
                 continue
+            spec.rundir.check(spec.document())
             row = {k: v for k, v in summ.items() if not isinstance(v, (dict, list))}
             for section in ("params", "data"):
                 for k, v in (summ.get(section) or {}).items():

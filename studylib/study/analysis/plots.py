@@ -2,7 +2,8 @@
 
 Every plotting function returns its matplotlib Figure; given ``outdir`` (the preset's output
 folder ``outputs/<preset>``, ``notebook_context().out``) it also saves the figure as
-``<outdir>/figures/<name>.png``. :func:`save_table` writes ``<outdir>/tables/<name>.csv``.
+``<outdir>/figures/<name>.png``. :func:`save_table` writes ``<outdir>/tables/<name>.csv``. Both
+write through :mod:`studylib.storage.files` (temporary file + rename): a file is whole or absent.
 Figures are made through pyplot, so a notebook shows them inline at the end of the cell.
 
 Importing this module changes nothing global: :func:`setup` sets the style. The backend is
@@ -18,6 +19,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from studylib.storage.files import atomic_open, write_atomic
 from studylib.study.analysis.frames import TABLE7_METRICS, eval_curves
 from studylib.study.analysis.stats import paired
 
@@ -42,7 +44,8 @@ def save_figure(fig, name: str, outdir=None) -> Optional[Path]:
     if outdir is None:
         return None
     path = _output_file(outdir, "figures", f"{name}.png")
-    fig.savefig(path)
+    with atomic_open(path, "wb") as f:  # whole or not at all (a kill, a full disk: the previous file stays)
+        fig.savefig(f, format="png")
     return path
 
 
@@ -51,7 +54,7 @@ def save_table(df: pd.DataFrame, name: str, outdir=None, index: bool = True) -> 
     if outdir is None:
         return None
     path = _output_file(outdir, "tables", f"{name}.csv")
-    df.to_csv(path, index=index)
+    write_atomic(path, df.to_csv(index=index))
     return path
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from studylib.config import ConfigError
+from studylib.storage.files import write_atomic
 from studylib.study.runner.report import KERNEL
 
 
@@ -60,12 +61,12 @@ def notebook_parameters(py_path: os.PathLike) -> list[str]:
     return []
 
 
-def _failure_message(name: str, err, out_path: Path) -> str:
+def _failure_message(name: str, err, out_path: Optional[Path]) -> str:
     src = (getattr(err, "source", "") or "").strip().splitlines()
     head = "\n".join("    " + ln for ln in src[:6]) + ("\n    ..." if len(src) > 6 else "")
     return (f"notebook {name} failed in cell {err.cell_index} (execution count {err.exec_count}): "
             f"{err.ename}: {err.evalue}\n  cell source:\n{head}\n"
-            f"  the partly executed notebook (with the traceback) is {out_path}")
+            + _partly_executed(out_path, " (with the traceback)"))
 
 
 def ipc_kernel_manager():
@@ -113,7 +114,11 @@ def execute_notebook(py_path: os.PathLike, out_path: os.PathLike, parameters: di
     The kernel starts in ``cwd``; the process's own working directory is left alone (papermill's
     ``cwd`` would change it for the whole process, which notebooks executing in other threads
     share). ``kernel_manager_class``: default :func:`ipc_kernel_manager`. Safe to call from
-    several threads at once: each thread runs its kernel in its own event loop."""
+    several threads at once: each thread runs its kernel in its own event loop.
+
+    Papermill saves the notebook after every cell into a private scratch folder; ``out_path``
+    gets it whole once it has finished or failed (:func:`_publish`), so a kill or a full disk
+    leaves the previous ``out_path``, never a truncated one."""
     import nbformat
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
@@ -124,19 +129,45 @@ def execute_notebook(py_path: os.PathLike, out_path: os.PathLike, parameters: di
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="studylib-nb-") as tmp:
         src = Path(tmp) / (py_path.stem + ".ipynb")
+        scratch = Path(tmp) / out_path.name  # papermill saves here after every cell; published whole below
         nbformat.write(nb, str(src))
         try:
             # resources.metadata.path: nbclient starts the kernel there
-            pm.execute_notebook(str(src), str(out_path), parameters=parameters, kernel_name=KERNEL,
+            pm.execute_notebook(str(src), str(scratch), parameters=parameters, kernel_name=KERNEL,
                                 resources={"metadata": {"path": str(Path(cwd).resolve())}},
                                 progress_bar=progress, execution_timeout=timeout, log_output=False,
                                 kernel_manager_class=kernel_manager_class or ipc_kernel_manager())
         except PapermillExecutionError as e:
-            raise StudyError(_failure_message(py_path.name, e, out_path)) from None
+            where = out_path if _publish(scratch, out_path) else None
+            raise StudyError(_failure_message(py_path.name, e, where)) from None
         except Exception as e:  # kernel died, timeout, bad notebook ...
+            where = out_path if _publish(scratch, out_path) else None
             raise StudyError(f"notebook {py_path.name} failed: {type(e).__name__}: {e}\n"
-                             f"  the partly executed notebook is {out_path}") from None
+                             + _partly_executed(where)) from None
+        _publish(scratch, out_path)
     return time.perf_counter() - t0
+
+
+def _publish(scratch: Path, out_path: Path) -> bool:
+    """Write the executed notebook papermill saved at ``scratch`` to ``out_path`` whole
+    (:func:`studylib.storage.files.write_atomic`: a kill or a full disk leaves the previous
+    ``out_path``; a full disk is one :class:`~studylib.storage.files.DiskFullError` naming it).
+    False when papermill saved no readable notebook (``out_path`` is left as it was)."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(scratch), as_version=4)
+    except (OSError, ValueError):  # none saved, or torn (its own disk filled): nothing to publish
+        return False
+    if "papermill" in nb.metadata:
+        nb.metadata.papermill["output_path"] = str(out_path)
+    write_atomic(out_path, nbformat.writes(nb))
+    return True
+
+
+def _partly_executed(where: Optional[Path], what: str = "") -> str:
+    return (f"  the partly executed notebook{what} is {where}" if where is not None
+            else "  (papermill saved no executed notebook)")
 
 
 def run_alone(py_path: os.PathLike) -> bool:

@@ -14,6 +14,9 @@ from studylib.config import ConfigError, Preset, config_hash, override, override
 from studylib.config.args import seed_error
 
 _SEED_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+#: the most seeds a study takes: each seed is one run of every model a notebook compares, so 1,000
+#: seeds are already thousands of runs (more is a typo, e.g. 1-100000, that would plan for minutes)
+MAX_SEEDS = 1000
 
 
 def parse_seeds(value) -> Optional[list[int]]:
@@ -31,6 +34,7 @@ def parse_seeds(value) -> Optional[list[int]]:
             lo, hi = int(m.group(1)), int(m.group(2))
             if hi < lo:
                 raise ConfigError(f"seeds: range {value!r} ends before it starts")
+            _check_count(hi - lo + 1, value)
             value = list(range(lo, hi + 1))
         else:
             try:
@@ -41,12 +45,23 @@ def parse_seeds(value) -> Optional[list[int]]:
         value = [value]
     if not isinstance(value, (list, tuple)) or not value:
         raise ConfigError(what)
+    _check_count(len(value), value)
     for i, v in enumerate(value):
         if seed_error(v, f"seeds[{i}]"):
             raise ConfigError(seed_error(v, f"seeds[{i}]"))
     if len(set(value)) != len(value):
         raise ConfigError(f"seeds: {list(value)} repeats a seed")
     return list(value)
+
+
+def _check_count(n: int, value) -> None:
+    """More than :data:`MAX_SEEDS` seeds: a :class:`ConfigError` with the count (before a range
+    is expanded into a list)."""
+    if n > MAX_SEEDS:
+        shown = repr(value) if isinstance(value, str) else f"a list of {n:,}"
+        raise ConfigError(f"seeds: {shown} gives {n:,} seeds, more than the {MAX_SEEDS:,} a study takes (each "
+                          f"seed trains every model a notebook compares: {n:,} seeds are at least {n:,} runs); "
+                          f"give at most {MAX_SEEDS:,}")
 
 
 def parse_overrides(value) -> dict:

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from studylib.storage.files import write_atomic
+
 KERNEL = "python3"
 _WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
@@ -64,6 +66,5 @@ def write_report(paths: Sequence[os.PathLike], out_path: os.PathLike, title: str
     exporter = HTMLExporter(exclude_input=hide_code, exclude_input_prompt=True, exclude_output_prompt=True)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(body, encoding="utf-8")
+    write_atomic(out_path, body)  # whole or not at all: a kill or a full disk leaves the previous report
     return out_path

@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from studylib.config import args as T
 from studylib.tools.bench.allocators import ALLOCATORS, allocator_info, bench_allocators
 from studylib.tools.bench.decode import DECODE_DTYPES, bench_decode
 from studylib.tools.bench.memory import MEMORY_MODES
@@ -20,8 +21,8 @@ def _add_common(p, dtype_default: str, dtypes=("bf16", "fp32"), dtype_help=None)
     p.add_argument("--dtype", default=dtype_default, choices=list(dtypes), help=dtype_help)
     p.add_argument("--peer", default=None, choices=["hf"], help="also time transformers' Llama/Mixtral")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=T.non_negative_int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--seed", type=T.seed, default=0)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -30,21 +31,21 @@ def _add_train(sub) -> None:
     _add_common(t, "bf16")
     t.add_argument("--dispatch", nargs="+", default=list(DISPATCHES), choices=DISPATCHES,
                    help="MoE dispatch paths to time (default: all three)")
-    t.add_argument("--batch", type=int, default=16)
-    t.add_argument("--context", type=int, default=512)
-    t.add_argument("--rounds", type=int, default=5)
-    t.add_argument("--warmup", type=int, default=1)
+    t.add_argument("--batch", type=T.positive_int, default=16)
+    t.add_argument("--context", type=T.positive_int, default=512)
+    t.add_argument("--rounds", type=T.positive_int, default=5)
+    t.add_argument("--warmup", type=T.non_negative_int, default=1)
     t.add_argument("--memory", default="auto", choices=list(MEMORY_MODES),
                    help="peak-memory measurement (auto: a fresh subprocess per variant on CPU)")
     t.add_argument("--hf-experts", default="eager", help="transformers experts implementation for Mixtral")
     t.add_argument("--compile", default="off", choices=list(COMPILE_MODES),
                    help="torch.compile our models: off, on, or both (eager and compiled side by side)")
-    t.add_argument("--dropout", type=float, default=None,
+    t.add_argument("--dropout", type=T.dropout, default=None,
                    help="override the preset's dropout for every variant (0: identical computations "
                         "on both sides; HF has attention-probability dropout only)")
     t.add_argument("--profile", action="store_true", help="print torch.profiler top ops of one step per "
                                                          "variant (no timing rounds)")
-    t.add_argument("--profile-rows", type=int, default=15)
+    t.add_argument("--profile-rows", type=T.positive_int, default=15)
 
 
 def _add_decode(sub) -> None:
@@ -52,10 +53,10 @@ def _add_decode(sub) -> None:
     # decoding can also run with bf16 weights (both sides), not only autocast
     _add_common(d, "fp32", DECODE_DTYPES,
                 "fp32; bf16 = autocast over fp32 weights; bf16-weights = both models cast to bf16")
-    d.add_argument("--prompt-len", type=int, default=32)
-    d.add_argument("--new-tokens", type=int, default=64)
-    d.add_argument("--trials", type=int, default=5)
-    d.add_argument("--warmup", type=int, default=2)
+    d.add_argument("--prompt-len", type=T.positive_int, default=32)
+    d.add_argument("--new-tokens", type=T.positive_int, default=64)
+    d.add_argument("--trials", type=T.positive_int, default=5)
+    d.add_argument("--warmup", type=T.non_negative_int, default=2)
     d.add_argument("--no-cache-too", action="store_true", help="also decode without the KV cache")
     d.add_argument("--dispatch", default=None, choices=DISPATCHES, help="MoE dispatch (default: preset's)")
 
@@ -65,7 +66,7 @@ def _add_alloc(sub) -> None:
                        description="Runs `bench train --json ARGS` in fresh processes per allocator. "
                                    "Pass train options after `--`, e.g. bench alloc --reps 2 -- --rounds 2")
     a.add_argument("--allocators", nargs="+", default=list(ALLOCATORS), choices=list(ALLOCATORS))
-    a.add_argument("--reps", type=int, default=2)
+    a.add_argument("--reps", type=T.positive_int, default=2)
     a.add_argument("--json", action="store_true")
     a.add_argument("train_args", nargs="*", help="arguments for `bench train` (after --)")
 

@@ -340,6 +340,8 @@ def test_paper_preset_points_are_read_from_its_runs_without_data(tmp_path, monke
             for m, loss in (("dense", 3.1), ("moe", 3.0), ("dense2", 2.9)):
                 rd = RunDir.variant(paper_p, m, s, ov)
                 rd.path.mkdir(parents=True, exist_ok=True)
+                varied = override(paper_p, ov)
+                rd.write_config(run_document(varied, varied.model_config(m), m, s))
                 rd.write_summary({"model": m, "seed": s, "best_val_loss": loss + 0.01 * s, "tokens": steps * 100,
                                   "steps": steps, "finished": True, "data": {"train_targets": 1000}})
     table, note = bm.paper_preset_points(tmp_path, here)

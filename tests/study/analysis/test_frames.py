@@ -9,8 +9,10 @@ import pandas as pd
 import pytest
 
 from _tiny import tiny_preset
+from studylib.config import run_document
 from studylib.storage.files import write_json_atomic
 from studylib.run.layout import run_dir_for
+from studylib.run.rundir import RunDir
 from studylib.study.analysis import frames
 from studylib.study.analysis.paper import PAPER_TABLE6
 from studylib.study.analysis.stats import paired
@@ -147,6 +149,7 @@ def test_collect_runs_and_metrics_over_a_preset(tmp_path, eval_record):
         rd.append_metrics({"kind": "train", "step": 1, "train_loss": 3.0})
         rd.append_metrics(eval_record(4, []))
         if seed == 1:
+            rd.write_config(run_document(p, p.model_config("dense"), "dense", seed))
             rd.write_summary({"best_val_loss": 2.5, "finished": True, "params": {"total": 7}})
     runs = frames.collect_runs(p, ["dense", "moe"], [1, 2], root=tmp_path)
     assert list(runs["seed"]) == [1] and runs.loc[0, "params_total"] == 7 and runs.loc[0, "model"] == "dense"
@@ -164,6 +167,7 @@ def test_collect_aggregate_and_paired_gaps(tmp_path, monkeypatch):
         for seed, v in zip([1, 2, 3], vals):
             d = run_dir_for(preset, m, seed)
             d.mkdir(parents=True)
+            RunDir(d).write_config(run_document(preset, preset.model_config(m), m, seed))
             write_json_atomic(d / "summary.json", {"best_val_loss": v, "finished": True,
                                                    "params": {"total": 10}, "seed": seed})
             (d / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 1, "val_loss": v}) + "\n")
