@@ -6,8 +6,11 @@ one self-contained HTML file with nbconvert (code hidden, figures embedded).
 """
 from __future__ import annotations
 
+import base64
 import copy
+import json
 import os
+import platform
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -44,8 +47,6 @@ def _read_table(out_dir: Path, name: str):
 
 def _figure_cell(path: Path):
     """A code cell (hidden in the report) whose output is the PNG at ``path``."""
-    import base64
-
     from nbformat.v4 import new_code_cell, new_output
 
     c = new_code_cell("")
@@ -81,15 +82,12 @@ def map_sentences(table, per_seed) -> list[str]:
 
 
 def _summaries(out_dir: Path, model: str) -> list[dict]:
-    import json
-
     return [json.loads(p.read_text()) for p in sorted((out_dir / "runs" / model).glob("seed*/summary.json"))]
 
 
 def _machine(summaries: list[dict]) -> str:
-    """Where the runs trained: the device (the GPU's name on CUDA), the CPU model and cores."""
-    import platform
-
+    """The runs' device (the GPU's name on CUDA) and this machine's CPU model and cores (the
+    machine that executed the notebooks; runs trained on a Dask cluster may have used others)."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -118,13 +116,11 @@ def _facts(out_dir: Path, moe: Optional[str], paths: Sequence[Path]) -> str:
     for p in paths:
         nb_s += float(nbformat.read(str(p), as_version=4).metadata.get("papermill", {}).get("duration") or 0.0)
     trained = sorted((out_dir / "runs").glob("**/summary.json")) if (out_dir / "runs").is_dir() else []
-    import json
-
     train_s = sum(float(json.loads(p.read_text()).get("wall_time_s") or 0.0) for p in trained)
     preset = runs[0].get("preset") if runs else out_dir.name
     lines = [f"* Preset `{preset}`" + (f"; the headline MoE `{moe}`" if moe else ""),
              f"* Seeds: {', '.join(str(r['seed']) for r in runs) or 'none found'}",
-             f"* Machine: {_machine(runs)}",
+             f"* Machine (that executed the notebooks): {_machine(runs)}",
              f"* Time: {len(trained)} runs, {train_s:.0f} s of training wall time summed over runs (parallel jobs "
              f"overlap); the {len(paths)} notebooks executed in {nb_s:.0f} s summed"]
     return "\n".join(lines)
