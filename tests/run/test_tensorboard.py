@@ -107,3 +107,14 @@ def test_without_tensorboard_one_clear_error(runs, monkeypatch):
     messages = []
     tb.after_runs(runs, messages.append)  # the study's hook: skipped, no error
     assert messages == []
+
+
+def test_the_hook_never_fails_a_finished_run(runs, monkeypatch):
+    """A run directory the hook cannot write (read-only, full disk): one line, no exception."""
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied", str(runs / "moe" / "seed1"))
+
+    monkeypatch.setattr(tb, "write_run", refuse)
+    messages = []
+    tb.after_runs(runs, messages.append)
+    assert len(messages) == 1 and "event files not written" in messages[0] and "Permission denied" in messages[0]
