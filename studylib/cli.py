@@ -30,6 +30,7 @@ COMMANDS = {
     "bench": ("studylib.tools.bench", "training / decoding throughput benchmarks"),
     "generate": ("studylib.run.decode", "sample text from a trained run"),
     "export": ("studylib.run.hf.export", "write a run as a Hugging Face model folder (Llama / Mixtral)"),
+    "tensorboard": ("studylib.run.tensorboard", "write TensorBoard event files from the runs' metrics.jsonl"),
     "evaluate": ("studylib.run.hf.suite", "lm-evaluation-harness on a run (local TinyStories suite offline)"),
 }
 

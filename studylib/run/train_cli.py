@@ -8,6 +8,8 @@ import sys
 
 from studylib.config import args as argtypes
 from studylib.config import load_preset
+from studylib.run.layout import run_dir_for
+from studylib.run.tensorboard import after_runs
 from studylib.run.trainer import NonFiniteLossError, train_run
 
 
@@ -34,4 +36,5 @@ def run_cli(args) -> int:
         print(f"{args.model} seed {seed}: best val loss {s['best_val_loss']:.4f} "
               f"(ppl {s['best_val_ppl']:.2f}) at step {s['best_step']}; final {s['final_val_loss']:.4f}; "
               f"{s['steps']} steps, {s['train_tok_per_s']:,.0f} tok/s")
+        after_runs(args.run_dir or run_dir_for(preset, args.model, seed))
     return 0

@@ -43,6 +43,7 @@ import yaml
 
 from studylib.config import ConfigError, load_preset
 from studylib.run.layout import outputs_root
+from studylib.run.tensorboard import after_runs
 from studylib.study.runner.execute import StudyError, execute_all, notebook_parameters, run_alone
 from studylib.study.runner.parameters import apply_parameters
 from studylib.study.runner.report import write_report
@@ -200,6 +201,7 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     with _environment(SCHEDULER_ENV, address):  # a run a notebook trains itself goes to the same cluster
         times = execute_all(nbs, out / "notebooks", per_notebook, root, timeout, progress, echo, t_start,
                             notebook_jobs, alone)
+    after_runs(out / "runs", echo)  # every run trained, by the queue or by a notebook: its TensorBoard curves
     report_path = None
     if report:
         executed = [out / "notebooks" / (stem + ".ipynb") for stem in times]

@@ -1,0 +1,144 @@
+"""The report opens with the answer: its first heading after the title is ``The answer``, its
+numbers are headline_gaps.csv's, its sentences are the notebooks' own (text.headline_verdict,
+budget_map.gap_sentences from the same tables), the parameter accounting comes last, and a study
+without notebook 03 / 09 says which table is missing."""
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from studylib.study.analysis import budget_map as bm
+from studylib.study.analysis import tables, text
+from studylib.study.runner import report
+
+SEEDS = (11, 12, 13)
+
+
+def _headline(out):
+    """headline_gaps.csv as notebook 03 writes it, from per-seed losses (the MoE ahead of
+    dense_active by ~0.05, dense_total ahead of the MoE by ~0.02), and the frame it came from."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for s in SEEDS:
+        base = 3.0 + rng.normal(0, 0.02)
+        rows += [{"model": "dense_a", "seed": s, "best_val_loss": base + 0.05 + rng.normal(0, 0.004)},
+                 {"model": "moe_x", "seed": s, "best_val_loss": base},
+                 {"model": "dense_t", "seed": s, "best_val_loss": base - 0.02 + rng.normal(0, 0.002)}]
+    g = tables.headline_gaps(pd.DataFrame(rows), "dense_a", "moe_x", "dense_t")
+    tables.relabel(g, {"active": "matched-active (dense_a - moe_x)", "total": "matched-total (moe_x - dense_t)"}) \
+        .to_csv(out / "tables" / "headline_gaps.csv")
+    for s in SEEDS:
+        d = out / "runs" / "moe_x" / f"seed{s}"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"preset": "toy", "seed": s, "tokens": 40_000,
+                                                    "device": "cpu", "wall_time_s": 2.5}))
+    return g
+
+
+def _map(out):
+    rng = np.random.default_rng(1)
+    rows = [{"size": "moe_x", "epochs": e, "seed": s, "gap": gap, "dense": 3.0 + d + rng.normal(0, 0.01), "moe": 3.0,
+             "tokens": 1e4 * e, "tokens_per_param": 0.5 * e, "data_passes": 0.3 * e}
+            for e in (0.5, 1.0, 2.0) for s in SEEDS for gap, d in (("active", 0.04 * e), ("total", -0.02))]
+    per_seed = pd.DataFrame(rows).assign(value=lambda d: d["dense"] - d["moe"])
+    table = bm.gap_table(per_seed, {"moe_x": 20_000})
+    table.to_csv(out / "tables" / "token_budget_gaps.csv", index=False)
+    per_seed.to_csv(out / "tables" / "token_budget_per_seed.csv", index=False)
+    return table, per_seed
+
+
+def _notebooks(out):
+    nbs = []
+    for name, body in (("01_budget_matching", "ACCOUNTING TABLE"), ("03_headline_sweep", "HEADLINE NOTEBOOK")):
+        nb = new_notebook(cells=[new_markdown_cell(f"# {name}"), new_code_cell("x", outputs=[
+            new_output("stream", name="stdout", text=body)])])
+        nb.metadata["papermill"] = {"duration": 4.0}
+        path = out / "notebooks" / f"{name}.ipynb"
+        nbformat.write(nb, str(path))
+        nbs.append(path)
+    return nbs
+
+
+@pytest.fixture
+def out(tmp_path):
+    o = tmp_path / "outputs" / "toy"
+    for d in ("tables", "figures", "notebooks"):
+        (o / d).mkdir(parents=True)
+    return o
+
+
+class _Text(HTMLParser):
+    """The rendered text of the body, and its headings in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts, self.headings, self._h, self._skip = [], [], None, 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("style", "script"):
+            self._skip += 1
+        if re.fullmatch(r"h[1-6]", tag):
+            self._h = []
+
+    def handle_endtag(self, tag):
+        if tag in ("style", "script"):
+            self._skip -= 1
+        if re.fullmatch(r"h[1-6]", tag) and self._h is not None:
+            self.headings.append((tag, "".join(self._h).replace("¶", "").strip()))
+            self._h = None
+
+    def handle_data(self, data):
+        if self._skip:
+            return
+        self.parts.append(data)
+        if self._h is not None:
+            self._h.append(data)
+
+
+def _render(nbs, out):
+    html = report.write_report(nbs, out / "report.html", title="Study toy").read_text()
+    p = _Text()
+    p.feed(html)
+    return " ".join(" ".join(p.parts).split()), p.headings
+
+
+def test_the_report_opens_with_the_answer(out):
+    g = _headline(out)
+    table, per_seed = _map(out)
+    nbs = _notebooks(out)
+    body, headings = _render(nbs, out)
+    assert headings[0] == ("h1", "Study toy") and headings[1] == ("h2", "The answer")
+    answer = body[body.index("The answer"):body.index("Contents")]
+    # the numbers are headline_gaps.csv's
+    csv = pd.read_csv(out / "tables" / "headline_gaps.csv")
+    for r in csv.itertuples():
+        row = re.search(re.escape(r.comparison) + r" ([-+]\d\.\d{4}) \[([-+]\d\.\d{4}), ([-+]\d\.\d{4})\] (\d+)", answer)
+        assert row, r.comparison
+        assert [float(x) for x in row.groups()[:3]] == pytest.approx([r.mean, r.ci_low, r.ci_high], abs=5e-5)
+        assert int(row.group(4)) == r.n == len(SEEDS)
+    # the sentences are the notebooks' own, from the same numbers
+    verdict = text.headline_verdict(g, "dense_a", "moe_x", "dense_t", "toy", 40_000)
+    assert " ".join(verdict.split("What this does not show:")[0].split()) in answer
+    assert "is reproduced" in answer  # this toy's gaps both resolve in the paper's direction
+    for gap in bm.GAPS:
+        for s in bm.gap_sentences(table, per_seed, gap):
+            assert " ".join(s.split()) in answer
+    assert "What this does not show" in answer and "unresolved gap is not evidence" in answer  # text.limits' words
+    assert "Preset toy" in answer and "Seeds: 11, 12, 13" in answer and "CPU" in answer
+    # then the contents and the notebooks, the parameter accounting last
+    assert body.index("HEADLINE NOTEBOOK") < body.index("ACCOUNTING TABLE")
+    assert body.index("Contents") < body.index("HEADLINE NOTEBOOK")
+
+
+def test_without_the_tables_the_answer_names_what_is_missing(out):
+    body, headings = _render(_notebooks(out), out)
+    assert headings[1] == ("h2", "The answer")
+    assert "Not computed: no tables/headline_gaps.csv (notebook 03" in body
+    assert "Not computed: no tables/token_budget_gaps.csv (notebook 09" in body
