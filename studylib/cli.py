@@ -29,7 +29,7 @@ COMMANDS = {
     "study": ("studylib.study.runner.notebooks", "execute the study notebooks with papermill (and an HTML report)"),
     "bench": ("studylib.tools.bench", "training / decoding throughput benchmarks"),
     "generate": ("studylib.run.decode", "sample text from a trained run"),
-    "export": ("studylib.run.hf.export", "write a run as a Hugging Face model folder (Llama / Mixtral)"),
+    "export": ("studylib.run.hf.export", "write a run as a Hugging Face model folder (Llama / Mixtral / Qwen2Moe / Glm4Moe)"),
     "tensorboard": ("studylib.run.tensorboard", "write TensorBoard event files from the runs' metrics.jsonl"),
     "evaluate": ("studylib.run.hf.suite", "lm-evaluation-harness on a run (local TinyStories suite offline)"),
 }
