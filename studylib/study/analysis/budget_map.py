@@ -13,7 +13,7 @@ This module holds all the logic of notebook 09:
 
 * :func:`budget_trios` reads and validates the knob; :func:`run_plan` says which (model, budget)
   runs are the preset's own (reused) and which are budget runs of their own;
-* :func:`studylib.study.orchestration.plan.train_budgets` ensures every run exists (training only the missing ones) and returns the
+* :mod:`studylib.study.comparisons.token_budget` ensures every run exists (training only the missing ones) and returns the
   summaries; :func:`paper_preset_points` finds the ``paper`` preset's runs when they exist (it
   never trains);
 * :func:`gap_frame` (per-seed gaps) and :func:`gap_table` (per size x budget, through
