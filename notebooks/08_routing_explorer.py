@@ -55,7 +55,7 @@ from studylib.study.analysis import plots
 from studylib.study.runner.notebooks import open_comparison
 from studylib.tools import explorer as explore
 
-ctx, runs = open_comparison("explorer", params, 1, seeds, overrides, run=run)  # trains the default run if missing
+ctx, runs = open_comparison("explorer", params, jobs, seeds, overrides, run=run)  # trains the default run if missing
 out = ctx.out
 
 # %% [markdown]

@@ -116,7 +116,7 @@ else:
 # steep start of a short run).
 
 # %%
-repetition = budget_checks.repetition_table(preset, trios, seeds, budget_map, summaries)
+repetition = budget_checks.repetition_table(trios, summaries, token_budget.cell_metrics(runs, trios))
 plots.save_table(repetition, "token_budget_repetition", out, index=False)
 display(repetition)
 

@@ -60,13 +60,15 @@ class Runs:
 @dataclass(frozen=True)
 class Comparison:
     """One notebook's comparison: ``name`` (its module), ``notebook`` (the file stem), ``grids``
-    (``(preset, **parameters) -> [Grid]``: the runs it reads) and ``parameters`` (the notebook's own
-    ``-p`` parameters the plan depends on, e.g. notebook 04's ``model``)."""
+    (``(preset, **parameters) -> [Grid]``: the runs it reads), ``parameters`` (the notebook's own
+    ``-p`` parameters the plan depends on, e.g. notebook 04's ``model``) and ``jobs`` (runs at a
+    time when the notebook trains them itself, whatever its ``jobs``; None: the notebook's)."""
 
     name: str
     notebook: str
     grids: Callable[..., list[Grid]] = no_runs
     parameters: tuple[str, ...] = ()
+    jobs: Optional[int] = None
 
     def plan(self, preset: Preset, parameters: Optional[Mapping[str, Any]] = None) -> list[Grid]:
         """The grids of this comparison under ``preset`` and the notebook's ``parameters`` (those
@@ -78,6 +80,7 @@ class Comparison:
               parameters: Optional[Mapping[str, Any]] = None) -> Runs:
         """:meth:`plan` trained (the missing runs; finished ones are reused) and returned as :class:`Runs`."""
         grids = self.plan(preset, parameters)
+        jobs = self.jobs if self.jobs is not None else jobs
         specs = ensure_grids(preset, grids, jobs=jobs, progress=progress) if grids else []
         return Runs(preset, tuple(grids), tuple(tuple(s) for s in specs))
 

@@ -17,4 +17,4 @@ def grids(preset: Preset, run: Optional[str] = None) -> list[Grid]:
     return [Grid([reference_moe(preset)], [preset.seeds[0]], {"train.keep_checkpoints": True})]
 
 
-COMPARISON = Comparison("explorer", "08_routing_explorer", grids, parameters=("run",))
+COMPARISON = Comparison("explorer", "08_routing_explorer", grids, parameters=("run",), jobs=1)  # one run, here

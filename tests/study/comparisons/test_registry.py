@@ -119,10 +119,13 @@ NOTEBOOK = textwrap.dedent("""\
     ready = [RunDir.of(ctx.preset, m, s).finished() for m in ctx.study.headline for s in ctx.seeds]
     print("READY", ready)
     assert all(ready), "the study trains the plan before the notebooks run"
+    from studylib.study.runner.notebooks import open_comparison
+    ctx, runs = open_comparison("headline", params, jobs)
+    print("OPENED", list(zip(runs.frame()["model"], runs.frame()["seed"])), ctx.comparison.notebook)
     """)
 
 
-def test_study_trains_the_plan_before_the_notebooks(tmp_path, monkeypatch):
+def test_study_trains_the_plan_before_the_notebooks_which_open_it_finished(tmp_path, monkeypatch):
     monkeypatch.delenv("STUDYLIB_OUTPUTS", raising=False)
     monkeypatch.delenv("STUDYLIB_ROOT", raising=False)
     (tmp_path / "params").mkdir()
@@ -140,6 +143,8 @@ def test_study_trains_the_plan_before_the_notebooks(tmp_path, monkeypatch):
     assert res["runs_s"] > 0 and any(line.startswith("runs ready in") for line in lines)
     assert "READY [True, True, True, True]" in (tmp_path / "outputs" / "t" / "notebooks" /
                                                   "03_headline_sweep.ipynb").read_text()
+    assert "OPENED [('dense', 1), ('dense', 2), ('moe', 1), ('moe', 2)] 03_headline_sweep" in \
+        (tmp_path / "outputs" / "t" / "notebooks" / "03_headline_sweep.ipynb").read_text()
 
 
 def test_fewer_seeds_for_the_comparisons_that_ask_for_them():
