@@ -41,11 +41,11 @@ from IPython.display import Markdown, display
 from studylib import config as budget
 from studylib.study.analysis import paper, plots, tables
 from studylib.study.orchestration import plan
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.runner.notebooks import open_comparison
 
-ctx = notebook_context(params, jobs, seeds, overrides)
+ctx, _ = open_comparison("budget_matching", params, jobs, seeds, overrides)  # it trains nothing
+dense_active, moe, dense_total = ctx.study.headline
 preset, study, out = ctx.preset, ctx.study, ctx.out
-dense_active, moe, dense_total = study.headline
 print(f"preset {preset.name!r} ({preset.path}); vocab {preset.data.vocab_size:,}, context {preset.data.context}")
 
 # %% [markdown]

@@ -56,20 +56,18 @@ from IPython.display import Markdown, display
 
 from studylib.study.analysis import frames, paper, plots, routing, text
 from studylib.study.orchestration import plan
-from studylib.study.orchestration.sweep import ensure_grid, grid_run_dirs
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.runner.notebooks import open_comparison
 
-ctx = notebook_context(params, jobs, seeds, overrides)
-preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
+ctx, runs = open_comparison("ablation", params, jobs, seeds, overrides)  # `studylib study` trains them up front
+preset, study, out = ctx.preset, ctx.study, ctx.out
 variants = list(study.ablation)
 reference = plan.reference_moe(preset)
 assert reference in variants, f"study.ablation must include the reference MoE {reference!r}"
-epochs = plan.study_epochs(preset, "ablation_epochs")
-grid = plan.ablation_grid(preset)  # study.ablation x seeds at `epochs` (`studylib study` trains it up front)
-seeds = list(grid.seeds)  # study.comparison_seeds: the first k of the preset's seeds (default all)
-budget = grid.overrides
-summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
-run_dirs = grid_run_dirs(preset, grid)  # {model: {seed: run directory}}
+epochs = plan.study_epochs(preset, "ablation_epochs")  # study.ablation x seeds at `epochs`
+seeds = runs.seeds()  # study.comparison_seeds: the first k of the preset's seeds (default all)
+budget = runs.grids[0].overrides
+summaries = runs.frame()
+run_dirs = runs.run_dirs()  # {model: {seed: run directory}}
 assert summaries["tokens"].nunique() == 1, "every variant must see the same number of tokens"
 tokens = int(summaries["tokens"].iloc[0])
 display(Markdown(
@@ -133,7 +131,7 @@ fig = plots.collapse_shares(shares, threshold=0.9, x="tokens",
 # without it.
 
 # %%
-metrics = frames.collect_metrics(preset, variants, seeds, overrides=budget)
+metrics = runs.metrics()
 fig = plots.val_curves(metrics, order=variants, title=f"Validation loss, routing variants ({len(seeds)} seeds)",
                        outdir=out, name="ablation_val_loss")
 

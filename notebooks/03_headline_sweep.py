@@ -42,14 +42,13 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 from IPython.display import Markdown, display
 
 from studylib.study.analysis import frames, noise, paper, plots, probes, tables, text
-from studylib.study.orchestration import plan
-from studylib.study.orchestration.sweep import ensure_runs, grid_run_dirs
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.comparisons.headline import noise_frame
+from studylib.study.runner.notebooks import open_comparison
 
-ctx = notebook_context(params, jobs, seeds, overrides)
+ctx, runs = open_comparison("headline", params, jobs, seeds, overrides)  # and the noise split's, if any
+dense_active, moe, dense_total = headline = list(ctx.study.headline)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
-dense_active, moe, dense_total = headline = list(study.headline)
-summaries = ensure_runs(preset, headline, seeds, jobs=ctx.jobs)
+summaries = runs.frame()
 assert len(summaries) == len(headline) * len(seeds)
 assert summaries["tokens"].nunique() == 1, "all headline runs must see the same number of tokens"
 print(f"{len(summaries)} runs: {headline} x seeds {seeds}; {int(summaries['tokens'].iloc[0]):,} target tokens each")
@@ -131,7 +130,7 @@ spec = noise.noise_spec(preset)
 if spec is None:
     print(f"preset {preset.name!r} has no study.noise_split; params/cpu_full.yaml runs it")
 else:
-    noise_runs = plan.noise_runs(preset, headline, spec, jobs=ctx.jobs)
+    noise_runs = noise_frame(runs, spec)
     noise_table = noise.noise_table(noise_runs, headline, {"matched-active gap": (dense_active, moe),
                                                             "matched-total gap": (moe, dense_total)})
     plots.save_table(noise_table, "noise_split", out)
@@ -147,7 +146,7 @@ else:
 # it is marked separately (diamonds, mean and 95% CI over seeds), not joined to the curves.
 
 # %%
-metrics = frames.collect_metrics(preset, headline, seeds)
+metrics = runs.metrics()
 fig = plots.val_curves(metrics, order=headline, title=f"Validation loss ({preset.name}, {len(seeds)} seeds)",
                        outdir=out, name="fig2_val_loss")
 
@@ -186,7 +185,7 @@ display(Markdown(f"**Verdict.** {sentence}"))
 
 # %%
 prompts = study.prompts or ["Once upon a time", "Tom and Lily went to the park", "The little dog was sad because"]
-first_runs = {m: by_seed[ctx.first_seed] for m, by_seed in grid_run_dirs(preset, plan.headline_grid(preset)).items()}
+first_runs = {m: by_seed[ctx.first_seed] for m, by_seed in runs.run_dirs().items()}
 gens = probes.generations(first_runs, prompts,
                             max_new_tokens=study.sample_tokens)
 plots.save_table(gens, "generations", out, index=False)

@@ -50,15 +50,11 @@ from IPython.display import Markdown, display
 
 from studylib.study.analysis import frames, paper, plots, routing, variants as V
 from studylib.study.orchestration import plan
-from studylib.study.orchestration.sweep import ensure_grid, grid_run_dirs
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.runner.notebooks import open_comparison
 
-ctx = notebook_context(params, jobs, seeds, overrides)
+ctx, runs = open_comparison("routing", params, jobs, seeds, overrides, model=model)  # notebook 03's (or 12's) runs
+(moe, run_dirs), = runs.run_dirs().items()
 preset, study, out = ctx.preset, ctx.study, ctx.out
-grid = plan.routing_grid(preset, model)
-moe = grid.models[0]
-ensure_grid(preset, grid, jobs=ctx.jobs)  # reuses notebook 03's (or 12's) runs
-run_dirs = grid_run_dirs(preset, grid)[moe]
 tag = "" if moe == plan.reference_moe(preset) else f"_{moe}"  # a variant's outputs beside the reference's
 seeds = list(run_dirs)
 cfg = preset.model_config(moe)

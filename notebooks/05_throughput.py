@@ -43,12 +43,12 @@ import math
 from IPython.display import Markdown, display
 
 from studylib.study.analysis import paper, plots, tables
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.runner.notebooks import open_comparison
 from studylib.tools import bench
 
-ctx = notebook_context(params, jobs, seeds, overrides)
+ctx, _ = open_comparison("throughput", params, jobs, seeds, overrides)  # it benchmarks, it trains nothing
+headline = list(ctx.study.headline)
 preset, study, out = ctx.preset, ctx.study, ctx.out
-headline = list(study.headline)
 knobs = {"batch": 16, "context": 512, "rounds": 5, "warmup": 1, "dtype": "bf16", "memory": "none",
          **study.bench}
 device = bench.bench_device(preset)

@@ -45,19 +45,17 @@ from IPython.display import Markdown, display
 from studylib import config as budget
 from studylib.study.analysis import frames, paper, plots, probes, routing, tables, text
 from studylib.study.orchestration import plan
-from studylib.study.orchestration.sweep import ensure_grid, grid_run_dirs
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.runner.notebooks import open_comparison
 
-ctx = notebook_context(params, jobs, seeds, overrides)
-preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
-models = list(study.granularity)
+ctx, runs = open_comparison("granularity", params, jobs, seeds, overrides)  # `studylib study` trains them up front
+models = list(ctx.study.granularity)
+preset, study, out = ctx.preset, ctx.study, ctx.out
 K = {m: preset.model_config(m).ffn.num_experts for m in models}
-epochs = plan.study_epochs(preset, "granularity_epochs")
-grid = plan.granularity_grid(preset)  # study.granularity x seeds at `epochs` (`studylib study` trains it up front)
-seeds = list(grid.seeds)  # study.comparison_seeds: the first k of the preset's seeds (default all)
-sweep_budget = grid.overrides
-summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
-run_dirs = grid_run_dirs(preset, grid)  # {model: {seed: run directory}}
+epochs = plan.study_epochs(preset, "granularity_epochs")  # study.granularity x seeds at `epochs`
+seeds = runs.seeds()  # study.comparison_seeds: the first k of the preset's seeds (default all)
+sweep_budget = runs.grids[0].overrides
+summaries = runs.frame()
+run_dirs = runs.run_dirs()  # {model: {seed: run directory}}
 first = {m: by_seed[seeds[0]] for m, by_seed in run_dirs.items()}  # the probes' runs
 n_probe = study.probe_windows
 tokens = int(summaries["tokens"].iloc[0])
@@ -87,7 +85,7 @@ fig = plots.intervals(cmp, title=f"Best val loss minus K={K[base]} ({preset.name
 print(text.comparison_sentences(gran.attrs["comparisons"]))
 
 # %%
-metrics = frames.collect_metrics(preset, models, seeds, overrides=sweep_budget)
+metrics = runs.metrics()
 fig = plots.val_curves(metrics, order=models, title=f"Validation loss by K ({len(seeds)} seeds)",
                        outdir=out, name="granularity_val_loss")
 

@@ -45,17 +45,15 @@ from IPython.display import Markdown, display
 
 from studylib.study.analysis import frames, paper, plots, tables, text
 from studylib.study.orchestration import plan
-from studylib.study.orchestration.sweep import ensure_grid
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.runner.notebooks import open_comparison
 from studylib.tools import bench
 
-ctx = notebook_context(params, jobs, seeds, overrides)
-preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
-dense, moe = study.iso_width
-epochs = plan.study_epochs(preset, "iso_width_epochs")
-grid = plan.iso_width_grid(preset)  # the pair x seeds at `epochs` (`studylib study` trains it up front)
-seeds = list(grid.seeds)  # study.comparison_seeds: the first k of the preset's seeds (default all)
-summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
+ctx, runs = open_comparison("iso_width", params, jobs, seeds, overrides)  # `studylib study` trains them up front
+dense, moe = ctx.study.iso_width
+preset, study, out = ctx.preset, ctx.study, ctx.out
+epochs = plan.study_epochs(preset, "iso_width_epochs")  # the pair x seeds at `epochs`
+seeds = runs.seeds()  # study.comparison_seeds: the first k of the preset's seeds (default all)
+summaries = runs.frame()
 acct = tables.accounting_frame([preset.model_config(m) for m in (dense, moe)])
 assert acct.loc[moe, "d_model"] == acct.loc[dense, "d_model"]
 assert acct.loc[moe, "ffn_active"] == acct.loc[dense, "ffn_total"], "the MoE's active FFN must equal the dense FFN"
@@ -80,7 +78,7 @@ fig = plots.intervals(gap, title=f"Iso-width: best val loss, dense − MoE ({len
                       xlabel="gap (nats); > 0: the MoE is better", outdir=out, name="iso_width_gap")
 
 # %%
-metrics = frames.collect_metrics(preset, [dense, moe], seeds, overrides=grid.overrides)
+metrics = runs.metrics()
 fig = plots.val_curves(metrics, order=[dense, moe], title=f"Iso-width: validation loss ({len(seeds)} seeds)",
                        outdir=out, name="iso_width_val_loss")
 

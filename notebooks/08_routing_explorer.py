@@ -52,13 +52,11 @@ import pandas as pd
 from IPython.display import Image, Markdown, display
 
 from studylib.study.analysis import plots
-from studylib.study.orchestration import plan
-from studylib.study.orchestration.sweep import Grid, ensure_grid, grid_run_dirs
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.runner.notebooks import open_comparison
 from studylib.tools import explorer as explore
 
-ctx = notebook_context(params, jobs, seeds, overrides)
-preset, study, out = ctx.preset, ctx.study, ctx.out
+ctx, runs = open_comparison("explorer", params, jobs, seeds, overrides, run=run)  # trains the default run if missing
+out = ctx.out
 
 # %% [markdown]
 # ## A run to explore
@@ -69,10 +67,7 @@ preset, study, out = ctx.preset, ctx.study, ctx.out
 
 # %%
 if run is None:
-    ref = plan.reference_moe(preset)
-    grid = Grid([ref], [ctx.first_seed], {"train.keep_checkpoints": True})
-    ensure_grid(preset, grid, jobs=1)
-    run = grid_run_dirs(preset, grid)[ref][ctx.first_seed].path
+    run = runs.specs[0][0].run_dir
 run = (ctx.root / run).resolve()  # a relative `run` is relative to the repository root
 info = explore.run_info(run)  # a folder without config.yaml: an error naming it
 explore_root = info.preset_folder  # <outputs>/<preset>: every run of this preset (variants too)

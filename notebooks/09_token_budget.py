@@ -56,12 +56,12 @@ from IPython.display import Markdown, display
 
 from studylib.study.analysis import budget_checks, budget_plots, plots, text
 from studylib.study.analysis import budget_map as bm
-from studylib.study.orchestration import plan
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.comparisons import token_budget
+from studylib.study.runner.notebooks import open_comparison
 
-ctx = notebook_context(params, jobs, seeds=seeds, overrides=overrides)
+ctx, runs = open_comparison("token_budget", params, jobs, seeds, overrides)  # every trio x budget x seed
+trios = bm.budget_trios(ctx.preset)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
-trios = bm.budget_trios(preset)
 active = bm.active_params(preset, trios)
 budget_map = bm.budgets(preset, trios)
 epoch_unit = (f"train.max_steps = {preset.train.max_steps} steps (not a pass over the data)"
@@ -85,7 +85,7 @@ print(f"{len(runs_table)} (model, budget) pairs, {int(runs_table['seeds'].sum())
       f"{int(runs_table['seeds'].sum())} runs already exist.")
 
 # %%
-summaries = plan.train_budgets(preset, trios, seeds, budget_map, jobs=ctx.jobs)
+summaries = token_budget.summaries(runs, trios)
 assert len(summaries) == sum(len(t.epochs) * 3 * len(t.seeds_of(seeds)) for t in trios)
 print(f"{len(summaries)} runs ready")
 
@@ -116,7 +116,7 @@ else:
 # steep start of a short run).
 
 # %%
-repetition = budget_checks.repetition_table(preset, trios, seeds, budget_map, summaries)
+repetition = budget_checks.repetition_table(trios, summaries, token_budget.cell_metrics(runs, trios))
 plots.save_table(repetition, "token_budget_repetition", out, index=False)
 display(repetition)
 

@@ -42,16 +42,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 from IPython.display import display
 
 from studylib.study.analysis import downstream, plots
-from studylib.study.orchestration import plan
-from studylib.study.orchestration.sweep import ensure_runs
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.runner.notebooks import open_comparison
 
-ctx = notebook_context(params, jobs, seeds, overrides)
-preset, out = ctx.preset, ctx.out
+ctx, runs = open_comparison("downstream", params, jobs, seeds, overrides)
 dense_active, moe, dense_total = headline = list(ctx.study.headline)
-seeds = plan.downstream_grid(preset).seeds  # study.downstream_seeds: the first k seeds (default all)
+preset, out, seeds = ctx.preset, ctx.out, runs.seeds()  # study.downstream_seeds: the first k seeds (default all)
 print(f"seeds {seeds} (study.downstream_seeds of the preset's {len(ctx.seeds)})")
-ensure_runs(preset, headline, seeds, jobs=ctx.jobs)
 df = downstream.downstream_frame(preset, headline, seeds)
 assert len(df) == len(headline) * len(seeds)
 plots.save_table(df, "table10_downstream_per_seed", out, index=False)

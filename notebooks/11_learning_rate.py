@@ -49,14 +49,13 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 from IPython.display import Markdown, display
 
 from studylib.study.analysis import lr_plots, lr_sweep, plots, text
-from studylib.study.orchestration import plan
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.comparisons.lr_sweep import sweep_frame
+from studylib.study.runner.notebooks import open_comparison
 
-ctx = notebook_context(params, jobs, seeds=seeds, overrides=overrides)
-preset, study, out = ctx.preset, ctx.study, ctx.out
-models = list(study.headline)
-spec = lr_sweep.sweep_spec(preset)
-runs = plan.ensure_sweep(preset, models, spec, jobs=ctx.jobs)
+ctx, sweep = open_comparison("lr_sweep", params, jobs, seeds, overrides)  # one grid per lr
+spec = lr_sweep.sweep_spec(ctx.preset)
+preset, study, out, models = ctx.preset, ctx.study, ctx.out, list(ctx.study.headline)
+runs = sweep_frame(sweep, spec)
 steps, tokens = runs["steps"].unique(), runs["tokens"].unique()
 assert len(steps) == 1 and len(tokens) == 1, "every run of the sweep must train the same budget"
 reused = int(runs["reused"].sum())

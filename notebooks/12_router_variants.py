@@ -50,21 +50,20 @@ from IPython.display import Markdown, display
 
 from studylib.study.analysis import frames, plots, text, variants as V
 from studylib.study.orchestration import plan
-from studylib.study.orchestration.sweep import ensure_grid, grid_run_dirs
-from studylib.study.runner.notebooks import notebook_context
+from studylib.study.runner.notebooks import open_comparison
 
-ctx = notebook_context(params, jobs, seeds, overrides)
+t0 = time.perf_counter()
+ctx, runs = open_comparison("router_variants", params, jobs, seeds, overrides)  # `studylib study` trains them up front
+trained_s = time.perf_counter() - t0
 preset, study, out = ctx.preset, ctx.study, ctx.out
 dense_active, _, dense_total = plan.study_list(preset, "headline")
 reference = plan.reference_moe(preset)
-grid = plan.router_variants_grid(preset)  # `studylib study` trains it up front
+grid = runs.grids[0]
 moes = [m for m in grid.models if m not in (dense_active, dense_total)]
-seeds = grid.seeds_of(preset)
+seeds = runs.seeds()
 epochs = plan.study_epochs(preset, "router_variants_epochs")
-t0 = time.perf_counter()
-summaries = ensure_grid(preset, grid, jobs=ctx.jobs)
-trained_s = time.perf_counter() - t0
-run_dirs = grid_run_dirs(preset, grid)
+summaries = runs.frame()
+run_dirs = runs.run_dirs()
 assert summaries["tokens"].nunique() == 1, "every model must see the same number of tokens"
 tokens = int(summaries["tokens"].iloc[0])
 configs = {m: preset.model_config(m) for m in grid.models}
@@ -100,7 +99,7 @@ fig = plots.intervals(cmp, title=f"Paired gaps, router variants ({len(seeds)} se
 # ## Validation curves
 
 # %%
-metrics = frames.collect_metrics(preset, grid.models, seeds, overrides=grid.overrides)
+metrics = runs.metrics()
 fig = plots.val_curves(metrics, order=list(grid.models),
                        title=f"Validation loss, router variants and dense baselines ({len(seeds)} seeds)",
                        outdir=out, name="router_variants_val_loss")

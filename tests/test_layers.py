@@ -13,13 +13,13 @@ PKG = Path(__file__).resolve().parents[1] / "studylib"
 LAYERS = {"config": 0, "storage": 0, "nn": 1, "data": 1, "run": 2, "study": 3, "tools": 4, "cli": 5, "__main__": 5}
 
 
-# Inside study/, its three parts import one way too: analysis < orchestration < runner.
-STUDY_PARTS = {"analysis": 0, "orchestration": 1, "runner": 2}
+# Inside study/, its parts import one way too: analysis < orchestration < comparisons < runner.
+STUDY_PARTS = {"analysis": 0, "orchestration": 1, "comparisons": 2, "runner": 3}
 
 
 def _layer(module: str) -> tuple[int, int]:
     """The (layer, part) of a dotted studylib module name (``studylib.run.rundir`` -> (2, 0),
-    ``studylib.study.runner.execute`` -> (3, 2)); the part counts inside study/ only."""
+    ``studylib.study.runner.execute`` -> (3, 3)); the part counts inside study/ only."""
     parts = module.split(".")
     assert parts[0] == "studylib", module
     if len(parts) == 1:

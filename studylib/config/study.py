@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from studylib.config.schema import ConfigError, _coerce
 
@@ -27,6 +27,31 @@ class TrioConfig:
     models: tuple[str, str, str]
     epochs: tuple[float, ...]
     seeds: Optional[int] = None
+
+    def seeds_of(self, seeds: Sequence[int]) -> list[int]:
+        """The seeds this trio is trained with: the first ``self.seeds`` of ``seeds`` (all if None)."""
+        return list(seeds if self.seeds is None else seeds[: self.seeds])
+
+    @property
+    def dense_active(self) -> str:
+        return self.models[0]
+
+    @property
+    def moe(self) -> str:
+        return self.models[1]
+
+    @property
+    def dense_total(self) -> str:
+        return self.models[2]
+
+    @property
+    def size(self) -> str:
+        """The size's name: its reference MoE."""
+        return self.moe
+
+    def role(self, model: str) -> str:
+        """``dense_active``, ``moe`` or ``dense_total``: what ``model`` is in this trio."""
+        return dict(zip(self.models, ("dense_active", "moe", "dense_total")))[model]
 
 
 @dataclass(frozen=True)

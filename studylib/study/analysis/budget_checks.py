@@ -5,25 +5,25 @@ against the paper's gap at its own point) and what passing over the data more th
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 
-from studylib.config import Preset
-from studylib.study.analysis.budget_map import PAPER_POINT, Trio, size_label
-from studylib.study.analysis.frames import collect_metrics
+from studylib.config import TrioConfig
+from studylib.study.analysis.budget_map import PAPER_POINT, size_label
 from studylib.study.analysis.tables import power_rows
 
 
-def repetition_table(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], budget_map: dict,
-                     summaries: pd.DataFrame) -> pd.DataFrame:
+def repetition_table(trios: Sequence[TrioConfig], summaries: pd.DataFrame, metrics: Mapping) -> pd.DataFrame:
     """What passing over the data more than once does, per size x budget x model: the passes, and
     the mean over seeds of the last training loss (the mean over the steps since the last
     evaluation) and of the final full-split validation loss, and ``val - train``. In a single pass
     every training window is new, so its loss estimates the validation loss; once windows repeat,
     a training loss below the validation loss is memorisation (the gap grows with the passes).
     Budgets under one pass are left out: their last training loss averages over most of a short
-    run, steep start included, and says nothing about repetition."""
+    run, steep start included, and says nothing about repetition. ``metrics``: ``{(size, epochs):
+    the metrics.jsonl records of its runs with model and seed}``
+    (:func:`studylib.study.comparisons.token_budget.cell_metrics`)."""
     rows = []
     by_cell = summaries.groupby(["size", "epochs"], sort=False)
     for t in trios:
@@ -32,7 +32,7 @@ def repetition_table(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int]
             passes = float((d["tokens"] / d["train_targets"]).iloc[0]) if "train_targets" in d else float("nan")
             if passes < 1 - 1e-9:
                 continue
-            m = collect_metrics(preset, list(t.models), t.seeds_of(seeds), overrides=budget_map[e])
+            m = metrics[(t.size, e)]
             last = m.sort_values("step").groupby(["model", "seed"]).tail(1)
             for model in t.models:
                 r = last[last["model"] == model]

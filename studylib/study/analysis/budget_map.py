@@ -13,7 +13,7 @@ This module holds all the logic of notebook 09:
 
 * :func:`budget_trios` reads and validates the knob; :func:`run_plan` says which (model, budget)
   runs are the preset's own (reused) and which are budget runs of their own;
-* :func:`studylib.study.orchestration.plan.train_budgets` ensures every run exists (training only the missing ones) and returns the
+* :mod:`studylib.study.comparisons.token_budget` ensures every run exists (training only the missing ones) and returns the
   summaries; :func:`paper_preset_points` finds the ``paper`` preset's runs when they exist (it
   never trains);
 * :func:`gap_frame` (per-seed gaps) and :func:`gap_table` (per size x budget, through
@@ -29,7 +29,6 @@ better**. The matched-total gap is therefore the negative of notebook 03's ``MoE
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -37,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from studylib.config import ConfigError, Preset, load_preset, override
-from studylib.config.study import MODEL_LISTS, TOKEN_BUDGET_SHAPE
+from studylib.config.study import MODEL_LISTS, TOKEN_BUDGET_SHAPE, TrioConfig
 from studylib.run.rundir import RunDir
 from studylib.study.analysis.crossing import Crossing, Trend, crossings, trend
 from studylib.study.analysis.frames import collect_runs, seed_pairs
@@ -61,44 +60,16 @@ PAPER_POINT = {"tokens_per_param": PAPER_TOKENS_PER_PARAM,
 # --------------------------------------------------------------------------------------------
 # the knob
 # --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Trio:
-    """One model size: the reference MoE, its active- and total-matched dense models, and the
-    budgets (epochs of the preset's schedule) it is trained to."""
-
-    dense_active: str
-    moe: str
-    dense_total: str
-    epochs: tuple[float, ...]
-    n_seeds: Optional[int] = None  # the first n of the seeds (None: all)
-
-    def seeds_of(self, seeds: Sequence[int]) -> list[int]:
-        """The seeds this trio is trained with: the first ``n_seeds`` of ``seeds`` (all if None)."""
-        return list(seeds if self.n_seeds is None else seeds[: self.n_seeds])
-
-    @property
-    def models(self) -> tuple[str, str, str]:
-        return (self.dense_active, self.moe, self.dense_total)
-
-    @property
-    def size(self) -> str:
-        """The size's name: its reference MoE."""
-        return self.moe
-
-    def role(self, model: str) -> str:
-        return {self.dense_active: "dense_active", self.moe: "moe", self.dense_total: "dense_total"}[model]
-
-
-def budget_trios(preset: Preset) -> list[Trio]:
+def budget_trios(preset: Preset) -> list[TrioConfig]:
     """The trios of ``study.token_budget`` (checked when the preset loaded:
     :class:`studylib.config.TrioConfig`); absent: one ConfigError line naming the knob."""
     tb = preset.study.token_budget
     if tb is None:
         raise ConfigError(f"{KEY}: missing from preset {preset.name!r}; expected {TOKEN_BUDGET_SHAPE}")
-    return [Trio(*t.models, t.epochs, t.seeds) for t in tb.trios]
+    return list(tb.trios)
 
 
-def active_params(preset: Preset, trios: Sequence[Trio]) -> dict:
+def active_params(preset: Preset, trios: Sequence[TrioConfig]) -> dict:
     """``{size: active parameters of its reference MoE}`` (exact accounting)."""
     return {t.size: int(preset.model_config(t.moe).num_params.active) for t in trios}
 
@@ -107,7 +78,7 @@ def size_label(size: str, active: int) -> str:
     return f"{size} ({fmt_count(active)} active)"
 
 
-def budgets(preset: Preset, trios: Sequence[Trio],
+def budgets(preset: Preset, trios: Sequence[TrioConfig],
             overrides_for: Callable[[Preset, float], dict] = budget_overrides) -> dict:
     """``{epochs: overrides}`` for every budget of the trios (each computed once: counting one
     epoch's steps may load the data)."""
@@ -122,7 +93,7 @@ def _study_lists(preset: Preset, model: str) -> list[str]:
     return [k for k in MODEL_LISTS if model in (getattr(preset.study, k) or ())]
 
 
-def run_plan(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], budget_map: dict) -> pd.DataFrame:
+def run_plan(preset: Preset, trios: Sequence[TrioConfig], seeds: Sequence[int], budget_map: dict) -> pd.DataFrame:
     """One row per size x budget x model: its ``max_steps``, whether it is the preset's own run
     (``preset_run``: its run identity equals the preset's, so it lives in the preset's run directory
     and is trained once for every notebook that uses it; ``also_in`` names the other ``study`` lists
@@ -146,7 +117,7 @@ def run_plan(preset: Preset, trios: Sequence[Trio], seeds: Sequence[int], budget
     return pd.DataFrame(rows)
 
 
-def budget_columns(df: pd.DataFrame, trio: Trio, e: float) -> pd.DataFrame:
+def budget_columns(df: pd.DataFrame, trio: TrioConfig, e: float) -> pd.DataFrame:
     """Run summaries of one trio at one budget with ``size``, ``epochs`` and ``train_targets``."""
     df = df.copy()
     df["size"], df["epochs"] = trio.size, e
@@ -192,7 +163,7 @@ def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], 
 # --------------------------------------------------------------------------------------------
 # gaps
 # --------------------------------------------------------------------------------------------
-def gap_frame(summaries: pd.DataFrame, trios: Sequence[Trio], active: dict, value: str = VALUE) -> pd.DataFrame:
+def gap_frame(summaries: pd.DataFrame, trios: Sequence[TrioConfig], active: dict, value: str = VALUE) -> pd.DataFrame:
     """Per seed and gap: one row per size x budget x seed x gap with the dense and the MoE
     ``value`` (seeds without both runs are left out), the gap ``dense - moe``, the target tokens,
     tokens per active parameter of the size's MoE and the passes over the training data."""
@@ -360,6 +331,6 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-__all__ = ["KEY", "GAPS", "PAPER_POINT", "Trio", "budget_trios", "active_params", "size_label", "budgets", "run_plan",
+__all__ = ["KEY", "GAPS", "PAPER_POINT", "budget_trios", "active_params", "size_label", "budgets", "run_plan",
            "budget_columns", "paper_preset_points", "gap_frame", "gap_table", "gap_sentences", "paper_sentence",
            "display_table"]

@@ -65,15 +65,45 @@ def collect_runs(preset: Preset, models: Optional[Iterable[str]] = None,
                 missing.append((m, s))
                 continue
             spec.rundir.check(spec.document())
-            row = {k: v for k, v in summ.items() if not isinstance(v, (dict, list))}
-            for section in ("params", "data"):
-                for k, v in (summ.get(section) or {}).items():
-                    row[f"{section}_{k}"] = v
-            row["model"], row["seed"] = m, s
-            rows.append(row)
+            rows.append(summary_row(summ, m, s))
     df = pd.DataFrame.from_records(rows)
     df.attrs["missing"] = missing
     return df
+
+
+def summary_row(summ: Mapping, model: str, seed: int) -> dict:
+    """One run's row of :func:`collect_runs`: its summary's scalar fields, ``params`` and ``data``
+    flattened to ``params_<key>`` / ``data_<key>``, then ``model`` and ``seed``."""
+    row = {k: v for k, v in summ.items() if not isinstance(v, (dict, list))}
+    for section in ("params", "data"):
+        for k, v in (summ.get(section) or {}).items():
+            row[f"{section}_{k}"] = v
+    row["model"], row["seed"] = model, seed
+    return row
+
+
+def runs_frame(specs: Iterable) -> pd.DataFrame:
+    """:func:`collect_runs` of runs already resolved (:class:`~studylib.run.spec.RunSpec`, as
+    :func:`studylib.study.orchestration.sweep.ensure_grids` returns them), in their order: read
+    from their run directories, nothing resolved again. An unfinished run is left out and listed in
+    ``df.attrs["missing"]``."""
+    rows, missing = [], []
+    for spec in specs:
+        summ = spec.rundir.summary()
+        if not summ or not summ.get("finished"):
+            missing.append((spec.model, spec.seed))
+            continue
+        rows.append(summary_row(summ, spec.model, spec.seed))
+    df = pd.DataFrame.from_records(rows)
+    df.attrs["missing"] = missing
+    return df
+
+
+def runs_metrics(specs: Iterable, kind: Optional[str] = "eval") -> pd.DataFrame:
+    """:func:`collect_metrics` of runs already resolved (:class:`~studylib.run.spec.RunSpec`)."""
+    frames = [df.assign(model=spec.model, seed=spec.seed) for spec in specs
+              if len(df := load_metrics(spec.run_dir, kind=kind))]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def collect_metrics(preset: Preset, models: Optional[Iterable[str]] = None,

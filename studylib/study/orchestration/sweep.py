@@ -1,6 +1,8 @@
 """Make sure a grid of runs (models x seeds) exists: reuse finished runs, train the missing ones.
 
-``ensure_runs(preset, models, seeds, jobs)`` is what every notebook calls before it reads runs:
+``ensure_grids(preset, grids, jobs)`` is what a comparison (:mod:`studylib.study.comparisons`)
+calls before it reads runs; it returns the runs' :class:`~studylib.run.spec.RunSpec` handles, which
+the frames read (:func:`studylib.study.analysis.frames.runs_frame`) without resolving them again:
 
 * each run is resolved once into a :class:`~studylib.run.spec.RunSpec` (its own preset, model,
   seed and run directory: :func:`plan_runs`); a finished run (``summary.json`` with
@@ -29,13 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from studylib.config import ConfigError, Preset, override
+from studylib.config import ConfigError, Preset, override, override_pairs
 from studylib.config.presets import Overrides
 from studylib.data.split import fingerprint_now
 from studylib.run.layout import outputs_root
 from studylib.run.provenance import check_reuse, code_differs, flag_reused
 from studylib.run.spec import RunSpec
-from studylib.study.analysis.frames import collect_runs
 from studylib.study.orchestration.common import ClusterError, SweepError, available_cores
 
 
@@ -69,14 +70,22 @@ def scheduler_address(preset: Preset, scheduler: Optional[str] = None) -> Option
 
 
 def plan_runs(preset: Preset, models: Sequence[str], seeds: Sequence[int], overrides=None,
-              tag: Optional[str] = None) -> tuple[list[RunSpec], list[RunSpec]]:
+              tag: Optional[str] = None, resolved: Optional[dict] = None) -> tuple[list[RunSpec], list[RunSpec]]:
     """(finished, missing) runs of ``models x seeds`` of ``preset`` + ``overrides``, each resolved
-    once (:meth:`RunSpec.resolve`). A run dir holding another config raises."""
+    once (:meth:`RunSpec.resolve`; ``resolved``: the runs other grids of the same sweep resolved,
+    keyed by model, seed, overrides and tag, filled as resolved). A run dir holding another config
+    raises."""
+    resolved = {} if resolved is None else resolved
+    ov_key = tuple((k, repr(v)) for k, v, _ in override_pairs(overrides))
     finished, missing = [], []
     for m in models:
         for s in seeds:
-            spec = RunSpec.resolve(preset, m, s, overrides, tag)
-            spec.rundir.check(spec.document())
+            key = (m, int(s), ov_key, tag)
+            if key not in resolved:
+                spec = RunSpec.resolve(preset, m, s, overrides, tag)
+                spec.rundir.check(spec.document())
+                resolved[key] = spec
+            spec = resolved[key]
             (finished if spec.rundir.finished() else missing).append(spec)
     return finished, missing
 
@@ -92,20 +101,17 @@ class Grid:
     tag: Optional[str] = None
 
     def seeds_of(self, preset: Preset) -> list[int]:
-        """The grid's seeds (default: the preset's, with the grid's overrides applied), each once."""
-        return _unique(self.seeds if self.seeds is not None else override(preset, self.overrides).seeds)
-
-
-def grid_run_dirs(preset: Preset, grid: Grid) -> dict:
-    """``{model: {seed: RunDir}}`` of a grid's runs (where :func:`ensure_grid` trains them)."""
-    return {m: {s: RunSpec.resolve(preset, m, s, grid.overrides, grid.tag).rundir for s in grid.seeds_of(preset)}
-            for m in _unique(grid.models)}
+        """The grid's seeds (default: the preset's, or those the grid's overrides set), each once."""
+        if self.seeds is not None:
+            return _unique(self.seeds)
+        sets_seeds = any(k == "seeds" for k, _, _ in override_pairs(self.overrides))
+        return _unique(override(preset, self.overrides).seeds if sets_seeds else preset.seeds)
 
 
 def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[int]] = None,
                 jobs: Optional[int] = None, overrides=None, progress: bool = True, tag: Optional[str] = None,
-                scheduler: Optional[str] = None):
-    """Summaries (one row per run, as :func:`studylib.study.analysis.frames.collect_runs`) of ``models x seeds``
+                scheduler: Optional[str] = None) -> list[RunSpec]:
+    """The runs (:class:`~studylib.run.spec.RunSpec`, models x seeds order) of ``models x seeds``
     trained under ``preset`` + ``overrides``, training whatever is missing (see the module
     docstring). A variant's runs live in ``runs/<model>/<tag>/seed<seed>`` unless the overrides
     leave a run's identity unchanged (then the preset's own run is reused); ``tag`` defaults to
@@ -115,30 +121,32 @@ def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[
 
 
 def ensure_grid(preset: Preset, grid: Grid, jobs: Optional[int] = None, progress: bool = True,
-                scheduler: Optional[str] = None):
+                scheduler: Optional[str] = None) -> list[RunSpec]:
     """:func:`ensure_runs` of one :class:`Grid`."""
     return ensure_grids(preset, [grid], jobs=jobs, progress=progress, scheduler=scheduler)[0]
 
 
 def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = None,
-                 progress: bool = True, scheduler: Optional[str] = None) -> list:
-    """:func:`ensure_runs` of several grids (e.g. budgets or learning rates) at once: one frame per
-    grid, in order. Their missing runs share one queue, longest first (optimizer steps x training
+                 progress: bool = True, scheduler: Optional[str] = None) -> list[list[RunSpec]]:
+    """:func:`ensure_runs` of several grids (e.g. budgets or learning rates) at once: one list of
+    finished runs per grid (models x seeds order), in order, each run resolved once by
+    :func:`plan_runs`. Their missing runs share one queue, longest first (optimizer steps x training
     FLOPs per token), so a job slot idles only at the very end, not at the end of every grid.
     ``scheduler``: a Dask scheduler's address (default: :func:`scheduler_address`)."""
     jobs = default_jobs(preset) if jobs is None else int(jobs)
     if jobs < 1:
         raise ConfigError(f"ensure_runs: jobs must be >= 1, got {jobs}")
     address = scheduler_address(preset, scheduler)
-    plans, runs, missing, corpora, reused = [], set(), [], {}, {}
+    plans, runs, missing, corpora, reused, resolved = [], set(), [], {}, {}, {}
     for g in grids:
         models = _unique(g.models)
         seeds = g.seeds_of(preset)
         if not models or not seeds:
             raise ConfigError("ensure_runs: give at least one model and one seed")
-        finished, todo = plan_runs(preset, models, seeds, g.overrides, g.tag)
+        finished, todo = plan_runs(preset, models, seeds, g.overrides, g.tag, resolved)
         reused.update(check_finished_data(finished, corpora))  # the stories read once for every grid
-        plans.append((g, models, seeds))
+        order = {(spec.model, spec.seed): spec for spec in finished + todo}
+        plans.append([order[(m, s)] for m in models for s in seeds])
         runs |= {spec.run_dir for spec in finished}
         missing += [spec for spec in todo if spec.run_dir not in runs]
         runs |= {spec.run_dir for spec in todo}  # a run two grids share is trained once
@@ -161,13 +169,10 @@ def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = No
                 _train_on_cluster(preset, missing, min(jobs, len(missing)), address, steps, bar, progress)
         finally:
             bar.close()
-    frames = []
-    for g, models, seeds in plans:
-        df = collect_runs(preset, models, seeds, overrides=g.overrides, tag=g.tag)
-        if df.attrs.get("missing"):
-            raise SweepError(f"runs still missing after the sweep: {df.attrs['missing']}")
-        frames.append(df)
-    return frames
+    unfinished = [spec.label for specs in plans for spec in specs if not spec.rundir.finished()]
+    if unfinished:
+        raise SweepError(f"runs still missing after the sweep: {unfinished}")
+    return plans
 
 
 def check_finished_data(finished: Sequence[RunSpec], corpora: Optional[dict] = None) -> dict:

@@ -18,7 +18,8 @@ into ``outputs/<preset>/report.html`` (:mod:`studylib.study.runner.report`: code
 embedded). While the notebooks run, the terminal shows which runs train, their step and ETA
 (:mod:`studylib.study.orchestration.watch`).
 
-Notebooks call :func:`notebook_context` first: it finds the repository root (so a notebook runs
+Every notebook opens with one call, :func:`open_comparison`: its comparison's runs
+(:mod:`studylib.study.comparisons`; trained when missing, else reused) and :func:`notebook_context`, which finds the repository root (so a notebook runs
 from any working directory, e.g. nbval's, which is the notebook's folder), loads the preset,
 applies the ``seeds`` and ``overrides`` parameters
 (:func:`studylib.study.runner.parameters.apply_parameters`: a seed sweep, or a
@@ -120,6 +121,20 @@ def notebook_context(params: str, jobs: Optional[int] = None, seeds=None, overri
                            jobs=default_jobs(preset) if jobs is None else int(jobs),
                            seeds=list(preset.seeds), first_seed=preset.seeds[0],
                            study=preset.study, overrides=ov)
+
+
+def open_comparison(name: str, params: str, jobs: Optional[int] = None, seeds=None, overrides=None,
+                    **parameters) -> tuple[SimpleNamespace, Any]:
+    """What a notebook opens with: (:func:`notebook_context`, the
+    :class:`~studylib.study.comparisons.base.Runs` of comparison ``name`` under that context's
+    preset and the notebook's own ``parameters``, e.g. notebook 04's ``model``; trained where
+    missing). ``ctx.comparison`` is the :class:`~studylib.study.comparisons.base.Comparison`."""
+    from studylib.study.comparisons import comparison
+
+    found = comparison(name)
+    ctx = notebook_context(params, jobs, seeds, overrides)
+    ctx.comparison = found
+    return ctx, found.train(ctx.preset, jobs=ctx.jobs, parameters=parameters)
 
 
 def _study_params(params: str, root: Path) -> tuple:
@@ -251,14 +266,14 @@ def _environment(name: str, value: Optional[str]):
 
 def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Path, progress: bool, echo,
                      scheduler: Optional[str] = None, parameters: Optional[Mapping[Path, Mapping]] = None) -> float:
-    """Train the runs of the selected notebooks (:func:`studylib.study.orchestration.plan.study_grids`,
+    """Train the runs of the selected notebooks (:func:`studylib.study.comparisons.study_grids`,
     given each notebook's parameters ``{notebook: {name: value}}``) in one queue before any
     notebook executes (from the repository root, as the notebooks run), on the Dask scheduler at
     ``scheduler`` or here; the seconds it took. A failed run is a :class:`StudyError` naming the
     run and its log."""
     import contextlib
 
-    from studylib.study.orchestration.plan import study_grids
+    from studylib.study.comparisons import study_grids
     from studylib.study.orchestration.sweep import SweepError, ensure_grids
 
     t0 = time.perf_counter()

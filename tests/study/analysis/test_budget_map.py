@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from _tiny import tiny_preset, tiny_raw
-from studylib.config import ConfigError, override, run_document
+from studylib.config import ConfigError, TrioConfig, override, run_document
 from studylib.run.rundir import RunDir
 from studylib.study.analysis import budget_checks, budget_map as bm, crossing, paper
-from studylib.study.orchestration import plan
+from studylib.study.comparisons import token_budget
 
 T975_2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2): the 95% paired-t factor for n = 3
 
@@ -66,9 +66,9 @@ def test_a_trio_may_train_the_first_k_seeds_only(tmp_path, monkeypatch):
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
     p = _preset(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [2.0], "seeds": 2}]})
     (t,) = bm.budget_trios(p)
-    assert t.seeds_of([5, 6, 7]) == [5, 6] and bm.Trio("a", "b", "c", (1.0,)).seeds_of([5, 6, 7]) == [5, 6, 7]
+    assert t.seeds_of([5, 6, 7]) == [5, 6] and TrioConfig(("a", "b", "c"), (1.0,)).seeds_of([5, 6, 7]) == [5, 6, 7]
     budget_map = bm.budgets(p, [t])
-    (g,) = plan.budget_grids([t], [5, 6, 7], budget_map)
+    (g,) = token_budget.budget_grids([t], [5, 6, 7], budget_map)
     assert list(g.seeds) == [5, 6]
     assert (bm.run_plan(p, [t], [5, 6, 7], budget_map)["seeds"] == 2).all()
 
@@ -127,7 +127,7 @@ def test_train_budgets_reads_finished_runs_without_training_and_builds_the_table
             _fake_run(p, "moe", s, ov, 3.0, train_targets=12 * 16 * 32 * 1.5)
             _fake_run(p, "dense", s, ov, 3.0 + g, train_targets=12 * 16 * 32 * 1.5)
             _fake_run(p, "dense2", s, ov, 3.0 - 0.05, train_targets=12 * 16 * 32 * 1.5)
-    summ = plan.train_budgets(p, trios, [1, 2, 3], budget_map, jobs=1, progress=False)
+    summ = token_budget.train_budgets(p, trios, [1, 2, 3], budget_map, jobs=1, progress=False)
     assert len(summ) == 18 and set(summ["epochs"]) == {1.0, 2.0} and set(summ["size"]) == {"moe"}
     active = bm.active_params(p, trios)
     assert active["moe"] == p.model_config("moe").num_params.active
@@ -164,7 +164,7 @@ def _summaries(points: dict, trio=("da", "moe", "dt"), size="moe", targets=1000.
     return pd.DataFrame(rows)
 
 
-TRIO = bm.Trio("da", "moe", "dt", (0.1, 1.0))
+TRIO = TrioConfig(("da", "moe", "dt"), (0.1, 1.0))
 
 
 def test_gap_frame_refuses_a_trio_whose_runs_saw_different_tokens():
@@ -366,8 +366,9 @@ def test_repetition_table_and_power_frame_from_finished_runs(tmp_path, monkeypat
                 memorised = 0.1 * max(0.0, e - 1) * (1 + (m == "dense2"))
                 rd.append_metrics({"kind": "eval", "step": 6, "val_loss": loss + 1, "train_loss": loss + 1})
                 rd.append_metrics({"kind": "eval", "step": round(12 * e), "val_loss": loss, "train_loss": loss - memorised})
-    summ = plan.train_budgets(p, trios, [1, 2, 3], budget_map, jobs=1, progress=False)
-    rep = budget_checks.repetition_table(p, trios, [1, 2, 3], budget_map, summ).set_index(["epochs", "model"])
+    runs = token_budget.train(p, trios, [1, 2, 3], budget_map, jobs=1, progress=False)
+    summ = token_budget.summaries(runs, trios)
+    rep = budget_checks.repetition_table(trios, summ, token_budget.cell_metrics(runs, trios)).set_index(["epochs", "model"])
     assert 0.5 not in rep.index.get_level_values("epochs")  # under one pass: nothing about repetition
     assert rep.loc[(1.0, "moe"), "data_passes"] == pytest.approx(1.0) and rep.loc[(2.0, "moe"), "data_passes"] == 2.0
     assert rep.loc[(1.0, "dense2"), "val_minus_train"] == pytest.approx(0.0)

@@ -11,7 +11,7 @@ from _tiny import tiny_preset
 from studylib.config import ConfigError, run_document
 from studylib.run.rundir import RunDir
 from studylib.study.analysis import lr_sweep as L
-from studylib.study.orchestration import plan
+from studylib.study.comparisons.lr_sweep import ensure_sweep
 
 LRS = (1e-3, 3e-3, 1e-2)
 T1 = 12.706204736174707  # t(0.975, 1 dof): the 95% half-width factor for 2 seeds
@@ -160,7 +160,7 @@ def test_ensure_sweep_reuses_the_preset_runs_at_its_own_lr(tmp_path, monkeypatch
                 rd.write_config(run_document(varied, varied.model_config(m), m, s))
                 rd.write_summary({"model": m, "seed": s, "best_val_loss": 3.0 + lr, "finished": True})
     assert len(dirs) == 3 * 2 * 2
-    df = plan.ensure_sweep(p, ["dense", "moe"], spec, jobs=1, progress=False)
+    df = ensure_sweep(p, ["dense", "moe"], spec, jobs=1, progress=False)
     assert len(df) == 12 and set(df["lr"]) == set(LRS)
     assert (df["reused"] == (df["lr"] == p.train.lr)).all()
     assert (df["best_val_loss"] == 3.0 + df["lr"]).all()

@@ -12,7 +12,7 @@ from studylib.config import ConfigError, load_preset
 from studylib.run.rundir import RunDir
 from studylib.study.analysis import noise
 from studylib.study.analysis.stats import variance_ratio
-from studylib.study.orchestration import plan
+from studylib.study.comparisons.headline import noise_grids
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -29,7 +29,7 @@ def test_noise_spec_reads_and_validates_the_knob():
 def test_the_design_reuses_the_headline_runs_and_adds_two_per_extra_seed():
     p = load_preset(ROOT / "params" / "ci.yaml", ["seeds=[1,2,3]", "study.noise_split={seeds: 3}"])
     spec = noise.noise_spec(p)
-    dirs = {RunDir.variant(p, "moe_top2_z", s, g.overrides).path for g in plan.noise_grids(["moe_top2_z"], spec)
+    dirs = {RunDir.variant(p, "moe_top2_z", s, g.overrides).path for g in noise_grids(["moe_top2_z"], spec)
             for s in g.seeds}
     own = {RunDir.of(p, "moe_top2_z", s).path for s in (1, 2, 3)}
     # seed 1 with data seed 1 is the headline run itself; 2 init-only + 2 order-only runs more

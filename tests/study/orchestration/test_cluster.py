@@ -26,7 +26,8 @@ from studylib.run.spec import RunSpec
 from studylib.study.orchestration import sweep
 from studylib.study.orchestration.cluster import SCHEDULER_TIMEOUT_S
 from studylib.study.orchestration.common import ClusterError
-from studylib.study.orchestration.plan import NOTEBOOK_GRIDS, study_grids
+from studylib.study.analysis.frames import runs_frame
+from studylib.study.comparisons import BY_NOTEBOOK, study_grids
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +113,7 @@ def test_a_local_cluster_trains_each_run_once_in_persistent_workers_as_this_proc
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     p = ci_preset(cache)
     models, seeds = ["dense_active", "moe_top2_z"], [1337, 1338, 1339]
-    df = sweep.ensure_runs(p, models, seeds, jobs=2, progress=False)
+    df = runs_frame(sweep.ensure_runs(p, models, seeds, jobs=2, progress=False))
     assert list(zip(df["model"], df["seed"])) == [(m, s) for m in models for s in seeds]
     specs = [RunSpec.resolve(p, m, s) for m in models for s in seeds]
     headers = [_headers(spec.rundir) for spec in specs]
@@ -183,7 +184,7 @@ def test_a_killed_or_interrupted_sweep_leaves_no_worker_training_and_no_stale_lo
     _wait_for(lambda: all(_lock_free(rd) for rd in rds), "no stale lock (the kernel's lock goes with the process)",
               timeout=20)
     assert not any(rd.finished() for rd in rds)
-    df = sweep.ensure_runs(p, ["dense_active", "moe_top2_z"], [1337], jobs=2, progress=False)  # the next sweep
+    df = runs_frame(sweep.ensure_runs(p, ["dense_active", "moe_top2_z"], [1337], jobs=2, progress=False))  # the next sweep
     assert list(df["steps"]) == [300, 300]
 
 
@@ -250,7 +251,7 @@ def dask_dir(tmp_path) -> Path:
 
 
 def _ci_study_runs(p) -> list:
-    return study_grids(p, list(NOTEBOOK_GRIDS))
+    return study_grids(p, list(BY_NOTEBOOK))
 
 
 def _all_metrics(out: Path) -> dict:
@@ -275,9 +276,10 @@ def test_the_ci_study_on_two_dask_workers_equals_a_local_run(dask_dir, cache, mo
     t_local = time.perf_counter() - t0
     print(f"ci study runs: two dask workers {t_remote:.1f} s, LocalCluster(2) {t_local:.1f} s")
     runs = _all_metrics(dask_dir / "remote")
-    assert len(runs) == 74 and runs == _all_metrics(dask_dir / "local")  # every run (test_plan counts them), every record
+    planned = {str(s.run_dir.relative_to(dask_dir / "local")) for specs in local for s in specs}
+    assert set(runs) == planned and runs == _all_metrics(dask_dir / "local")  # every run of the plan, every record
     cols = ["model", "seed", "best_val_loss", "final_val_loss", "steps", "tokens"]
-    for r, loc in zip(remote, local):
+    for r, loc in zip(map(runs_frame, remote), map(runs_frame, local)):
         assert r[cols].equals(loc[cols])  # what the notebooks' tables are made of
     hosts = {_pid(_headers(RunDir(m.parent))[0]) for m in (dask_dir / "remote").rglob("metrics.jsonl")}
     assert len(hosts) == 2  # the runs spread over both workers

@@ -11,6 +11,7 @@ from _tiny import tiny_raw, write_stories
 from studylib.config import ConfigError, DataConfig, load_preset
 from studylib.data.split import fingerprint_now
 from studylib.run.provenance import ProvenanceError
+from studylib.study.analysis.frames import runs_frame
 from studylib.study.orchestration import sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -74,7 +75,7 @@ def test_finished_runs_another_code_trained_are_reused_and_flagged_in_one_line(t
         edit(doc["provenance"])
         summaries[seed].write_text(json.dumps(doc))
     before = {s: f.stat().st_mtime_ns for s, f in summaries.items()}
-    df = sweep.ensure_runs(p, ["dense"], [1, 2, 3], jobs=1, progress=False)
+    df = runs_frame(sweep.ensure_runs(p, ["dense"], [1, 2, 3], jobs=1, progress=False))
     assert list(df["seed"]) == [1, 2, 3]
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("warning: 2 finished run(s) reused"), lines

@@ -8,6 +8,7 @@ from _tiny import synthetic_data, tiny_preset
 from studylib.config import ConfigError, run_document
 from studylib.run import spec
 from studylib.run.rundir import RunDir, RunDirConflict
+from studylib.study.analysis.frames import runs_frame
 from studylib.study.orchestration import sweep
 
 
@@ -30,7 +31,7 @@ def test_ensure_runs_reuses_finished_runs_without_training(tmp_path, monkeypatch
         raise AssertionError("nothing to train: the data must not be loaded")
 
     monkeypatch.setattr("studylib.data.pipeline.load_data", no_data)
-    df = sweep.ensure_runs(p, ["dense", "dense"], [1, 2], jobs=2, progress=False)
+    df = runs_frame(sweep.ensure_runs(p, ["dense", "dense"], [1, 2], jobs=2, progress=False))
     assert list(df["seed"]) == [1, 2] and list(df["best_val_loss"]) == [2.0, 2.5]
     assert df.loc[0, "params_total"] == 5
 
@@ -66,7 +67,7 @@ def test_ensure_runs_trains_a_variant_into_its_own_dir_and_reuses_it(tmp_path, m
     _fake_finished_run(p, "dense", 1, 2.0)  # the base run: must stay untouched
     over = spec.budget_overrides(p, 0.5)
     assert over == {"train.max_steps": 2} and spec.budget_overrides(p, 1) == {}
-    df = sweep.ensure_runs(p, ["dense"], [1], jobs=1, overrides=over, progress=False)
+    df = runs_frame(sweep.ensure_runs(p, ["dense"], [1], jobs=1, overrides=over, progress=False))
     rd = RunDir.variant(p, "dense", 1, over)
     assert rd.path != RunDir.of(p, "dense", 1).path and rd.finished()
     assert int(df.loc[0, "steps"]) == 2 and df.loc[0, "best_val_loss"] != 2.0
@@ -76,7 +77,7 @@ def test_ensure_runs_trains_a_variant_into_its_own_dir_and_reuses_it(tmp_path, m
         raise AssertionError("the variant is finished: nothing may train again")
 
     monkeypatch.setattr("studylib.data.pipeline.load_data", no_data)
-    again = sweep.ensure_runs(p, ["dense"], [1], jobs=1, overrides=over, progress=False)
+    again = runs_frame(sweep.ensure_runs(p, ["dense"], [1], jobs=1, overrides=over, progress=False))
     assert again.loc[0, "best_val_loss"] == df.loc[0, "best_val_loss"]
 
 
@@ -109,6 +110,6 @@ def test_grids_share_one_queue_longest_runs_first(tmp_path, monkeypatch):
     p = tiny_preset()  # 12 steps; the moe has more training FLOPs per token than the dense model
     grids = [sweep.Grid(["dense", "moe"], [1], {"train.max_steps": 3}), sweep.Grid(["dense", "moe"], [1]),
              sweep.Grid(["moe"], [1, 2], {"train.max_steps": 6})]
-    frames = sweep.ensure_grids(p, grids, jobs=1, progress=False)
+    frames = [runs_frame(specs) for specs in sweep.ensure_grids(p, grids, jobs=1, progress=False)]
     assert order == [("moe", 1, 12), ("dense", 1, 12), ("moe", 1, 6), ("moe", 2, 6), ("moe", 1, 3), ("dense", 1, 3)]
     assert [list(f["best_val_loss"]) for f in frames] == [[3.0, 3.0], [12.0, 12.0], [6.0, 6.0]]

@@ -511,20 +511,21 @@ def test_study_rejects_unknown_parameters_naming_the_allowed_ones(repo, monkeypa
 
 
 def _context_call(source: str) -> dict:
-    """``{parameter of notebook_context: the name passed}`` of a notebook's one notebook_context call."""
+    """``{parameter of open_comparison: the name passed}`` of a notebook's one open_comparison call
+    (its first argument is the comparison's name)."""
     import ast
 
     calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
-             and getattr(n.func, "id", getattr(n.func, "attr", None)) == "notebook_context"]
-    assert len(calls) == 1, f"{len(calls)} notebook_context calls"
-    bound = dict(zip(("params", "jobs", "seeds", "overrides"), calls[0].args))
+             and getattr(n.func, "id", getattr(n.func, "attr", None)) == "open_comparison"]
+    assert len(calls) == 1, f"{len(calls)} open_comparison calls"
+    bound = dict(zip(("params", "jobs", "seeds", "overrides"), calls[0].args[1:]))
     bound.update({k.arg: k.value for k in calls[0].keywords})
     return {k: getattr(v, "id", None) for k, v in bound.items()}
 
 
 def test_every_study_notebook_takes_seeds_and_overrides():
     """The real notebooks: params, jobs, seeds and overrides in the parameters cell, all four
-    handed to notebook_context."""
+    handed to open_comparison (and so to notebook_context)."""
     import jupytext
 
     nb_dir = Path(__file__).parents[3] / "notebooks"
@@ -534,7 +535,10 @@ def test_every_study_notebook_takes_seeds_and_overrides():
         code = "\n".join(c.source for c in jupytext.read(str(py)).cells if c.cell_type == "code"
                          and "parameters" not in c.metadata.get("tags", []))
         code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
-        assert _context_call(code) == {k: k for k in ("params", "jobs", "seeds", "overrides")}, py.name
+        four = ("params", "jobs", "seeds", "overrides")
+        call = _context_call(code)  # and the notebook's own parameters its comparison plans with (04: model)
+        assert {k: call.get(k) for k in four} == {k: k for k in four}, py.name
+        assert all(call[k] == k for k in set(call) - set(four)), py.name
 
 
 def test_the_presets_study_notebooks_choose_the_default_selection(repo):

@@ -1,0 +1,186 @@
+"""The comparisons' registry (studylib.study.comparisons): one comparison per notebook, each
+notebook opening its own; the plan names each run once, resolves it once along a study, and
+``studylib study`` trains it in one queue before the notebooks execute."""
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from _tiny import tiny_raw
+from studylib.config import ConfigError, load_preset, presets, run_document
+from studylib.config.presets import override_pairs
+from studylib.run.rundir import RunDir
+from studylib.study import comparisons as C
+from studylib.study.analysis.frames import runs_frame
+from studylib.study.comparisons import downstream, router_variants, routing
+from studylib.study.runner import notebooks as study
+from studylib.study.orchestration import plan, sweep
+
+ROOT = Path(__file__).resolve().parents[3]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+OPENS = re.compile(r"^ctx, \w+ = open_comparison\(\"(\w+)\"", re.M)
+
+
+def test_every_notebook_opens_its_own_comparison():
+    """Each notebook opens the comparison whose notebook it is, and every comparison has one."""
+    opened = {p.stem: OPENS.findall(p.read_text()) for p in NOTEBOOKS}
+    assert {stem: [C.comparison(n).notebook for n in names] for stem, names in opened.items()} == \
+        {stem: [stem] for stem in opened}
+    assert set(C.BY_NOTEBOOK) == set(opened)
+
+
+def test_the_ci_plan_trains_each_run_once(tmp_path, monkeypatch):
+    """params/ci.yaml: every run of every comparison trained exactly once (a run two grids share
+    too), into the run directories the plan named, and nothing else."""
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
+    monkeypatch.chdir(ROOT)
+    calls = []
+    monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run(calls))
+    monkeypatch.setattr("studylib.data.pipeline.load_data", lambda *a, **k: None)  # max_steps: no epoch to count
+    monkeypatch.setattr(sweep, "_steps", lambda spec, datas: 1)
+    preset = load_preset("params/ci.yaml")
+    grids = C.study_grids(preset, [p.stem for p in NOTEBOOKS])
+    specs = sweep.ensure_grids(preset, grids, jobs=1, progress=False)
+    planned = {spec.run_dir for per_grid in specs for spec in per_grid}
+    assert len(calls) == len(set(calls)) == len(planned)
+    assert {p.parent for p in tmp_path.rglob("summary.json")} == planned
+    assert sum(len(runs_frame(s)) for s in specs) > len(calls)  # grids share runs: trained once, read by each
+    assert {c[2] for c in calls} == {6, 12}
+    assert {c[3] for c in calls} == {1e-3, 3e-3, 1e-2}
+
+
+def test_a_study_resolves_each_run_once(tmp_path, monkeypatch):
+    """Along the ci study (the plan, the reuse of its finished runs, the frames of every grid),
+    ``override`` is applied once per run asked for: the sweep resolves it into a RunSpec and the
+    frames read that handle."""
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run([]))
+    monkeypatch.setattr("studylib.data.pipeline.load_data", lambda *a, **k: None)
+    monkeypatch.setattr(sweep, "_steps", lambda spec, datas: 1)
+    preset = load_preset("params/ci.yaml")
+    names = [p.stem for p in NOTEBOOKS]
+    sweep.ensure_grids(preset, C.study_grids(preset, names), jobs=1, progress=False)  # every run finished
+    calls = []
+    real = presets.override
+
+    def counting(p, overrides):
+        calls.append(overrides)
+        return real(p, overrides)
+
+    import sys
+    for mod in [m for name, m in sys.modules.items() if name.startswith("studylib") and m is not None]:
+        if getattr(mod, "override", None) is real:
+            monkeypatch.setattr(mod, "override", counting)
+    grids = C.study_grids(preset, names)
+    frames = [runs_frame(s) for s in sweep.ensure_grids(preset, grids, jobs=1, progress=False)]
+    asked = {(m, s, tuple((k, repr(v)) for k, v, _ in override_pairs(g.overrides)))
+             for g in grids for m in g.models for s in g.seeds_of(preset)}
+    assert len(calls) == len(asked)
+    assert sum(map(len, frames)) > len(asked)  # each grid's frame read its runs without resolving them again
+
+
+def _fake_train_run(calls):
+    def train_run(preset, model, seed, run_dir=None, progress=True, data=None):
+        calls.append((model, seed, preset.train.max_steps, preset.train.lr, preset.train.data_seed))
+        rd = RunDir(run_dir)
+        rd.path.mkdir(parents=True, exist_ok=True)
+        rd.write_config(run_document(preset, preset.model_config(model), model, seed))
+        rd.write_summary({"model": model, "seed": seed, "best_val_loss": 3.0, "finished": True})
+    return train_run
+
+
+NOTEBOOK = textwrap.dedent("""\
+    # ---
+    # jupyter:
+    #   jupytext:
+    #     formats: py:percent
+    #     text_representation:
+    #       extension: .py
+    #       format_name: percent
+    #   kernelspec:
+    #     display_name: Python 3
+    #     language: python
+    #     name: python3
+    # ---
+
+    # %% tags=["parameters"]
+    params = "params/t.yaml"
+    jobs = None
+
+    # %%
+    from studylib.run.rundir import RunDir
+    from studylib.study.runner.notebooks import notebook_context
+    ctx = notebook_context(params, jobs)
+    ready = [RunDir.of(ctx.preset, m, s).finished() for m in ctx.study.headline for s in ctx.seeds]
+    print("READY", ready)
+    assert all(ready), "the study trains the plan before the notebooks run"
+    from studylib.study.runner.notebooks import open_comparison
+    ctx, runs = open_comparison("headline", params, jobs)
+    print("OPENED", list(zip(runs.frame()["model"], runs.frame()["seed"])), ctx.comparison.notebook)
+    """)
+
+
+def test_study_trains_the_plan_before_the_notebooks_which_open_it_finished(tmp_path, monkeypatch):
+    monkeypatch.delenv("STUDYLIB_OUTPUTS", raising=False)
+    monkeypatch.delenv("STUDYLIB_ROOT", raising=False)
+    (tmp_path / "params").mkdir()
+    raw = tiny_raw(name="t", study={"headline": ["dense", "moe"]})
+    (tmp_path / "params" / "t.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "03_headline_sweep.py").write_text(NOTEBOOK)
+    calls = []
+    monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run(calls))
+    monkeypatch.setattr("studylib.data.pipeline.load_data", lambda *a, **k: None)
+    monkeypatch.setattr(sweep, "_steps", lambda spec, datas: 1)
+    lines = []
+    res = study.run_study("params/t.yaml", root=tmp_path, jobs=1, report=False, progress=False, echo=lines.append)
+    assert sorted((m, s) for m, s, *_ in calls) == [("dense", 1), ("dense", 2), ("moe", 1), ("moe", 2)]
+    assert res["runs_s"] > 0 and any(line.startswith("runs ready in") for line in lines)
+    assert "READY [True, True, True, True]" in (tmp_path / "outputs" / "t" / "notebooks" /
+                                                  "03_headline_sweep.ipynb").read_text()
+    assert "OPENED [('dense', 1), ('dense', 2), ('moe', 1), ('moe', 2)] 03_headline_sweep" in \
+        (tmp_path / "outputs" / "t" / "notebooks" / "03_headline_sweep.ipynb").read_text()
+
+
+def test_fewer_seeds_for_the_comparisons_that_ask_for_them():
+    p = load_preset(ROOT / "params" / "ci.yaml", ["seeds=[5,6,7,8]", "study.downstream_seeds=2",
+                                                   "study.noise_split={seeds: 3}"])
+    assert plan.first_seeds(p, "downstream_seeds") == [5, 6] == list(downstream.grids(p)[0].seeds)
+    assert plan.first_seeds(p, "comparison_seeds") == [5, 6]  # ci: 2
+    assert plan.first_seeds(load_preset(ROOT / "params" / "cpu_full.yaml"), "downstream_seeds") == \
+        list(load_preset(ROOT / "params" / "cpu_full.yaml").seeds)  # absent: every seed
+    headline = C.study_grids(p, ["03_headline_sweep"])
+    # the headline over every seed, then the noise split: init only (3 seeds), order only (one grid per data seed)
+    assert list(headline[0].seeds) == [5, 6, 7, 8] and list(headline[2].seeds) == [5, 6, 7]
+    assert [g.overrides for g in headline[3:]] == [{"train.data_seed": s} for s in (5, 6, 7)]
+    with pytest.raises(ConfigError, match="study.downstream_seeds"):  # refused when the preset loads
+        load_preset(ROOT / "params" / "ci.yaml", ["study.downstream_seeds=1"])
+
+
+def test_notebook_04_reads_any_sparse_moe_where_its_runs_are():
+    """The default is the reference MoE's headline runs; a router variant of notebook 12 is read at
+    study.router_variants_epochs (12's runs), any other MoE at the preset's budget; a model without
+    a sparse router is refused with one line naming the routed models."""
+    p = load_preset(ROOT / "params" / "ci.yaml", ["study.router_variants_epochs=0.5"])
+    ref = routing.grid(p)
+    assert ref.models == [plan.reference_moe(p)] and not ref.overrides
+    variant = routing.grid(p, "moe_sigmoid_bias")
+    assert variant.models == ["moe_sigmoid_bias"] and variant.overrides == router_variants.grid(p).overrides
+    paths = [{s: RunDir.variant(p, "moe_sigmoid_bias", s, g.overrides).path for s in g.seeds_of(p)}
+             for g in (variant, router_variants.grid(p))]
+    assert paths[0] == paths[1] and all("max_steps=6" in str(d) for d in paths[0].values())
+    other = routing.grid(p, "moe_top1")  # an ablation MoE: the preset's budget
+    assert other.models == ["moe_top1"] and not other.overrides
+    # `studylib study --notebooks 04 -p model X` trains X's runs up front, not the reference's
+    assert C.study_grids(p, ["04_routing_diagnostics"], {"04_routing_diagnostics": {"model": "moe_sigmoid_bias"}}) \
+        == [variant]
+    assert C.study_grids(p, ["04_routing_diagnostics"]) == [ref]
+    with pytest.raises(ConfigError, match=r"'dense_active' is 'dense', not a sparse MoE.*moe_top2_z"):
+        routing.grid(p, "dense_active")
+    with pytest.raises(ConfigError, match="nope"):
+        routing.grid(p, "nope")
