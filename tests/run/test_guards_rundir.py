@@ -61,7 +61,7 @@ def test_the_genuine_run_is_read_and_reused(box):
     preset, rd = box
     df = collect_runs(preset, ["dense"], [1])
     assert list(df["seed"]) == [1] and df.loc[0, "best_val_loss"] == rd.summary()["best_val_loss"]
-    assert sweep.ensure_runs(preset, ["dense"], [1], jobs=1, progress=False)["seed"].tolist() == [1]
+    assert [s.seed for s in sweep.ensure_runs(preset, ["dense"], [1], jobs=1, progress=False)] == [1]
 
 
 def test_a_run_without_its_config_is_refused_everywhere(box, capsys):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from studylib.config import ConfigError, Preset
-from studylib.study.comparisons import router_variants
+from studylib.study.comparisons.router_variants import grid as router_variants_grid
 from studylib.study.comparisons.base import Comparison
 from studylib.study.orchestration.plan import reference_moe, study_list
 from studylib.study.orchestration.sweep import Grid
@@ -20,7 +20,7 @@ def grid(preset: Preset, model: Optional[str] = None) -> Grid:
                           f"the routed models of preset {preset.name!r}: "
                           + ", ".join(m for m in preset.models if preset.model_config(m).ffn.kind == "moe"))
     if model != reference_moe(preset) and model in study_list(preset, "router_variants"):
-        return Grid([model], list(preset.seeds), router_variants.grid(preset).overrides)
+        return Grid([model], list(preset.seeds), router_variants_grid(preset).overrides)
     return Grid([model], list(preset.seeds))
 
 

@@ -93,7 +93,7 @@ def _ours_routing(ours, x):
 
     def record(ffn, args):
         x_TD = args[0].reshape(-1, args[0].shape[-1])
-        logits.append(ffn.router_logits(x_TD).detach())
+        logits.append(router.logits(x_TD, ffn.router.weight, ffn.cfg.router_scale).detach())
 
     hooks = [b.ffn.register_forward_pre_hook(record) for b in ours.blocks]
     try:
