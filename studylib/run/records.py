@@ -102,7 +102,7 @@ def summary_record(state, *, model: str, seed: int, preset: str, tokens: int, pa
         "params": params, "num_params": state.model.num_params(),
         "device": str(device), "amp": state.amp,
         # fp32 results depend on it (~1e-7 between 1 and 2 threads): --jobs 1 trains in-process on
-        # every core, a sweep's workers on cores // jobs each (README, "Measured")
+        # every core, a sweep's workers on cores // jobs each (docs/design.md, "Precision")
         "torch_threads": state.prints.get("torch_threads", torch.get_num_threads()),  # the training's (provenance.of_data)
         "world_size": state.world, "config_hash": state.config_hash, "data": data_summary(data),
         "provenance": state.prints,  # fingerprints of the corpus and tokenizer (studylib.run.provenance)

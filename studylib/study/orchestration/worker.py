@@ -35,7 +35,7 @@ from studylib.study.orchestration.common import available_cores
 THREADS_ENV = "STUDYLIB_THREADS"  # a remote worker's torch threads (default: its share of the host's cores)
 PLUGIN = "studylib"
 SHARED_FS = ("outputs and the data cache must be on a filesystem every worker sees, at the same path "
-             "(see the README, 'Runs on several machines')")
+             "(see docs/distributed.md, 'Runs on several machines')")
 
 
 

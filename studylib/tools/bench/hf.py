@@ -9,7 +9,7 @@ no such dropout, only dropout on the attention probabilities (``attention_dropou
 peer gets at the same rate. That is the closest HF config, but not the same computation, and on
 the CPU HF's attention-probability dropout is expensive (its dense active-match step is ~1.6x
 slower with it). ``bench train --dropout 0`` compares identical computations (same weights, same
-loss) on both sides; the README gives both.
+loss) on both sides; docs/measurements.md gives both.
 """
 from __future__ import annotations
 
