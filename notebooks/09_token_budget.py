@@ -33,13 +33,25 @@
 #   runs actually went over the training windows; above 1 the data repeats (hollow markers).
 # * `epochs: 1.0` is the preset's own run (for the headline trio: notebook 03's runs, reused, not
 #   retrained).
+# * A budget is given in epochs or in **tokens per active parameter** of the trio's MoE, so that
+#   model sizes share budgets: the map has two dimensions (size x tokens/param), and the study asks
+#   which of the two moves each gap.
 # * Gaps are paired by seed: per-seed gaps, then mean, sample std, n and a paired-t 95% CI
-#   (`studylib.study.analysis.stats.paired`); a gap is **resolved** only when its CI excludes zero.
-# * The trend is the slope of the gap per decade of tokens/param, fitted per seed by least squares
-#   and summarised with the same paired statistics over the per-seed slopes. A zero crossing is
-#   interpolated linearly in log10(tokens/param) between the two budgets whose means bracket it;
-#   its uncertainty is the stretch of tokens/param where the 95% CI band (interpolated the same way)
-#   includes zero. Anything beyond the measured range is labelled extrapolation.
+#   (`studylib.study.analysis.stats`). **One family per gap: the map's points.** Over it, Holm's
+#   correction (the adjusted p beside the raw one) and an equivalence test (paired TOST) against the
+#   margin `study.margin` (default the power target, ±0.03 nats): every point is "MoE better",
+#   "dense better", "equivalent within ±margin" or "inconclusive".
+# * **The gap model** (`studylib.study.analysis.fits.gap_model`): each gap as a plane in log10
+#   tokens/param and log10 size (their interaction only where the grid supports it), fitted to every
+#   seed's gap, with intervals from a bootstrap that resamples seeds within each map point. Its two
+#   slopes are the tokens/param effect at fixed size and the size effect at fixed tokens/param (a
+#   family of their own per gap: Holm over the bootstrap p values). Where the fitted gap is zero is a
+#   **crossing line** in (size, tokens/param) with a band; every point is also predicted with itself
+#   left out.
+# * **A loss law** per model (L = E + A/N^alpha + B/D^beta, Hoffmann et al. 2022, approach 3);
+#   where the grid does not identify a parameter it says so instead of printing a number.
+# * Anything beyond the measured range is labelled extrapolation; the paper's point is compared in
+#   sign and ordering only.
 
 # %% tags=["parameters"]
 params = "params/cpu.yaml"
@@ -55,6 +67,7 @@ t_start = time.perf_counter()
 from IPython.display import Markdown, display
 
 from studylib.study.analysis import budget_checks, budget_plots, plots, text
+from studylib.study.analysis import budget_fits as bf
 from studylib.study.analysis import budget_map as bm
 from studylib.study.comparisons import token_budget
 from studylib.study.runner.notebooks import open_comparison
@@ -68,8 +81,8 @@ epoch_unit = (f"train.max_steps = {preset.train.max_steps} steps (not a pass ove
               if preset.train.max_steps is not None else "one pass over the training windows")
 print(f"preset {preset.name!r}, seeds {seeds}; one epoch = {epoch_unit}")
 for t in trios:
-    print(f"  size {bm.size_label(t.size, active[t.size])}: {t.models}, epochs {list(t.epochs)}, "
-          f"seeds {t.seeds_of(seeds)}")
+    print(f"  size {bm.size_label(t.size, active[t.size])}: {t.models}, epochs "
+          f"{[float(f'{e:.4g}') for e in t.epochs]}, seeds {t.seeds_of(seeds)}")
 
 # %% [markdown]
 # ## The runs: which are the preset's own (reused), which are budgets of their own
@@ -90,11 +103,12 @@ assert len(summaries) == sum(len(t.epochs) * 3 * len(t.seeds_of(seeds)) for t in
 print(f"{len(summaries)} runs ready")
 
 # %% [markdown]
-# ## The table: every size x budget, both gaps with their 95% CIs
+# ## The table: every size x budget, both gaps with their 95% CIs and verdicts
 
 # %%
+margin = study.power_target
 per_seed = bm.gap_frame(summaries, trios, active)
-table = bm.gap_table(per_seed, active)
+table = bm.gap_table(per_seed, active, margin=margin)
 plots.save_table(table, "token_budget_gaps", out, index=False)
 plots.save_table(per_seed, "token_budget_per_seed", out, index=False)
 display(bm.display_table(table))
@@ -105,6 +119,11 @@ if len(repeated):
         f"(each window seen up to {r.max_views} times)" for r in repeated.itertuples()) + ".")
 else:
     print("No budget passes over the training data more than once (no repeated windows).")
+shared = bm.shared_budgets(table)
+print("Sizes that share a tokens/param: " + ("; ".join(f"{x:.3g}: {', '.join(s)}" for x, s in shared) or "none")
+      + ".")
+for gap in bm.GAPS:
+    print(bm.point_sentences(table, gap))
 
 # %% [markdown]
 # ### What repetition does
@@ -136,11 +155,47 @@ display(power[["size", "epochs", "tokens_per_param", "gap", "n", "std", "half_wi
 print(text.power_sentences(power.set_index("comparison")))
 
 # %% [markdown]
-# ## The figure: both gaps against tokens per active parameter
+# ## The fits: the gap model, the crossing line, every point left out, the loss laws
+
+# %%
+models = bf.gap_models(per_seed)
+coefs = bf.coefficient_table(models)
+crossing = bf.crossing_table(models)
+loo = bf.loo_table(per_seed)
+losses = bf.loss_frame(preset, trios, summaries)
+fitted_laws = bf.loss_laws(losses)
+laws = bf.loss_law_table(fitted_laws)
+extrapolation = bf.extrapolation_table(models, fitted_laws)
+for name, t in (("token_budget_fit", coefs), ("token_budget_crossing", crossing), ("token_budget_loo", loo),
+                ("token_budget_losses", losses), ("token_budget_loss_law", laws),
+                ("token_budget_extrapolation", extrapolation)):
+    plots.save_table(t, name, out, index=False)
+for gap in bm.GAPS:
+    print(bf.what_moves(coefs, gap))
+display(coefs[["gap", "term", "estimate", "ci_low", "ci_high", "p_boot", "p_holm", "verdict", "reason"]])
+
+# %% [markdown]
+# ### Every point predicted with itself left out
+#
+# `inside`: the measured mean lies in the prediction interval (the refit's bootstrap plus the noise
+# of a mean of that many seeds); `extrapolated`: the point lies outside the other points' ranges.
+
+# %%
+display(loo)
+
+# %% [markdown]
+# ### The loss law per model, and the paper's point (extrapolation)
+
+# %%
+display(laws[["role", "parameter", "estimate", "ci_low", "ci_high", "identified", "reason", "cells"]])
+display(extrapolation)
+
+# %% [markdown]
+# ## The figures: the map (one line per size, fitted lines dashed) and the crossing line
 #
 # Mean over seeds with the 95% CI band, one line per model size; hollow markers: the budget repeats
-# data. The star is the paper's headline point; diamonds are the `paper` preset's own runs when they
-# exist on this machine (a GPU study).
+# data; dashed: the gap model at that size. The star is the paper's headline point; diamonds are the
+# `paper` preset's own runs when they exist on this machine (a GPU study).
 
 # %%
 paper_table, paper_note = bm.paper_preset_points(ctx.root, preset)
@@ -148,17 +203,17 @@ print(paper_note)
 if paper_table is not None:
     plots.save_table(paper_table, "token_budget_gaps_paper_preset", out, index=False)
     display(bm.display_table(paper_table))
-fig = budget_plots.gap_map(table, paper_table=paper_table,
+fig = budget_plots.gap_map(table, paper_table=paper_table, models=models,
                            title=f"Gaps against tokens per active parameter ({preset.name}; seeds per size in the table)",
                            outdir=out, name="token_budget_gaps")
+fig2 = budget_plots.crossing_line(crossing, table, outdir=out, name="token_budget_crossing")
 
 # %% [markdown]
-# ## Where each gap crosses zero, and its trend
+# ## In words
 
 # %%
-lines = []
-for gap in bm.GAPS:
-    lines += bm.gap_sentences(table, per_seed, gap)
+lines = [bm.point_sentences(table, gap) for gap in bm.GAPS]
+lines += bf.fit_sentences(coefs, crossing, loo, laws, extrapolation)
 lines.append(bm.paper_sentence(table))
 for s in lines:
     print(s, "\n")
@@ -167,13 +222,17 @@ display(Markdown("\n\n".join(f"* {s}" for s in lines)))
 # %% [markdown]
 # ## What this does not show
 #
-# The points are few budgets per size and a handful of seeds; a crossing is a linear interpolation
-# between two measured budgets, and the CI band's stretch is a pointwise statement, not a confidence
-# interval for the crossing itself. Pooling the sizes assumes the gaps depend on tokens per
-# parameter alone, which the per-size lines test only where they overlap. Larger budgets repeat data
-# (marked), which can favour the model that memorises better. The preset's scale (tiny widths, a
-# 3.5 MB subset, a short context) is far from the paper's; only the `paper` preset on a GPU measures
-# the paper's own regime.
+# The map has few points and a handful of seeds per point; the gap model is a plane in log
+# tokens/param and log size, so a curved dependence (a gap that rises, then falls) shows up only as
+# misses in the leave-one-out table. Its intervals are bootstrap intervals over seeds within each
+# point, which say nothing about a model the grid does not span. The coefficients hold at the
+# grid's centre; the crossing line is where the fitted plane is zero, and its band is pointwise.
+# Larger budgets repeat data (marked; Muennighoff et al. 2023 find up to ~4 passes cost little),
+# which can favour the model that memorises better. A loss law with five parameters is identified
+# only by a grid with several sizes *and* several budgets per size; with fewer points it names the
+# parameters it cannot pin down. The preset's scale (tiny widths, a 3.5 MB subset, a short context)
+# is far from the paper's: the fits' predictions there are extrapolations, compared in sign and
+# ordering only; only the `paper` preset on a GPU measures the paper's own regime.
 
 # %%
 elapsed = time.perf_counter() - t_start

@@ -21,12 +21,18 @@ MODEL_LISTS = ("headline", "ablation", "granularity", "iso_width", "router_varia
 @dataclass(frozen=True)
 class TrioConfig:
     """One model size of the token-budget map: [active-match dense, reference MoE, total-match
-    dense], the budgets (epochs of the preset's schedule, ascending) and, optionally, how many of
-    the preset's seeds it trains (default: all)."""
+    dense], the budgets and, optionally, how many of the preset's seeds it trains (default: all).
+
+    A budget is given in ``epochs`` of the preset's schedule (``1.0``: the preset's own run) or in
+    ``tokens_per_param``, target tokens per active parameter of the trio's MoE, so that sizes can
+    share one (a map in two dimensions); the map turns the latter into epochs once it knows one
+    epoch's steps (:func:`studylib.study.analysis.budget_map.budget_trios`), after which
+    ``tokens_per_param`` is empty and ``epochs`` holds every budget, ascending."""
 
     models: tuple[str, str, str]
     epochs: tuple[float, ...]
     seeds: Optional[int] = None
+    tokens_per_param: tuple[float, ...] = ()
 
     def seeds_of(self, seeds: Sequence[int]) -> list[int]:
         """The seeds this trio is trained with: the first ``self.seeds`` of ``seeds`` (all if None)."""
@@ -195,7 +201,8 @@ def _lr_sweep(raw: Any) -> LrSweepConfig:
     return LrSweepConfig(tuple(lrs), n, epochs, tol)
 
 
-TOKEN_BUDGET_SHAPE = "{trios: [{models: [dense_active, moe, dense_total], epochs: [0.333, 1.0], seeds: 5}, ...]}"
+TOKEN_BUDGET_SHAPE = ("{trios: [{models: [dense_active, moe, dense_total], epochs: [1.0], tokens_per_param: [1.0, 28.9], "
+                      "seeds: 5}, ...]} (epochs and/or tokens_per_param)")
 
 
 def _token_budget(tb: Any, models: Mapping, ffn_kind) -> TokenBudgetConfig:
@@ -208,13 +215,14 @@ def _token_budget(tb: Any, models: Mapping, ffn_kind) -> TokenBudgetConfig:
     out, seen = [], set()
     for i, t in enumerate(raw):
         where = f"{key}.trios[{i}]"
-        if not isinstance(t, Mapping) or not {"models", "epochs"} <= set(t) <= {"models", "epochs", "seeds"}:
-            raise ConfigError(f"{where}: expected a mapping with keys 'models' and 'epochs' (and optionally "
-                              f"'seeds'), got {t!r}")
+        keys = {"models", "epochs", "tokens_per_param", "seeds"}
+        if not isinstance(t, Mapping) or "models" not in t or not set(t) <= keys or not {"epochs", "tokens_per_param"} & set(t):
+            raise ConfigError(f"{where}: expected a mapping with keys 'models' and 'epochs' and/or 'tokens_per_param' "
+                              f"(and optionally 'seeds'), got {t!r}")
         n_seeds = t.get("seeds")
         if n_seeds is not None:
             _count(n_seeds, f"{where}.seeds", "how many of the preset's seeds to train")
-        names, epochs = t["models"], t["epochs"]
+        names = t["models"]
         if (not isinstance(names, list) or len(names) != 3 or not all(isinstance(m, str) for m in names)
                 or len(set(names)) != 3):
             raise ConfigError(f"{where}.models: expected three different model names "
@@ -227,11 +235,18 @@ def _token_budget(tb: Any, models: Mapping, ffn_kind) -> TokenBudgetConfig:
             raise ConfigError(f"{where}.models[1]: the reference MoE {names[1]!r} names a second trio; "
                               "each trio is one model size")
         seen.add(names[1])
-        if (not isinstance(epochs, list) or not epochs or not all(_is_number(e) and e > 0 for e in epochs)
-                or len(set(epochs)) != len(epochs)):
-            raise ConfigError(f"{where}.epochs: expected a non-empty list of different positive numbers "
-                              f"(epochs of the preset's schedule), got {epochs!r}")
-        out.append(TrioConfig(tuple(names), tuple(sorted(float(e) for e in epochs)), n_seeds))
+        lists = {}
+        for k, what in (("epochs", "epochs of the preset's schedule"),
+                        ("tokens_per_param", "target tokens per active parameter of the MoE")):
+            v = t.get(k, [])
+            if (not isinstance(v, (list, tuple)) or not all(_is_number(e) and e > 0 for e in v)
+                    or len(set(v)) != len(v)):
+                raise ConfigError(f"{where}.{k}: expected a list of different positive numbers ({what}), got {v!r}")
+            lists[k] = tuple(sorted(float(e) for e in v))
+        if not any(lists.values()):
+            raise ConfigError(f"{where}: no budget: 'epochs' and 'tokens_per_param' are both empty "
+                              f"({TOKEN_BUDGET_SHAPE})")
+        out.append(TrioConfig(tuple(names), lists["epochs"], n_seeds, lists["tokens_per_param"]))
     return TokenBudgetConfig(tuple(out))
 
 

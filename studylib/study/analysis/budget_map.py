@@ -1,27 +1,28 @@
-"""Where the MoE starts to win (issue #11): both headline gaps against tokens per active parameter.
+"""Where the MoE starts to win (issues #11, #31): both headline gaps over a map of model size x
+tokens per active parameter.
 
 The preset's ``study.token_budget`` lists model-size trios (active-matched dense, reference MoE,
-total-matched dense) and, per trio, token budgets in *epochs* of the preset's own schedule. Each
-budget is trained as a run of its own (its own warmup and cosine to its own end; see
-:func:`studylib.run.spec.budget_overrides`): ``epochs: 1.0`` is the preset's own run (the
+total-matched dense) and, per trio, token budgets in *epochs* of the preset's own schedule and/or
+in *tokens per active parameter* of the trio's MoE (so that sizes share budgets: a map in two
+dimensions). Each budget is trained as a run of its own (its own warmup and cosine to its own end;
+see :func:`studylib.run.spec.budget_overrides`): ``epochs: 1.0`` is the preset's own run (the
 headline notebook's, reused), ``epochs: e`` trains ``round(e * S)`` optimizer steps, where S is one
 epoch of the training windows, or ``train.max_steps`` when the preset sets it (then the "epoch" is
 ``max_steps`` steps, not a pass over the data; the table's ``data_passes`` column says what the runs
-actually saw).
+actually saw); ``tokens_per_param: x`` trains ``round(x * A / tokens_per_step)`` steps.
 
-This module holds all the logic of notebook 09:
+This module holds the map's runs and points (the fits over them are
+:mod:`studylib.study.analysis.budget_fits`):
 
-* :func:`budget_trios` reads and validates the knob; :func:`run_plan` says which (model, budget)
-  runs are the preset's own (reused) and which are budget runs of their own;
-* :mod:`studylib.study.comparisons.token_budget` ensures every run exists (training only the missing ones) and returns the
-  summaries; :func:`paper_preset_points` finds the ``paper`` preset's runs when they exist (it
-  never trains);
-* :func:`gap_frame` (per-seed gaps) and :func:`gap_table` (per size x budget, through
-  :func:`studylib.study.analysis.stats.paired`, the one statistics function);
-* :func:`studylib.study.analysis.crossing.crossings` (where a gap changes sign, interpolated linearly in log10 tokens/param between
-  the two bracketing budgets, with the range where the 95% CI band includes zero as its
-  uncertainty), :func:`studylib.study.analysis.crossing.trend` (the slope per decade, fitted per seed and summarised with
-  :func:`~studylib.study.analysis.stats.paired` over the per-seed slopes) and :func:`gap_sentences`.
+* :func:`budget_trios` reads the knob (budgets in epochs); :func:`run_plan` says which
+  (model, budget) runs are the preset's own (reused) and which are budget runs of their own;
+* :mod:`studylib.study.comparisons.token_budget` ensures every run exists (training only the
+  missing ones) and returns the summaries; :func:`paper_preset_points` finds the ``paper``
+  preset's runs when they exist (it never trains);
+* :func:`gap_frame` (per-seed gaps) and :func:`gap_table` (per size x budget: paired statistics
+  and, over each gap's map points as one family, Holm-adjusted p values, the equivalence test
+  and a verdict: :func:`studylib.study.analysis.stats.family`); :func:`shared_budgets` (the
+  tokens/param values several sizes share) and :func:`point_sentences`.
 
 Sign convention (both gaps): ``dense - MoE`` in best validation loss, so **positive = the MoE is
 better**. The matched-total gap is therefore the negative of notebook 03's ``MoE - dense_total``.
@@ -29,6 +30,7 @@ better**. The matched-total gap is therefore the negative of notebook 03's ``MoE
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -38,11 +40,10 @@ import pandas as pd
 from studylib.config import ConfigError, Preset, load_preset, override
 from studylib.config.study import MODEL_LISTS, TOKEN_BUDGET_SHAPE, TrioConfig
 from studylib.run.rundir import RunDir
-from studylib.study.analysis.crossing import Crossing, Trend, crossings, trend
 from studylib.study.analysis.frames import collect_runs, seed_pairs
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_BUDGET_TOKENS, PAPER_GAPS, PAPER_TOKENS_PER_PARAM
-from studylib.study.analysis.stats import Paired, paired
-from studylib.run.spec import budget_overrides
+from studylib.study.analysis.stats import MARGIN, family, paired
+from studylib.run.spec import budget_overrides, epoch_steps
 from studylib.study.analysis.tables import fmt_count
 
 KEY = "study.token_budget"
@@ -60,13 +61,35 @@ PAPER_POINT = {"tokens_per_param": PAPER_TOKENS_PER_PARAM,
 # --------------------------------------------------------------------------------------------
 # the knob
 # --------------------------------------------------------------------------------------------
-def budget_trios(preset: Preset) -> list[TrioConfig]:
+def budget_trios(preset: Preset, schedule: Optional[Preset] = None) -> list[TrioConfig]:
     """The trios of ``study.token_budget`` (checked when the preset loaded:
-    :class:`studylib.config.TrioConfig`); absent: one ConfigError line naming the knob."""
+    :class:`studylib.config.TrioConfig`) with every budget in epochs: a ``tokens_per_param`` budget
+    ``x`` becomes ``round(x * A / tokens_per_step)`` optimizer steps (``A``: the trio's MoE's active
+    parameters; :func:`tokens_per_step`), i.e. that many steps over one epoch's ``S`` steps of
+    ``schedule`` (default: the preset; :func:`studylib.run.spec.epoch_steps`, which may load the
+    data), and ``1.0`` exactly when the steps are ``S`` (the preset's own run). Absent: one
+    ConfigError line naming the knob."""
     tb = preset.study.token_budget
     if tb is None:
         raise ConfigError(f"{KEY}: missing from preset {preset.name!r}; expected {TOKEN_BUDGET_SHAPE}")
-    return list(tb.trios)
+    trios = list(tb.trios)
+    if not any(t.tokens_per_param for t in trios):
+        return trios
+    s, per_step = epoch_steps(schedule or preset), tokens_per_step(preset)
+    out = []
+    for t in trios:
+        a = int(preset.model_config(t.moe).num_params.active)
+        by_steps = {max(1, round(e * s)): e for e in t.epochs}
+        for x in t.tokens_per_param:
+            n = max(1, round(x * a / per_step))
+            by_steps.setdefault(n, 1.0 if n == s else n / s)
+        out.append(replace(t, epochs=tuple(sorted(by_steps.values())), tokens_per_param=()))
+    return out
+
+
+def tokens_per_step(preset: Preset) -> int:
+    """Target tokens of one optimizer step: windows per step times ``data.context - 1`` targets."""
+    return preset.train.batch_size * preset.train.grad_accum * (preset.data.context - 1)
 
 
 def active_params(preset: Preset, trios: Sequence[TrioConfig]) -> dict:
@@ -139,13 +162,15 @@ def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], 
     paper_p = load_preset(path)
     if paper_p.study.token_budget is None:
         return None, f"The paper preset lists no {KEY}."
-    trios, frames = budget_trios(paper_p), []
-    for t in trios:
+    trios, frames = [], []
+    for t in paper_p.study.token_budget.trios:
         one = collect_runs(paper_p, list(t.models), list(paper_p.seeds))
         if one.empty or "steps" not in one:
             continue
         steps = int(one["steps"].iloc[0])
         fixed = override(paper_p, {"train.max_steps": steps})  # its one epoch, without loading data
+        t = next(r for r in budget_trios(paper_p, schedule=fixed) if r.moe == t.moe) if t.tokens_per_param else t
+        trios.append(t)
         for e in t.epochs:
             ov = budget_overrides(fixed, e)
             df = collect_runs(paper_p, list(t.models), list(paper_p.seeds), overrides=ov)
@@ -191,11 +216,15 @@ def gap_frame(summaries: pd.DataFrame, trios: Sequence[TrioConfig], active: dict
                                        "tokens_per_param", "data_passes"])
 
 
-def gap_table(per_seed: pd.DataFrame, active: dict) -> pd.DataFrame:
+def gap_table(per_seed: pd.DataFrame, active: dict, margin: float = MARGIN) -> pd.DataFrame:
     """One row per size x budget: tokens, tokens per active parameter, epochs, passes over the
     data (``repeats``: more than one, so some windows are seen twice or more; ``max_views``: the
-    most times one window is seen) and, per gap, the paired statistics of ``dense - moe``
-    (:func:`studylib.study.analysis.stats.paired`: mean, std, n, 95% CI, p, resolved) and its ``fmt``."""
+    most times one window is seen) and, per gap, the paired statistics of ``dense - moe`` (mean,
+    std, n, 95% CI, p, ``fmt``) with the verdict of :func:`studylib.study.analysis.stats.family`
+    over the map's points of that gap (the notebook's family: one per gap): ``p_holm`` beside the
+    raw ``p``, the equivalence test within ``±margin`` (``p_tost``, ``p_tost_holm``), ``resolved``
+    (after Holm), ``equivalent`` and ``verdict`` ("A better": the dense model is better, "B
+    better": the MoE is, "equivalent", "inconclusive")."""
     rows = []
     for (size, e), d in per_seed.groupby(["size", "epochs"], sort=False):
         first = d.iloc[0]
@@ -209,13 +238,35 @@ def gap_table(per_seed: pd.DataFrame, active: dict) -> pd.DataFrame:
             if g.empty:
                 continue
             p = paired(g["dense"].to_numpy(), g["moe"].to_numpy())
-            row.update({f"{gap}_{k}": v for k, v in p.as_dict().items() if k != "level"})
+            row.update({f"{gap}_{k}": v for k, v in p.as_dict().items() if k not in ("level", "resolved")})
             row[f"{gap}_fmt"] = p.fmt()
+            row[f"{gap}_values"] = g["value"].to_numpy()
         rows.append(row)
     out = pd.DataFrame(rows)
+    for gap in GAPS:
+        if f"{gap}_values" not in out:
+            continue
+        have = out[f"{gap}_values"].notna()
+        fam = family({i: v for i, v in out.loc[have, f"{gap}_values"].items()}, margin=margin).reindex(out.index)
+        for k in ("p_holm", "p_tost", "p_tost_holm", "resolved", "equivalent", "verdict", "family_size", "margin"):
+            out[f"{gap}_{k}"] = fam[k]
+        out = out.drop(columns=f"{gap}_values")
     order = {s: i for i, s in enumerate(dict.fromkeys(out["size"]))}  # sizes in trio order
     return (out.assign(_o=out["size"].map(order)).sort_values(["_o", "tokens_per_param"], kind="stable")
             .drop(columns="_o").reset_index(drop=True))
+
+
+def shared_budgets(table: pd.DataFrame, rel: float = 0.02) -> list[tuple[float, list[str]]]:
+    """``[(tokens/param, sizes)]``: the tokens-per-parameter values that two or more sizes share
+    (within ``rel``, relative), each with the sizes measured there."""
+    pts = table.sort_values("tokens_per_param")[["tokens_per_param", "size"]].to_numpy()
+    groups: list[list] = []
+    for x, size in pts:
+        if groups and x <= groups[-1][0] * (1 + rel):
+            groups[-1][1].append(size)
+        else:
+            groups.append([x, [size]])
+    return [(float(x), list(dict.fromkeys(s))) for x, s in groups if len(set(s)) > 1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,79 +276,28 @@ def _x(v: float) -> str:
     return f"{v:.3g}"
 
 
-def _ci(p: Paired) -> str:
-    return f"[{p.ci_low:+.4f}, {p.ci_high:+.4f}]"
+#: a map point's verdict ("A better": the dense model, "B better": the MoE) in the map's words
+VERDICT_WORDS = {"A better": "dense better", "B better": "MoE better", "equivalent": "equivalent",
+                 "inconclusive": "inconclusive"}
 
 
-def _crossing_text(c: Crossing, band: bool = True) -> str:
-    """One crossing in words; ``band=False``: its CI band was already given (a band that holds
-    two crossings is named once)."""
-    how = "the MoE overtakes the dense model" if c.rising else "the dense model overtakes the MoE"
-    s = (f"crosses zero at {_x(c.x)} tokens/param ({how} going up in tokens; interpolated in "
-         f"log10 tokens/param between the budgets at {_x(c.between[0])} and {_x(c.between[1])})")
-    if math.isnan(c.x_low):
-        return s + "; no uncertainty with fewer than two seeds"
-    if not band:
-        return s + ", inside the same 95% CI band"
-    lo = f"{_x(c.x_low)}" + (" (the lower edge of the measured range: it may lie below)" if c.low_open else "")
-    hi = f"{_x(c.x_high)}" + (" (the upper edge of the measured range: it may lie above)" if c.high_open else "")
-    return s + f"; the 95% CI band includes zero from {lo} to {hi}"
-
-
-def _trend_text(tr: Optional[Trend], crossed: bool) -> str:
-    if tr is None:
-        return "No trend: fewer than two budgets per seed."
-    p = tr.slope
-    if p.n < 2:
-        return f"Trend: {p.mean:+.4f} per decade of tokens/param (one seed: no interval)."
-    way = "the gap grows (towards the MoE)" if p.mean > 0 else "the gap falls (towards the dense model)"
-    s = (f"Trend: {p.mean:+.4f} per decade of tokens/param, 95% CI {_ci(p)} over {p.n} per-seed fits "
-         f"({tr.n_points} budgets): ")
-    if not p.resolved:
-        return s + "not resolved (the CI includes 0), so no extrapolation is made."
-    s += f"resolved, {way} with more tokens per parameter."
-    if not crossed:
-        z = tr.zero()
-        lo, hi = tr.x_range
-        if z == z and z > hi:
-            s += (f" Extrapolation (beyond the measured {_x(lo)}-{_x(hi)} tokens/param, assuming the line "
-                  f"continues): the mean line would reach zero at ~{_x(z)} tokens/param.")
-        elif z == z and z < lo:
-            s += (f" Extrapolation (assuming the line continues): with more tokens it moves away from zero; "
-                  f"it reaches zero only below the measured range (~{_x(z)} tokens/param).")
-    return s
-
-
-def gap_sentences(table: pd.DataFrame, per_seed: pd.DataFrame, gap: str, pooled: bool = True) -> list[str]:
-    """Sentences for one gap: per size (and, with ``pooled`` and several sizes, over all points,
-    which assumes the gap depends on tokens/param alone), where the mean crosses zero (or that it
-    does not within the measured range), how many budgets are resolved, and the trend."""
-    label = GAPS[gap][1].replace(" (", " (> 0: the MoE is better; ", 1)
-    scopes = [(f"size {lbl}", table[table["size"] == s],
-               per_seed[(per_seed["size"] == s) & (per_seed["gap"] == gap)])
-              for s, lbl in dict(zip(table["size"], table["size_label"])).items()]
-    if pooled and table["size"].nunique() > 1:
-        scopes.append(("all sizes pooled (assumes the gap depends on tokens/param alone)", table,
-                       per_seed[per_seed["gap"] == gap]))
-    out = []
-    for name, t, ps in scopes:
-        t = t.sort_values("tokens_per_param")
-        x = t["tokens_per_param"].to_numpy(dtype=float)
-        mean = t[f"{gap}_mean"].to_numpy(dtype=float)
-        cs = crossings(x, mean, t[f"{gap}_ci_low"], t[f"{gap}_ci_high"])
-        res = int(t[f"{gap}_resolved"].sum())
-        head = (f"{label[0].upper()}{label[1:]}, {name}, {len(t)} budgets over "
-                f"{_x(x.min())}-{_x(x.max())} tokens/param: ")
-        if cs:
-            bands = [(c.x_low, c.x_high) for c in cs]
-            s = head + "it " + "; it also ".join(_crossing_text(c, band=b not in bands[:i])
-                                                  for i, (c, b) in enumerate(zip(cs, bands))) + "."
-        else:
-            sign = "positive (the MoE is better)" if mean[0] > 0 else "negative (the dense model is better)"
-            s = head + f"it does not cross zero within the measured range; every budget's mean is {sign}."
-        s += f" {res} of {len(t)} budgets resolved (CI excludes 0). " + _trend_text(trend(ps), bool(cs))
-        out.append(s)
-    return out
+def point_sentences(table: pd.DataFrame, gap: str) -> str:
+    """One gap's map points by verdict (Holm over the gap's points; equivalence within the margin)."""
+    label = GAPS[gap][1]
+    t = table[table[f"{gap}_verdict"].notna()]
+    if t.empty:
+        return f"{label[0].upper()}{label[1:]}: no map point has both models."
+    m, margin = int(t[f"{gap}_family_size"].iloc[0]), float(t[f"{gap}_margin"].iloc[0])
+    parts = []
+    for v in ("B better", "A better", "equivalent", "inconclusive"):
+        r = t[t[f"{gap}_verdict"] == v]
+        if len(r):
+            what = {"equivalent": f"equivalent within ±{margin:g} nats"}.get(v, VERDICT_WORDS[v])
+            pts = ", ".join(f"{size} at {_x(x)} ({fmt}; Holm p={p:.2g})" for size, x, fmt, p in
+                            zip(r["size"], r["tokens_per_param"], r[f"{gap}_fmt"], r[f"{gap}_p_holm"]))
+            parts.append(f"{what} at {len(r)}: {pts}")
+    return (f"{label[0].upper()}{label[1:]} (> 0: the MoE is better), {len(t)} map points, Holm over {m}: "
+            + "; ".join(parts) + ".")
 
 
 def paper_sentence(table: pd.DataFrame) -> str:
@@ -317,20 +317,22 @@ def paper_sentence(table: pd.DataFrame) -> str:
 
 
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
-    """The table as the notebook shows it (formatted gaps with CIs, seeds, resolved)."""
+    """The table as the notebook shows it (formatted gaps with CIs, Holm-adjusted p, verdicts)."""
     out = pd.DataFrame({
-        "size": table["size_label"], "epochs": table["epochs"], "target tokens": table["tokens"],
-        "tokens/param": table["tokens_per_param"].map(lambda v: f"{v:.3g}"),
+        "size": table["size_label"], "epochs": table["epochs"].map(lambda v: f"{v:.3g}"),
+        "target tokens": table["tokens"], "tokens/param": table["tokens_per_param"].map(lambda v: f"{v:.3g}"),
         "data passes": table["data_passes"].map(lambda v: f"{v:.2f}"),
     })
     for gap, col in (("active", "matched active (dense_active - MoE)"),
                      ("total", "matched total (dense_total - MoE)")):
         if f"{gap}_fmt" in table:
-            out[col] = table[f"{gap}_fmt"] + np.where(table[f"{gap}_resolved"], " resolved", " not resolved")
+            out[col] = table[f"{gap}_fmt"]
+            out[f"{gap} p / Holm"] = [f"{p:.2g} / {q:.2g}" for p, q in zip(table[f"{gap}_p"], table[f"{gap}_p_holm"])]
+            out[f"{gap} verdict"] = table[f"{gap}_verdict"].map(VERDICT_WORDS)
             out[f"{gap} std"] = table[f"{gap}_std"].map(lambda v: f"{v:.4f}")
     return out.reset_index(drop=True)
 
 
-__all__ = ["KEY", "GAPS", "PAPER_POINT", "budget_trios", "active_params", "size_label", "budgets", "run_plan",
-           "budget_columns", "paper_preset_points", "gap_frame", "gap_table", "gap_sentences", "paper_sentence",
-           "display_table"]
+__all__ = ["KEY", "GAPS", "PAPER_POINT", "VERDICT_WORDS", "budget_trios", "tokens_per_step", "active_params",
+           "size_label", "budgets", "run_plan", "budget_columns", "paper_preset_points", "gap_frame", "gap_table",
+           "shared_budgets", "point_sentences", "paper_sentence", "display_table"]

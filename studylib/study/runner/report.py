@@ -73,13 +73,16 @@ def headline_sentences(gaps, out_dir: Path) -> tuple[str, str]:
     return verdict.strip(), limits.strip()
 
 
-def map_sentences(table, per_seed) -> list[str]:
-    """The token-budget map's sentences (notebook 09's words: its gap and paper sentences)."""
+def map_sentences(out_dir: Path, table) -> list[str]:
+    """The token-budget map's sentences, notebook 09's words rebuilt from its tables: each gap's
+    points by verdict, the fits (when their tables exist) and the paper's range."""
+    from studylib.study.analysis import budget_fits as bf
     from studylib.study.analysis import budget_map as bm
 
-    out = []
-    for gap in bm.GAPS:
-        out += bm.gap_sentences(table, per_seed, gap)
+    out = [bm.point_sentences(table, gap) for gap in bm.GAPS]
+    fits = [_read_table(out_dir, f"token_budget_{n}") for n in ("fit", "crossing", "loo", "loss_law", "extrapolation")]
+    if all(f is not None for f in fits):
+        out += bf.fit_sentences(*fits)
     return out + [bm.paper_sentence(table)]
 
 
@@ -152,18 +155,20 @@ def answer_cells(out_dir: os.PathLike, paths: Sequence[Path] = ()) -> list:
     cells.append(new_markdown_cell("\n".join(md)))
     if (out_dir / "figures" / f"{HEADLINE}.png").is_file():
         cells.append(_figure_cell(out_dir / "figures" / f"{HEADLINE}.png"))
-    table, per_seed = _read_table(out_dir, MAP), _read_table(out_dir, "token_budget_per_seed")
-    if table is not None and per_seed is not None and len(table):
+    table = _read_table(out_dir, MAP)
+    if table is not None and len(table):
         cells.append(new_markdown_cell("**The token-budget map (notebook 09).**\n\n"
-                                       + "\n".join(f"* {s}" for s in map_sentences(table, per_seed))))
-        if (out_dir / "figures" / f"{MAP}.png").is_file():
-            cells.append(_figure_cell(out_dir / "figures" / f"{MAP}.png"))
+                                       + "\n".join(f"* {s}" for s in map_sentences(out_dir, table))))
+        for fig in (MAP, "token_budget_crossing"):
+            if (out_dir / "figures" / f"{fig}.png").is_file():
+                cells.append(_figure_cell(out_dir / "figures" / f"{fig}.png"))
     else:
         cells.append(new_markdown_cell(f"**The token-budget map.** Not computed: no `tables/{MAP}.csv` "
                                        "(notebook 09 did not run in this study)."))
-    limits.append("The map's points are few budgets per size and a handful of seeds; a crossing is interpolated "
-                  "between two measured budgets. Nothing here is measured at the paper's scale; only the `paper` "
-                  "preset on a GPU measures its regime.")
+    limits.append("The map's points are few sizes and budgets with a handful of seeds each; the gap model is a "
+                  "plane in log tokens/param and log size, and its crossing line is where that plane is zero. "
+                  "Nothing here is measured at the paper's scale (the fits' predictions there are extrapolations, "
+                  "compared in sign and ordering only); only the `paper` preset on a GPU measures its regime.")
     cells.append(new_markdown_cell("**What this does not show.**\n\n" + "\n".join(f"* {s}" for s in limits)
                                    + "\n\n**The runs.**\n\n" + _facts(out_dir, moe, paths)))
     return cells

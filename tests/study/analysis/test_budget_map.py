@@ -1,7 +1,8 @@
 """The token-budget map of notebook 09 (studylib.study.analysis.budget_map): the knob, the run plan (which
 (model, budget) runs are the preset's own and reused, which are budget runs of their own), the gap
-table from hand-written run summaries (no training), the zero crossings and the per-decade trend on
-known numbers, and the sentences worded from them."""
+table from hand-written run summaries (no training), budgets in tokens per parameter, the verdicts
+over the map's points (against statsmodels) and the sentences worded from them. The fits over the
+map: test_budget_fits.py."""
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ import yaml
 from _tiny import tiny_preset, tiny_raw
 from studylib.config import ConfigError, TrioConfig, override, run_document
 from studylib.run.rundir import RunDir
-from studylib.study.analysis import budget_checks, budget_map as bm, crossing, paper
+from studylib.study.analysis import budget_checks, budget_map as bm, paper
 from studylib.study.comparisons import token_budget
 
 T975_2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2): the 95% paired-t factor for n = 3
@@ -47,7 +48,7 @@ def test_budget_trios_reads_the_knob_in_order():
     ({"trios": [{"models": ["moe", "dense", "dense2"], "epochs": [1.0]}]},
      "study.token_budget.trios[0].models[1]: the reference MoE 'dense' has a dense FFN"),
     ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0, -0.5]}]},
-     "study.token_budget.trios[0].epochs: expected a non-empty list of different positive numbers"),
+     "study.token_budget.trios[0].epochs: expected a list of different positive numbers"),
     ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [True]}]}, "study.token_budget.trios[0].epochs"),
     ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0]}] * 2},
      "study.token_budget.trios[1].models[1]: the reference MoE 'moe' names a second trio"),
@@ -143,7 +144,7 @@ def test_train_budgets_reads_finished_runs_without_training_and_builds_the_table
     assert r1["active_mean"] == pytest.approx(0.02) and r1["active_std"] == pytest.approx(0.01)
     assert r1["active_n"] == 3
     assert (r1["active_ci_low"], r1["active_ci_high"]) == pytest.approx((0.02 - half, 0.02 + half))
-    assert not r1["active_resolved"]  # [-0.0048, +0.0448] includes 0
+    assert not r1["active_resolved"]  # [-0.0048, +0.0448] includes 0 (and Holm over the 2 points)
     assert r2["active_mean"] == pytest.approx(0.11) and r2["active_resolved"]
     assert r1["total_mean"] == pytest.approx(-0.05) and r1["total_std"] == pytest.approx(0.0, abs=1e-12)
     assert r1["active_fmt"] == "+0.0200 [-0.0048, +0.0448] (n=3)"
@@ -185,125 +186,78 @@ def test_gap_frame_pairs_by_seed_and_signs_both_gaps_dense_minus_moe():
 
 
 # --------------------------------------------------------------------------------------------
-# zero crossings
+# budgets in tokens per parameter (a map in two dimensions)
 # --------------------------------------------------------------------------------------------
-def test_crossing_interpolates_in_log_tokens_and_its_band_interval():
-    (c,) = crossing.crossings([10, 1], [0.02, -0.02], [0.01, -0.03], [0.03, -0.01])  # unsorted on purpose
-    assert c.x == pytest.approx(10 ** 0.5) and c.between == (1.0, 10.0) and c.rising
-    # the CI band includes zero between where the upper bound (-0.01 -> 0.03) and the lower bound
-    # (-0.03 -> 0.01) cross zero: log10 x = 0.25 and 0.75
-    assert (c.x_low, c.x_high) == pytest.approx((10 ** 0.25, 10 ** 0.75))
-    assert not c.low_open and not c.high_open
+def test_tokens_per_param_budgets_become_steps_and_the_presets_own_run_is_reused():
+    p = _preset(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [2.0]}]})
+    a, per_step = p.model_config("moe").num_params.active, bm.tokens_per_step(p)
+    assert per_step == p.train.batch_size * p.train.grad_accum * (p.data.context - 1)
+    s = p.train.max_steps  # the tiny preset's "epoch": 12 steps
+    x_own, x_3 = s * per_step / a, 3 * per_step / a  # exactly the preset's own run; 3 steps
+    q = _preset(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [2.0],
+                                         "tokens_per_param": [x_3 * 1.1, x_own]}]})  # 3.3 steps -> 3
+    (t,) = bm.budget_trios(q)
+    assert t.epochs == (3 / s, 1.0, 2.0) and t.tokens_per_param == ()
+    assert bm.budgets(q, [t]) == {3 / s: {"train.max_steps": 3}, 1.0: {}, 2.0: {"train.max_steps": 24}}
 
 
-def test_crossing_with_a_band_open_at_both_edges_and_a_falling_gap():
-    (c,) = crossing.crossings([1, 100], [0.02, -0.01], [-0.01, -0.03], [0.05, 0.01])
-    assert c.x == pytest.approx(10 ** (2 * 0.02 / 0.03)) and not c.rising
-    assert (c.x_low, c.x_high) == pytest.approx((1.0, 100.0)) and c.low_open and c.high_open
+@pytest.mark.parametrize("trio, where", [
+    ({"models": ["dense", "moe", "dense2"], "tokens_per_param": [0.0]}, "study.token_budget.trios[0].tokens_per_param"),
+    ({"models": ["dense", "moe", "dense2"], "tokens_per_param": [], "epochs": []},
+     "study.token_budget.trios[0]: no budget"),
+    ({"models": ["dense", "moe", "dense2"]}, "study.token_budget.trios[0]: expected a mapping with keys"),
+])
+def test_a_bad_tokens_per_param_budget_is_one_line(trio, where):
+    with pytest.raises(ConfigError) as e:
+        _preset(token_budget={"trios": [trio]})
+    assert str(e.value).startswith(where) and "\n" not in str(e.value)
 
 
-def test_crossing_picks_the_bracketing_pair_among_several_budgets():
-    (c,) = crossing.crossings([1, 10, 100, 1000], [-0.05, -0.01, 0.03, 0.04], [-0.06, -0.02, 0.02, 0.03],
-                        [-0.04, 0.0, 0.04, 0.05])
-    assert c.between == (10.0, 100.0) and c.x == pytest.approx(10 ** 1.25)
-    # band: upper bound touches 0 at x = 10; lower bound crosses at log10 x = 1 + 0.02/0.04 = 1.5
-    assert (c.x_low, c.x_high) == pytest.approx((10.0, 10 ** 1.5))
-
-
-def test_no_crossing_and_no_interval_without_seeds():
-    assert crossing.crossings([1, 10, 100], [0.01, 0.02, 0.05], [-0.01, 0.0, 0.04], [0.03, 0.04, 0.06]) == []
-    (c,) = crossing.crossings([1, 10], [-0.02, 0.02], [np.nan, np.nan], [np.nan, np.nan])  # one seed
-    assert c.x == pytest.approx(10 ** 0.5) and math.isnan(c.x_low) and math.isnan(c.x_high)
-
-
-def test_two_sign_changes_are_two_crossings():
-    cs = crossing.crossings([1, 10, 100], [-0.01, 0.01, -0.01], [-0.02, 0.0, -0.02], [0.0, 0.02, 0.0])
-    assert [c.x for c in cs] == pytest.approx([10 ** 0.5, 10 ** 1.5]) and [c.rising for c in cs] == [True, False]
+def test_sizes_that_share_a_tokens_per_param_are_found_within_two_percent():
+    t = pd.DataFrame({"size": ["s", "s", "m", "m", "l"], "tokens_per_param": [1.0, 3.53, 1.004, 10.0, 3.535]})
+    assert bm.shared_budgets(t) == [(1.0, ["s", "m"]), (3.53, ["s", "l"])]
 
 
 # --------------------------------------------------------------------------------------------
-# the trend
+# verdicts over the map's points: Holm and TOST per gap, against statsmodels
 # --------------------------------------------------------------------------------------------
-def _one_gap(per_seed_values: dict, x=(1.0, 10.0, 100.0)) -> pd.DataFrame:
-    return pd.DataFrame([{"seed": s, "tokens_per_param": xi, "value": v}
-                         for s, vals in per_seed_values.items() for xi, v in zip(x, vals)])
-
-
-def test_slope_per_decade_is_fitted_per_seed_then_paired():
-    # seed 1: -0.01 + 0.01 u, seed 2: -0.02 + 0.02 u, seed 3: -0.03 + 0.03 u  (u = log10 tokens/param)
-    ps = _one_gap({1: [-0.01, 0.0, 0.01], 2: [-0.02, 0.0, 0.02], 3: [-0.03, 0.0, 0.03]})
-    s = crossing.seed_slopes(ps)
-    assert s["slope"].tolist() == pytest.approx([0.01, 0.02, 0.03])
-    assert s["intercept"].tolist() == pytest.approx([-0.01, -0.02, -0.03])
-    tr = crossing.trend(ps)
-    half = T975_2 * 0.01 / math.sqrt(3)
-    assert tr.slope.mean == pytest.approx(0.02) and tr.slope.std == pytest.approx(0.01) and tr.slope.n == 3
-    assert (tr.slope.ci_low, tr.slope.ci_high) == pytest.approx((0.02 - half, 0.02 + half))
-    assert tr.intercept == pytest.approx(-0.02) and tr.zero() == pytest.approx(10.0)
-    assert tr.x_range == (1.0, 100.0) and tr.n_points == 3
-
-
-def test_slope_of_a_noisy_seed_by_hand():
-    # least squares through (0, 0.00), (1, 0.03), (2, 0.03): slope 0.015, intercept 0.005
-    s = crossing.seed_slopes(_one_gap({7: [0.0, 0.03, 0.03]}))
-    assert s["slope"].tolist() == pytest.approx([0.015]) and s["intercept"].tolist() == pytest.approx([0.005])
-    assert crossing.trend(_one_gap({7: [0.1]}, x=(5.0,))) is None  # one budget: no slope
-
-
-# --------------------------------------------------------------------------------------------
-# sentences
-# --------------------------------------------------------------------------------------------
-def _table(points: dict, active=100):
+def _table(points: dict, active=100, margin=0.03):
     ps = bm.gap_frame(_summaries(points), [TRIO], {"moe": active})
-    return bm.gap_table(ps, {"moe": active}), ps
+    return bm.gap_table(ps, {"moe": active}, margin=margin), ps
 
 
-def test_sentences_state_the_crossing_the_resolved_count_and_the_trend():
-    table, ps = _table({(0.1, 100): {"active": [-0.03, -0.02, -0.01], "total": [-0.03, -0.02, -0.01]},
-                        (1.0, 1000): {"active": [0.01, 0.02, 0.03], "total": [-0.02, -0.015, -0.01]}})
-    (act,) = bm.gap_sentences(table, ps, "active")
-    assert act.startswith("Matched-active gap (> 0: the MoE is better; dense_active - MoE), size moe (0.1k active), "
-                          "2 budgets over 1-10 tokens/param: it crosses zero at 3.16 tokens/param (the MoE "
-                          "overtakes the dense model")
-    assert "between the budgets at 1 and 10" in act
-    assert "0 of 2 budgets resolved" in act
-    # per-seed slopes 0.04, 0.04, 0.04 per decade: std 0, a resolved trend
-    assert "Trend: +0.0400 per decade" in act and "resolved, the gap grows" in act
-    (tot,) = bm.gap_sentences(table, ps, "total")
-    assert "does not cross zero within the measured range" in tot and "negative (the dense model is better)" in tot
-    # slopes 0.01, 0.005, 0.0 -> mean 0.005, std 0.005, CI [-0.0074, +0.0174]: not resolved
-    assert "not resolved (the CI includes 0), so no extrapolation" in tot
+POINTS = {(0.1, 100): {"active": [0.05, 0.06, 0.07], "total": [0.001, -0.002, 0.003]},
+          (1.0, 1000): {"active": [0.01, 0.02, 0.045], "total": [-0.08, -0.07, -0.09]},
+          (2.0, 2000): {"active": [0.002, -0.001, 0.0005], "total": [0.2, -0.1, 0.05]}}
 
 
-def test_two_crossings_in_one_ci_band_name_the_band_once():
-    """The gap's mean changes sign twice while every budget's CI includes 0: one band holds both
-    crossings, and the sentence gives it once."""
-    table, ps = _table({(0.1, 100): {"active": [-0.03, -0.01, 0.01], "total": [0.0, 0.0, 0.0]},
-                        (1.0, 1000): {"active": [0.01, 0.03, 0.05], "total": [0.0, 0.0, 0.0]},
-                        (10.0, 10000): {"active": [-0.05, -0.01, 0.03], "total": [0.0, 0.0, 0.0]}})
-    (act,) = bm.gap_sentences(table, ps, "active")
-    assert act.count("crosses zero at") == 2 and act.count("the 95% CI band includes zero from") == 1
-    assert "inside the same 95% CI band" in act
+def test_the_maps_points_are_one_family_per_gap_checked_against_statsmodels():
+    multitest = pytest.importorskip("statsmodels.stats.multitest")
+    weightstats = pytest.importorskip("statsmodels.stats.weightstats")
+    table, ps = _table(POINTS)
+    for gap in bm.GAPS:
+        assert table[f"{gap}_p_holm"].tolist() == pytest.approx(
+            multitest.multipletests(table[f"{gap}_p"], method="holm")[1].tolist())
+        p_tost = [weightstats.ttost_paired(g.sort_values("seed")["dense"].to_numpy(),
+                                           g.sort_values("seed")["moe"].to_numpy(), -0.03, 0.03)[0]
+                  for _, g in ps[ps["gap"] == gap].groupby("epochs")]
+        assert table[f"{gap}_p_tost"].tolist() == pytest.approx(p_tost)
+        assert (table[f"{gap}_family_size"] == 3).all() and (table[f"{gap}_margin"] == 0.03).all()
+    # dense - MoE > 0 resolved: the MoE is better ("B better"); the matched-total gap at 1 epoch
+    # is resolved the other way; the tight near-zero gaps are equivalent; the wide one is neither
+    assert table["active_verdict"].tolist()[0] == "B better"
+    assert table["total_verdict"].tolist() == ["equivalent", "A better", "inconclusive"]
+    assert table["active_verdict"].tolist()[2] == "equivalent"
 
 
-def test_extrapolation_beyond_the_measured_range_is_labelled():
-    table, ps = _table({(0.1, 100): {"active": [-0.05, -0.051, -0.049], "total": [-0.05, -0.04, -0.06]},
-                        (1.0, 1000): {"active": [-0.03, -0.032, -0.028], "total": [-0.05, -0.04, -0.06]}})
-    (act,) = bm.gap_sentences(table, ps, "active")
-    # per seed (u = log10 tokens/param, 0 and 1): slopes 0.02, 0.019, 0.021, intercepts -0.05, -0.051,
-    # -0.049 -> mean line -0.05 + 0.02 u, zero at u = 2.5 (316 tokens/param), beyond 1-10
-    assert "does not cross zero" in act and "Extrapolation (beyond the measured 1-10 tokens/param" in act
-    assert "would reach zero at ~316 tokens/param" in act
-    (tot,) = bm.gap_sentences(table, ps, "total")
-    assert "Extrapolation" not in tot  # a flat trend (slope 0 in every seed) is not extrapolated
-
-
-def test_a_trend_away_from_zero_is_not_a_crossing_ahead():
-    # positive and growing: the line -> zero only below the measured range (at 10**-2.5)
-    table, ps = _table({(0.1, 100): {"active": [0.05, 0.051, 0.049], "total": [0.05, 0.04, 0.06]},
-                        (1.0, 1000): {"active": [0.07, 0.072, 0.068], "total": [0.05, 0.04, 0.06]}})
-    (act,) = bm.gap_sentences(table, ps, "active")
-    assert "with more tokens it moves away from zero" in act and "(~0.00316 tokens/param)" in act
+def test_point_sentences_say_equivalent_exactly_where_tost_holds_after_holm():
+    table, _ = _table(POINTS)
+    s = bm.point_sentences(table, "total")
+    assert s.startswith("Matched-total gap (dense_total - MoE) (> 0: the MoE is better), 3 map points, Holm over 3: ")
+    assert "dense better at 1: moe at 10 (" in s and "equivalent within ±0.03 nats at 1: moe at 1 (" in s
+    assert "inconclusive at 1: moe at 20 (" in s
+    wide, _ = _table(POINTS, margin=0.001)  # a margin too narrow for any point: no equivalence
+    assert "equivalent" not in bm.point_sentences(wide, "total")
 
 
 def test_paper_point_and_budgets():

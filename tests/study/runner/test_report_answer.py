@@ -1,6 +1,6 @@
 """The report opens with the answer: its first heading after the title is ``The answer``, its
 numbers are headline_gaps.csv's, its sentences are the notebooks' own (text.headline_verdict,
-budget_map.gap_sentences from the same tables), the parameter accounting comes last, and a study
+budget_map.point_sentences and budget_fits.fit_sentences from the same tables), the parameter accounting comes last, and a study
 without notebook 03 / 09 says which table is missing."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
+from studylib.study.analysis import budget_fits as bf
 from studylib.study.analysis import budget_map as bm
 from studylib.study.analysis import tables, text
 from studylib.study.runner import report
@@ -51,7 +52,13 @@ def _map(out):
     table = bm.gap_table(per_seed, {"moe_x": 20_000})
     table.to_csv(out / "tables" / "token_budget_gaps.csv", index=False)
     per_seed.to_csv(out / "tables" / "token_budget_per_seed.csv", index=False)
-    return table, per_seed
+    models = bf.gap_models(per_seed, n_boot=200)
+    fits = {"fit": bf.coefficient_table(models), "crossing": bf.crossing_table(models),
+            "loo": bf.loo_table(per_seed, n_boot=200), "loss_law": pd.DataFrame(columns=["role"]),
+            "extrapolation": bf.extrapolation_table(models, {})}
+    for name, t in fits.items():
+        t.to_csv(out / "tables" / f"token_budget_{name}.csv", index=False)
+    return table, per_seed, fits
 
 
 def _notebooks(out):
@@ -111,7 +118,7 @@ def _render(nbs, out):
 
 def test_the_report_opens_with_the_answer(out):
     g = _headline(out)
-    table, per_seed = _map(out)
+    table, per_seed, fits = _map(out)
     nbs = _notebooks(out)
     body, headings = _render(nbs, out)
     assert headings[0] == ("h1", "Study toy") and headings[1] == ("h2", "The answer")
@@ -127,9 +134,10 @@ def test_the_report_opens_with_the_answer(out):
     verdict = text.headline_verdict(g, "dense_a", "moe_x", "dense_t", "toy", 40_000)
     assert " ".join(verdict.split("What this does not show:")[0].split()) in answer
     assert "is reproduced" in answer  # this toy's gaps both resolve in the paper's direction
-    for gap in bm.GAPS:
-        for s in bm.gap_sentences(table, per_seed, gap):
-            assert " ".join(s.split()) in answer
+    words = [bm.point_sentences(table, gap) for gap in bm.GAPS] + bf.fit_sentences(*fits.values())
+    assert len(words) == 2 + 2 + 2  # per gap: its points, its gap model; the extrapolation of each gap
+    for s in words:
+        assert " ".join(s.split()) in answer
     assert "What this does not show" in answer and "unresolved gap is not evidence" in answer  # text.limits' words
     assert "Preset toy" in answer and "Seeds: 11, 12, 13" in answer and "CPU" in answer
     # then the contents and the notebooks, the parameter accounting last
