@@ -81,14 +81,21 @@ display(Markdown(
 # ## Table 1: loss and routing at the end of training, every variant against the reference
 #
 # Per variant over the seeds: best validation loss (mean ± std) and the final one (mean), the
-# paired gap to the reference MoE (variant − reference per seed: mean, 95% CI, p; resolved when
-# the CI excludes 0), the busiest-expert fraction of each layer at the last evaluation (mean over
+# paired gap to the reference MoE (variant − reference per seed: mean, 95% CI, p), the busiest-expert fraction of each layer at the last evaluation (mean over
 # seeds; 0.25 is perfect balance with 4 experts, 1.0 total collapse), the mean router log-z, how
 # many runs ended with a collapsed layer, and the paper's Table 1 row of the same routing recipe
 # (one run each; its `paper_delta` is its final loss minus the reference recipe's).
+#
+# **The family.** The comparisons of every variant with the reference are one family,
+# "02 routing ablation: each variant − the reference" (4 comparisons with the presets' 5 variants):
+# their p values are Holm-corrected together (`p_holm`; *resolved* means `p_holm` < 0.05), and each
+# is also tested for equivalence within ±`study.margin` nats (paired TOST, `p_tost`, Holm-corrected
+# as `p_tost_holm`). Each verdict is one of "A better" / "B better" (A: the variant, B: the
+# reference), "equivalent" or "inconclusive" (docs/statistics.md).
 
 # %%
-table1 = routing.ablation_table(summaries, run_dirs, reference, configs={m: preset.model_config(m) for m in variants})
+table1 = routing.ablation_table(summaries, run_dirs, reference, configs={m: preset.model_config(m) for m in variants},
+                                margin=study.margin)
 plots.save_table(table1, "table1_routing_ablation", out)
 display(table1)
 gaps = table1.attrs["comparisons"].assign(paper=table1["paper_delta"])

@@ -24,8 +24,11 @@
 # 0.762 (uniform: 0.5), and forcing layer 0's gate of the K = 4 model to uniform costs ~2.4 nats.
 #
 # Here: the preset's `study.granularity` models, trained with **every seed** of the preset under one
-# recipe; each K is compared with K = 1 paired by seed (per-seed gaps, mean, 95% CI; resolved only
-# when the CI excludes 0). Seed 003's deltas (+-0.005 for K = 2 and 4) are single runs without
+# recipe; each K is compared with K = 1 paired by seed (per-seed gaps, mean, 95% CI). The K > 1
+# comparisons are one family, "06 granularity: each K − K=1" (3 comparisons with the presets' 4 K
+# values): Holm-corrected together (resolved only when `p_holm` < 0.05) and tested for equivalence
+# within ±`study.margin` nats (TOST, `p_tost_holm`); each verdict is "A better" (A: that K), "B
+# better" (B: K = 1), "equivalent" or "inconclusive" (docs/statistics.md). Seed 003's deltas (+-0.005 for K = 2 and 4) are single runs without
 # seed replication, so they come with no interval.
 #
 # **Budget.** The sweep may train for a shorter budget than the headline: `study.granularity_epochs`
@@ -70,15 +73,17 @@ display(Markdown(
 # ## Validation loss vs K, each K against K = 1 (paired by seed)
 #
 # Best validation loss (mean ± std over seeds) and the paired gap K − (K = 1): mean, 95% CI, p,
-# resolved; seed 003's single-run delta (`paper_delta`) next to it.
+# `p_holm`, `p_tost`, `p_tost_holm`, verdict; seed 003's single-run delta (`paper_delta`) next to it.
 
 # %%
 base = next(m for m in models if K[m] == 1) if 1 in K.values() else models[0]
-gran = tables.granularity_table(summaries, models, K=K, base=base, paper=paper.PAPER_GRANULARITY)
+gran = tables.granularity_table(summaries, models, K=K, base=base, paper=paper.PAPER_GRANULARITY,
+                                margin=study.margin)
 plots.save_table(gran, "granularity_losses", out)
 display(gran)
 cmp = gran.attrs["comparisons"].assign(paper=gran["paper_delta"])
 cmp = tables.relabel(cmp, {m: f"K={K[m]} ({m})" for m in cmp.index})
+plots.save_table(cmp, "granularity_gaps", out)
 fig = plots.intervals(cmp, title=f"Best val loss minus K={K[base]} ({preset.name}, {len(seeds)} seeds; x: seed 003)",
                       xlabel="gap (nats); < 0: better than K = 1", paper="paper", outdir=out,
                       name="granularity_deltas")

@@ -20,8 +20,10 @@
 # The MoE keeps the dense model's `d_model` and uses 4 experts with half the dense FFN hidden
 # size each, top-2 routing (plus balance and z-loss): per token it computes exactly the dense FFN's
 # parameters, but stores twice the FFN. Both are trained identically, with **every seed** of the
-# preset, and compared paired by seed (dense − MoE per seed: mean, 95% CI; resolved only when the CI
-# excludes 0). Seed 002 reports one run each: "Dense has the lower loss at every checkpoint".
+# preset, and compared paired by seed (dense − MoE per seed: mean, 95% CI). The family,
+# "07 iso-width: dense − MoE", is this one comparison (`study.iso_width` names one pair), so Holm
+# changes nothing: resolved when the CI excludes 0; otherwise "equivalent" when the paired TOST
+# puts the gap within ±`study.margin` nats, else "inconclusive" (docs/statistics.md). Seed 002 reports one run each: "Dense has the lower loss at every checkpoint".
 #
 # **Budget.** `study.iso_width_epochs` (default 1) times the preset's schedule, as runs of their own
 # (their own warmup and cosine to their own end); the budget used is printed below. The `cpu`
@@ -71,7 +73,8 @@ for col in ("final_val_loss", "train_tok_per_s"):
 losses = losses.join(acct[["ffn", "total", "active"]])
 plots.save_table(losses, "iso_width_losses", out)
 display(losses[["n", "loss", "ppl", "final_val_loss", "train_tok_per_s", "ffn", "total", "active"]])
-gap = tables.comparison_table(summaries, {f"{dense} - {moe}": (dense, moe)})
+gap = tables.comparison_table(summaries, {f"{dense} - {moe}": (dense, moe)}, margin=study.margin,
+                              family="07 iso-width: dense − MoE")
 plots.save_table(gap, "iso_width_gap", out)
 display(gap)
 fig = plots.intervals(gap, title=f"Iso-width: best val loss, dense − MoE ({len(seeds)} seeds)",

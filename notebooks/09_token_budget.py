@@ -106,7 +106,7 @@ print(f"{len(summaries)} runs ready")
 # ## The table: every size x budget, both gaps with their 95% CIs and verdicts
 
 # %%
-margin = study.power_target
+margin = study.margin
 per_seed = bm.gap_frame(summaries, trios, active)
 table = bm.gap_table(per_seed, active, margin=margin)
 plots.save_table(table, "token_budget_gaps", out, index=False)

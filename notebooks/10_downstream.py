@@ -26,6 +26,14 @@
 # * **tinystories_ppl**: word-level perplexity and bits per byte of the validation stories.
 #
 # Gaps are paired per seed (same seed = same data order): MoE − dense, with a paired-t 95% CI.
+#
+# **The family.** All comparisons of the MoE with the two dense baselines on the four metrics are
+# one family, "10 downstream" (8 comparisons): their p values are Holm-corrected together
+# (`p_holm`; a verdict names a model only when `p_holm` < 0.05, by the metric's direction), and each
+# is tested for equivalence (paired TOST, Holm-corrected as `p_tost_holm`) within ±`study.margin`:
+# on the difference for last-word accuracy (±0.03 = 3 points) and on the log ratio of the two
+# models' values for the perplexities and bits per byte (±0.03: about ±3%). Each verdict is
+# "A better" (A: the MoE), "B better", "equivalent" or "inconclusive" (docs/statistics.md).
 
 # %% tags=["parameters"]
 params = "params/cpu.yaml"
@@ -46,7 +54,7 @@ from studylib.study.runner.notebooks import open_comparison
 
 ctx, runs = open_comparison("downstream", params, jobs, seeds, overrides)
 dense_active, moe, dense_total = headline = list(ctx.study.headline)
-preset, out, seeds = ctx.preset, ctx.out, runs.seeds()  # study.downstream_seeds: the first k seeds (default all)
+preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, runs.seeds()  # study.downstream_seeds: the first k seeds (default all)
 print(f"seeds {seeds} (study.downstream_seeds of the preset's {len(ctx.seeds)})")
 df = downstream.downstream_frame(preset, headline, seeds)
 assert len(df) == len(headline) * len(seeds)
@@ -61,7 +69,7 @@ cols = [c for c, *_ in downstream.METRICS]
 means = df.groupby("model")[cols].agg(["mean", "std"]).loc[list(headline)]
 plots.save_table(means, "table10_downstream", out)
 display(means)
-gaps = downstream.metric_gaps(df, moe, [dense_active, dense_total])
+gaps = downstream.metric_gaps(df, moe, [dense_active, dense_total], margin=study.margin)
 plots.save_table(gaps, "table10_downstream_gaps", out, index=False)
 display(gaps)
 
@@ -78,10 +86,8 @@ from IPython.display import Markdown
 from studylib.study.analysis import text
 
 display(Markdown(
-    "**Outcome.** " + " ".join(
-        f"{r.comparison}, {r.metric}: {r.gap:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}] ({r.verdict}, n={r.n})."
-        for r in gaps.itertuples())
-    + " A verdict names a model only when the paired 95% CI excludes 0. " + text.limits(len(seeds))
+    "**Outcome.** " + downstream.gap_sentences(gaps)
+    + " A verdict names a model only when its Holm-adjusted p is below 0.05. " + text.limits(len(seeds))
     + " These tasks are built from the same validation stories as the validation loss, so they are"
       " not an independent benchmark: they say how the loss gaps show up as word-level accuracy."))
 

@@ -105,6 +105,7 @@ class StudyConfig:
     downstream_seeds: Optional[int] = None  # 10: the first k seeds (None: all)
     power_target: float = 0.03  # 03: the CI half-width the power table plans for
     map_power_target: float = 0.05  # 09: the same for each point of the map
+    margin: Optional[float] = None  # 02 03 06 07 09 10 12: equivalence margin in nats (None: power_target)
     noise_split: Optional[NoiseSplitConfig] = None  # 03: the first k seeds (None: no noise split)
     lr_sweep: Optional[LrSweepConfig] = None
     token_budget: Optional[TokenBudgetConfig] = None
@@ -287,6 +288,10 @@ def study_from_dict(raw: Any, models: Mapping, ffn_kind) -> StudyConfig:
             if not _is_number(v) or not v > 0:
                 raise ConfigError(f"{where}: expected a CI half-width in nats (a number > 0), got {v!r}")
             kw[key] = float(v)
+        elif key == "margin":
+            if not _is_number(v) or not v > 0:
+                raise ConfigError(f"{where}: expected an equivalence margin in nats (a number > 0), got {v!r}")
+            kw[key] = float(v)
         elif key == "noise_split":
             k = v.get("seeds") if isinstance(v, Mapping) and set(v) == {"seeds"} else None
             if isinstance(k, bool) or not isinstance(k, int) or not 2 <= k:
@@ -313,6 +318,8 @@ def study_from_dict(raw: Any, models: Mapping, ffn_kind) -> StudyConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{where}: must be a positive integer, got {v!r}")
             kw[key] = v
+    if kw.get("margin") is None:  # the default margin: the power target the seeds are planned for
+        kw["margin"] = kw.get("power_target", StudyConfig.power_target)
     return StudyConfig(**kw)
 
 

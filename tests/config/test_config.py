@@ -230,6 +230,10 @@ def _with_study(study: dict):
     ({"jobs": 0}, r"study\.jobs: must be a positive integer, got 0"),
     ({"scheduler": "nowhere"}, r"study\.scheduler: expected a Dask scheduler address"),
     ({"power_target": -1}, r"study\.power_target: expected a CI half-width"),
+    ({"margin": 0}, r"study\.margin: expected an equivalence margin in nats \(a number > 0\), got 0$"),
+    ({"margin": "0.03"}, r"study\.margin: expected an equivalence margin in nats \(a number > 0\), got '0.03'"),
+    ({"margin": True}, r"study\.margin: expected an equivalence margin"),
+    ({"margin": float("inf")}, r"study\.margin: expected an equivalence margin"),
     ({"lr_sweep": {"lrs": [1e-3, 1e-2], "seeds": 2, "epochs": 1}}, r"study\.lr_sweep\.lrs: need at least 3"),
     ({"notebooks": "01"}, r"study\.notebooks: expected a non-empty list"),
 ])
@@ -247,3 +251,14 @@ def test_the_study_section_reads_typed_and_survives_an_override():
     assert s.headline == ("dense", "moe") and s.notebooks == ("01", "03") and s.noise_split.seeds == 2
     assert s.jobs == 2 and s.reference() == "moe" and s.ablation_epochs == 1.0 and s.lr_sweep is None
     assert override(p, {"train.max_steps": 3}).study == s  # the section round-trips through to_dict
+
+
+def test_the_equivalence_margin_is_read_from_the_preset():
+    """issue #31: study.margin (nats) is the TOST margin of every family; default the power target."""
+    assert _with_study({}).study.margin == 0.03
+    assert _with_study({"power_target": 0.05}).study.margin == 0.05  # follows the power target
+    assert _with_study({"power_target": 0.05, "margin": 0.01}).study.margin == 0.01
+    assert _with_study({"margin": None}).study.margin == 0.03
+    for name in ("cpu", "cpu_full", "ci", "paper"):
+        assert load_preset(ROOT / "params" / f"{name}.yaml").study.margin == 0.03, name
+    assert "margin" in yaml.safe_load((ROOT / "params" / "cpu.yaml").read_text())["study"]

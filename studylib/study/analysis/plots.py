@@ -141,7 +141,8 @@ def intervals(table: pd.DataFrame, title: str = "Paired gaps (95% CI)", xlabel: 
               paper: Optional[str] = None, outdir=None, name: str = "paired_gaps") -> plt.Figure:
     """Paired gaps of a :func:`studylib.study.analysis.tables.comparison_table` (or any frame with ``mean``,
     ``ci_low``, ``ci_high``, ``resolved`` and the per-seed gaps in ``attrs["per_seed"]``): one row
-    per comparison, the mean with its 95% CI (filled: resolved, open: the CI includes 0), each
+    per comparison, the mean with its 95% CI (filled: resolved, after Holm where the table is a
+    family; open: not resolved), each
     seed's gap as a dot, and the ``paper`` column's value as a red cross where it is given."""
     t = table
     labels = [str(i) for i in t.index]
@@ -161,7 +162,8 @@ def intervals(table: pd.DataFrame, title: str = "Paired gaps (95% CI)", xlabel: 
     ax.set_yticks(range(len(t)), labels)
     ax.invert_yaxis()
     ax.set(title=title, xlabel=xlabel)
-    handles = [plt.Line2D([], [], marker="o", color="C0", label="mean, 95% CI (open: includes 0)"),
+    open_ = "not resolved after Holm" if "p_holm" in t else "includes 0"
+    handles = [plt.Line2D([], [], marker="o", color="C0", label=f"mean, 95% CI (open: {open_})"),
                plt.Line2D([], [], marker="o", color="0.35", ls="none", markersize=4, label="per seed")]
     if paper is not None and paper in t and t[paper].notna().any():
         handles.append(plt.Line2D([], [], marker="x", color="C3", ls="none", label="paper"))

@@ -20,7 +20,7 @@ import pandas as pd
 from studylib.study.analysis.frames import (ROUTER_SCALARS, TABLE7_METRICS, aggregate, router_records, routing_frame,
                                    sample_std, shares_frame)
 from studylib.study.analysis.paper import PAPER_TABLE1
-from studylib.study.analysis.tables import comparison_table
+from studylib.study.analysis.tables import FAMILY_COLUMNS, comparison_table
 
 
 def collapsed(shares, threshold: float = 0.9) -> bool:
@@ -97,11 +97,13 @@ def paper_recipe(cfg) -> Optional[pd.Series]:
 
 
 def ablation_table(summaries: pd.DataFrame, run_dirs: dict, reference: str, configs: Optional[dict] = None,
-                   threshold: float = 0.9) -> pd.DataFrame:
+                   threshold: float = 0.9, margin: Optional[float] = None) -> pd.DataFrame:
     """SPEC Table 1 over every seed. ``run_dirs``: ``{model: {seed: run_dir}}``; ``summaries``: the
     runs' summaries (:func:`studylib.study.analysis.frames.collect_runs`). Per variant: n seeds, best and
     final validation loss (mean; best also ± std), the paired gap to ``reference`` (variant −
-    reference, per seed: mean, 95% CI, p, resolved, ``gap`` text; empty for the reference), the
+    reference, per seed: mean, 95% CI, p, ``gap`` text and the family's columns: every variant
+    against the reference is one family, Holm over its size, TOST against ``±margin``, ``resolved``
+    after Holm, :data:`~studylib.study.analysis.tables.FAMILY_COLUMNS`; empty for the reference), the
     busiest-expert fraction of each layer and the router log-z at the last evaluation (means over
     seeds), and ``collapsed_runs`` ("k/n": runs with a layer whose busiest share >= ``threshold``
     at the end). ``configs`` (``{model: ModelConfig}``) adds the paper's Table 1 row of the same
@@ -110,7 +112,8 @@ def ablation_table(summaries: pd.DataFrame, run_dirs: dict, reference: str, conf
     models = list(run_dirs)
     agg = aggregate(summaries[summaries["model"].isin(models)], "best_val_loss").reindex(models)
     final = summaries.groupby("model")["final_val_loss"].mean()
-    cmp = comparison_table(summaries, {m: (m, reference) for m in models if m != reference})
+    cmp = comparison_table(summaries, {m: (m, reference) for m in models if m != reference}, margin=margin,
+                           family=f"02 routing ablation: each variant − {reference}")
     rows = []
     for name in models:
         row = {"model": name, "n": int(agg.loc[name, "n"]),
@@ -119,7 +122,7 @@ def ablation_table(summaries: pd.DataFrame, run_dirs: dict, reference: str, conf
                "final_val_loss": float(final[name])}
         c = cmp.loc[name] if name in cmp.index else None
         row[f"delta_vs_{reference}"] = 0.0 if c is None else c["mean"]
-        for k in ("ci_low", "ci_high", "p", "resolved", "gap"):
+        for k in ("ci_low", "ci_high", "p", "resolved", "gap", *FAMILY_COLUMNS):
             row[k] = np.nan if c is None else c[k]
         fins = [final_routing(rd) for rd in run_dirs[name].values()]
         fins = [f for f in fins if not f.empty]

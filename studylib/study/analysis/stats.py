@@ -319,7 +319,10 @@ def verdict_words(row, a: str, b: str, digits: int = 4, unit: str = "nats") -> s
     * "A and B equivalent within ±0.03 nats: A − B = +0.0010 [-0.0250, +0.0280] (TOST p=0.019,
       Holm-adjusted 0.038 over 2 comparisons; n=5 seeds)";
     * "inconclusive: A − B = +0.2760 [-0.0590, +0.6110] shows neither a difference (Holm-adjusted
-      p=0.14) nor equivalence within ±0.03 nats (Holm-adjusted TOST p=1) (n=5 seeds)"."""
+      p=0.14) nor equivalence within ±0.03 nats (Holm-adjusted TOST p=1) (n=5 seeds)".
+
+    A family of one comparison (a pre-registered gap, judged on its own) has nothing to adjust:
+    its sentence gives the raw p values and no "Holm-adjusted" clause."""
     f, sf = f"{{:.{digits}f}}", f"{{:+.{digits}f}}"
     n, m = int(row["n"]), f"{row['family_size']} comparison{'s' if row['family_size'] != 1 else ''}"
     seeds = f"n={n} seed{'s' if n != 1 else ''}"
@@ -328,15 +331,23 @@ def verdict_words(row, a: str, b: str, digits: int = 4, unit: str = "nats") -> s
     if n < 2:
         return f"inconclusive: {gap} from one seed, so no test"
     ci = f"[{sf.format(row['ci_low'])}, {sf.format(row['ci_high'])}]"
-    v = row["verdict"]
+    v, alone = row["verdict"], int(row["family_size"]) <= 1  # alone: nothing to adjust
     if v in (A_BETTER, B_BETTER):
         winner, loser = (a, b) if v == A_BETTER else (b, a)
         lo, hi = (row["ci_low"], row["ci_high"]) if row["mean"] > 0 else (-row["ci_high"], -row["ci_low"])
-        within = f"; the gap also lies within {margin}" if row["equivalent"] else ""
+        within = f"; the gap also lies within {margin}" if bool(row["equivalent"]) else ""
+        adj = "" if alone else f", Holm-adjusted {row['p_holm']:.2g} over {m}"
         return (f"{winner} better than {loser} by {f.format(abs(row['mean']))} [{f.format(lo)}, {f.format(hi)}] "
-                f"(95% CI; p={row['p']:.2g}, Holm-adjusted {row['p_holm']:.2g} over {m}; {seeds}{within})")
+                f"(95% CI; p={row['p']:.2g}{adj}; {seeds}{within})")
     if v == EQUIVALENT:
-        return (f"{a} and {b} equivalent within {margin}: {gap} {ci} (TOST p={row['p_tost']:.2g}, "
-                f"Holm-adjusted {row['p_tost_holm']:.2g} over {m}; {seeds})")
+        adj = "" if alone else f", Holm-adjusted {row['p_tost_holm']:.2g} over {m}"
+        return (f"{a} and {b} equivalent within {margin}: {gap} {ci} (TOST p={row['p_tost']:.2g}{adj}; {seeds})")
+    if alone:
+        return (f"inconclusive: {gap} {ci} shows neither a difference (p={row['p']:.2g}) nor equivalence "
+                f"within {margin} (TOST p={row['p_tost']:.2g}) ({seeds})")
+    if row["ci_low"] > 0 or row["ci_high"] < 0:  # resolved on its own, not over the family
+        return (f"inconclusive: {gap} {ci} shows neither a difference that survives Holm's correction "
+                f"(p={row['p']:.2g}, Holm-adjusted {row['p_holm']:.2g} over {m}: the unadjusted CI excludes 0) "
+                f"nor equivalence within {margin} (Holm-adjusted TOST p={row['p_tost_holm']:.2g}) ({seeds})")
     return (f"inconclusive: {gap} {ci} shows neither a difference (Holm-adjusted p={row['p_holm']:.2g}) "
             f"nor equivalence within {margin} (Holm-adjusted TOST p={row['p_tost_holm']:.2g}) ({seeds})")

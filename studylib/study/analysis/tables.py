@@ -1,8 +1,9 @@
 """The study's result tables, as plain functions of the frames of :mod:`studylib.study.analysis.frames`
 (or of model configs / benchmark rows):
 
-* comparisons: :func:`comparison_table` (any set of paired model comparisons: per-seed gaps, mean,
-  std, n, 95% CI, p, resolved; every comparison table below is built on it);
+* comparisons: :func:`comparison_table` (any set of paired model comparisons, judged as one
+  *family*: per-seed gaps, mean, std, n, 95% CI, p, Holm-adjusted p, TOST equivalence p and its
+  Holm adjustment, the verdict; every comparison table below is built on it), :func:`concat_families`;
 * headline (SPEC Tables 2 and 6): :func:`headline_table`, :func:`seed_table`, :func:`headline_gaps`
   (matched-active and matched-total gaps with the paper's next to them), :func:`gap_curves` (Figure 3),
   :func:`seed_spread` (the worst seed against the median: runs that stayed behind);
@@ -13,7 +14,9 @@
 * formatting: :func:`pm` (mean ± std), :func:`fmt_count` (14.89M / 147.8k).
 
 Routing tables are in :mod:`studylib.study.analysis.routing`. Standard deviations are ddof=1 over seeds; a
-gap is *resolved* only when its paired-t 95% CI excludes zero (:func:`studylib.study.analysis.stats.paired`).
+gap is *resolved* only when its p value, Holm-adjusted over its family, is below 0.05
+(:func:`studylib.study.analysis.stats.family`; for a family of one, exactly when its paired-t 95% CI
+excludes zero), and *equivalent* when the TOST against ``±margin`` is, after the same adjustment.
 """
 from __future__ import annotations
 
@@ -26,10 +29,12 @@ import pandas as pd
 from studylib.config import count_params, ffn_label
 from studylib.study.analysis.frames import aggregate, eval_curves, paired_gaps, seed_gaps
 from studylib.study.analysis.paper import PAPER_GAPS
-from studylib.study.analysis.stats import half_width_at, paired, power_of
+from studylib.study.analysis.stats import MARGIN, family as judge_family, half_width_at, paired, power_of
 
 #: the columns of a comparison row (see :func:`comparison_table`)
 COMPARISON_COLUMNS = ("a", "b", "mean", "std", "n", "ci_low", "ci_high", "p", "resolved", "gap")
+#: the columns a comparison row's family adds (:func:`studylib.study.analysis.stats.family`)
+FAMILY_COLUMNS = ("p_holm", "p_tost", "p_tost_holm", "equivalent", "verdict", "family_size", "margin", "family")
 
 
 # --------------------------------------------------------------------------------------------
@@ -52,12 +57,21 @@ def fmt_count(n: int, unit: Optional[str] = None) -> str:
 # --------------------------------------------------------------------------------------------
 # paired comparisons
 # --------------------------------------------------------------------------------------------
-def comparison_table(df: pd.DataFrame, pairs: Mapping[str, tuple], value: str = "best_val_loss") -> pd.DataFrame:
-    """One row per ``label: (a, b)`` of ``pairs``: the paired per-seed gap ``value[a] - value[b]``
+def comparison_table(df: pd.DataFrame, pairs: Mapping[str, tuple], value: str = "best_val_loss",
+                     margin: Optional[float] = None, family: str = "") -> pd.DataFrame:
+    """One row per ``label: (a, b)`` of ``pairs``, the pairs judged together as one family (a loss:
+    lower is better): the paired per-seed gap ``value[a] - value[b]``
     (:func:`studylib.study.analysis.frames.paired_gaps`) as ``a``, ``b``, ``mean``, ``std`` (ddof=1), ``n``,
-    ``ci_low``, ``ci_high`` (paired-t 95%), ``p``, ``resolved`` (the CI excludes 0) and ``gap``
-    (the formatted ``+mean [low, high] (n=..)``). The per-seed gaps are in
+    ``ci_low``, ``ci_high`` (paired-t 95%, unadjusted), ``p``, ``resolved`` (``p_holm < 0.05``: the
+    difference survives Holm's correction over the family) and ``gap`` (the formatted
+    ``+mean [low, high] (n=..)``); then :data:`FAMILY_COLUMNS` from
+    :func:`studylib.study.analysis.stats.family`: ``p_holm``, ``p_tost`` (paired TOST of "within
+    ``±margin``"; ``margin`` None: :data:`~studylib.study.analysis.stats.MARGIN`, 0.03 nats),
+    ``p_tost_holm``, ``equivalent``, ``verdict`` ("A better" / "B better" / "equivalent" /
+    "inconclusive"), ``family_size``, ``margin`` and ``family`` (its name). A family of one
+    comparison is judged on its own (Holm changes nothing). The per-seed gaps are in
     ``attrs["per_seed"]`` (long: comparison / seed / gap)."""
+    margin = MARGIN if margin is None else margin
     rows, per_seed = [], []
     for label, (a, b) in pairs.items():
         g = paired_gaps(df, a, b, value)
@@ -66,8 +80,30 @@ def comparison_table(df: pd.DataFrame, pairs: Mapping[str, tuple], value: str = 
         per_seed.append(pd.DataFrame({"comparison": label, "seed": g["per_seed"].index,
                                       "gap": g["per_seed"].to_numpy()}))
     out = pd.DataFrame(rows, columns=["comparison", *COMPARISON_COLUMNS]).set_index("comparison")
+    if len(out):
+        fam = judge_family({label: d["gap"].to_numpy(dtype=float) for label, d in zip(pairs, per_seed)}, margin)
+        out["resolved"] = fam["resolved"].reindex(out.index)
+        for col in FAMILY_COLUMNS[:-1]:
+            out[col] = fam[col].reindex(out.index)
+        out["family"] = family
+    else:
+        for col in FAMILY_COLUMNS:
+            out[col] = pd.Series(dtype=object)
     out.attrs["per_seed"] = (pd.concat(per_seed, ignore_index=True) if per_seed
                              else pd.DataFrame(columns=["comparison", "seed", "gap"]))
+    return out
+
+
+def concat_families(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Several :func:`comparison_table` families as one table (rows in order, each keeping its own
+    family's adjustment), their per-seed gaps joined in ``attrs["per_seed"]``."""
+    bare = []
+    for t in tables:
+        t = t.copy()
+        t.attrs = {}  # pandas compares the attrs of what it concatenates
+        bare.append(t)
+    out = pd.concat(bare)
+    out.attrs["per_seed"] = pd.concat([t.attrs["per_seed"] for t in tables], ignore_index=True)
     return out
 
 
@@ -169,11 +205,15 @@ def seed_table(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
 
 
 def headline_gaps(df: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
-                  value: str = "best_val_loss") -> pd.DataFrame:
+                  value: str = "best_val_loss", margin: Optional[float] = None) -> pd.DataFrame:
     """The two headline gaps as :func:`comparison_table` rows ``active`` (dense_active - moe,
     positive: the MoE is better) and ``total`` (moe - dense_total, positive: the dense
-    total-match is better), with the paper's gap (``paper_mean``, ``paper_std``: seed 000, 3 seeds)."""
-    t = comparison_table(df, {"active": (dense_active, moe), "total": (moe, dense_total)}, value)
+    total-match is better), with the paper's gap (``paper_mean``, ``paper_std``: seed 000, 3 seeds).
+    The two gaps are pre-registered: each is its own family of one (no Holm correction), with its
+    TOST against ``±margin`` (``equivalent``, ``verdict``)."""
+    t = concat_families([comparison_table(df, {k: pair}, value, margin, f"headline: {what} (pre-registered, uncorrected)")
+                         for k, pair, what in (("active", (dense_active, moe), "matched-active"),
+                                               ("total", (moe, dense_total), "matched-total"))])
     t["paper_mean"] = [PAPER_GAPS[k][0] for k in t.index]
     t["paper_std"] = [PAPER_GAPS[k][1] for k in t.index]
     return t
@@ -259,15 +299,19 @@ def param_split(cfgs: Iterable) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 def granularity_table(summaries: pd.DataFrame, models: Sequence[str], K: Optional[Mapping[str, int]] = None,
                       base: Optional[str] = None, value: str = "best_val_loss",
-                      paper: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+                      paper: Optional[pd.DataFrame] = None, margin: Optional[float] = None) -> pd.DataFrame:
     """Soft-MoE K sweep: per model ``K``, n, mean and std of ``value`` over seeds, and the paired
     gap ``delta_vs_<base>`` = ``value[model] - value[base]`` (default base: the first model) with
-    its 95% CI (``ci_low``, ``ci_high``), ``p``, ``resolved`` and ``gap`` (text), from
-    :func:`comparison_table` (0 and empty for the base itself). ``paper`` (indexed by K,
-    one column, e.g. :data:`studylib.study.analysis.paper.PAPER_GRANULARITY`) adds ``paper_delta``."""
+    its 95% CI (``ci_low``, ``ci_high``), ``p``, ``resolved`` and ``gap`` (text) and the family's
+    columns (:data:`FAMILY_COLUMNS`: every K against the base is one family, Holm over its size,
+    TOST against ``±margin``), from :func:`comparison_table` (0 and empty for the base itself).
+    ``paper`` (indexed by K, one column, e.g. :data:`studylib.study.analysis.paper.PAPER_GRANULARITY`)
+    adds ``paper_delta``."""
     base = base or models[0]
     agg = aggregate(summaries[summaries["model"].isin(models)], value).reindex(list(models))
-    cmp = comparison_table(summaries, {m: (m, base) for m in models if m != base}, value)
+    label = f"K={K[base]}" if K is not None else base
+    cmp = comparison_table(summaries, {m: (m, base) for m in models if m != base}, value, margin,
+                           f"06 granularity: each K − {label}")
     out = pd.DataFrame(index=pd.Index(list(models), name="model"))
     if K is not None:
         out["K"] = [K[m] for m in models]
@@ -276,7 +320,7 @@ def granularity_table(summaries: pd.DataFrame, models: Sequence[str], K: Optiona
     out["loss"] = [pm(m, s) for m, s in zip(out[f"{value}_mean"], out[f"{value}_std"])]
     out[f"delta_vs_{base}"] = cmp["mean"].reindex(out.index)
     out.loc[base, f"delta_vs_{base}"] = 0.0
-    for col in ("ci_low", "ci_high", "p", "resolved", "gap"):
+    for col in ("ci_low", "ci_high", "p", "resolved", "gap", *FAMILY_COLUMNS):
         out[col] = cmp[col].reindex(out.index)
     if paper is not None and K is not None:
         out["paper_delta"] = [paper.iloc[:, 0].get(K[m], np.nan) for m in models]

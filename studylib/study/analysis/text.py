@@ -2,11 +2,15 @@
 collapse summary and the generations as readable text (the notebooks print them; the numbers
 come from :mod:`studylib.study.analysis.tables`, :mod:`studylib.study.analysis.routing` and :mod:`studylib.study.analysis.probes`).
 
-One rule for every comparison: a gap is *resolved* only when its paired-t 95% confidence interval
-(:func:`studylib.study.analysis.stats.paired`) excludes zero, and each sentence is worded from it:
-"moe ahead of dense by 0.0120 [0.0040, 0.0200], resolved (...)" or "... not resolved: the 95% CI
-[-0.0100, +0.0200] includes 0 (...)". Where it is natural, a sentence says what the result does not
-show (:func:`limits`).
+One rule for every comparison: a notebook's comparisons are judged together as a *family*
+(:func:`studylib.study.analysis.stats.family`, built by
+:func:`studylib.study.analysis.tables.comparison_table`), and each sentence is worded from the
+family's adjusted statistics by :func:`studylib.study.analysis.stats.verdict_words`: a difference is
+*resolved* only when its Holm-adjusted p is below 0.05 ("B better than A by ..."), else the two
+models are "equivalent within ±margin" when the Holm-adjusted TOST says so, else the comparison is
+"inconclusive". A row without the family's columns (a :class:`~studylib.study.analysis.stats.Paired`,
+an older table) is worded from its 95% CI alone (:func:`gap_phrase`). Where it is natural, a
+sentence says what the result does not show (:func:`limits`).
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from typing import Mapping, Optional
 import pandas as pd
 
 from studylib.study.analysis.paper import PAPER_GAPS
-from studylib.study.analysis.stats import Paired
+from studylib.study.analysis.stats import A_BETTER, B_BETTER, EQUIVALENT, VERDICTS, Paired, verdict_words
 
 
 def _paired_of(row) -> Paired:
@@ -29,8 +33,21 @@ def _paired_of(row) -> Paired:
                   float(get("ci_high")), float(get("p")))
 
 
+def _has_verdict(row) -> bool:
+    """Whether a row carries its family's verdict (:func:`studylib.study.analysis.stats.family`)."""
+    if isinstance(row, Paired):
+        return False
+    keys = row.keys() if isinstance(row, Mapping) else row.index
+    return "verdict" in keys and row["verdict"] in VERDICTS and "p_holm" in keys
+
+
 def gap_phrase(gap, a: str, b: str, digits: int = 4) -> str:
-    """The paired gap ``a - b`` of a loss (lower is better) in words, worded from its 95% CI:
+    """The paired gap ``a - b`` of a loss (lower is better) in words. A row of a family
+    (:func:`studylib.study.analysis.tables.comparison_table`, with ``verdict``, ``p_holm``,
+    ``p_tost_holm``) is worded from its verdict by :func:`studylib.study.analysis.stats.verdict_words`
+    ("B better than A by ...", "A and B equivalent within ±0.03 nats: ...", "inconclusive: ...").
+    Anything else (a :class:`Paired`, a ``paired_gaps`` dict, a row without the family's columns)
+    is worded from its 95% CI alone:
 
     * resolved: "``b`` ahead of ``a`` by 0.0120 [0.0040, 0.0200], resolved (95% CI excludes 0; n=3
       seeds, p=0.01)" (the interval is the winner's advantage);
@@ -38,6 +55,8 @@ def gap_phrase(gap, a: str, b: str, digits: int = 4) -> str:
     * one seed: no interval, so not resolved.
 
     ``gap``: a :class:`Paired`, a comparison-table row or a ``paired_gaps`` dict."""
+    if _has_verdict(gap):
+        return verdict_words(gap, a, b, digits)
     p = _paired_of(gap)
     f = f"{{:.{digits}f}}"
     sf = f"{{:+.{digits}f}}"
@@ -53,17 +72,55 @@ def gap_phrase(gap, a: str, b: str, digits: int = 4) -> str:
 
 
 def better_verdict(p: Paired, a: str, b: str, higher_is_better: bool) -> str:
-    """The verdict on a paired gap ``a - b`` of a metric, worded from its 95% CI and the metric's
-    direction: "<a> better" / "<b> better" only when the CI excludes 0, else "not resolved"."""
+    """The verdict on one paired gap ``a - b`` judged on its own, worded from its 95% CI and the
+    metric's direction: "<a> better" / "<b> better" only when the CI excludes 0, else "not
+    resolved". (A family's comparisons use :func:`verdict_label` of their adjusted verdict.)"""
     if not p.resolved:
         return "not resolved"
     return f"{a if (p.mean > 0) == higher_is_better else b} better"
 
 
-def comparison_sentences(table: pd.DataFrame, digits: int = 4) -> str:
+def verdict_label(row, a: str, b: str, unit: str = "nats") -> str:
+    """A family row's verdict in a few words: "<a> better", "<b> better", "equivalent within
+    ±0.03 nats" or "inconclusive" (:func:`studylib.study.analysis.stats.family`)."""
+    v = row["verdict"]
+    if v == A_BETTER:
+        return f"{a} better"
+    if v == B_BETTER:
+        return f"{b} better"
+    if v == EQUIVALENT:
+        return f"equivalent within ±{float(row['margin']):g}{' ' + unit if unit else ''}"
+    return "inconclusive"
+
+
+def family_lead(table: pd.DataFrame) -> str:
+    """What a family's sentences rest on, one clause per family in ``table`` (its ``family``
+    column): 'Family "02 routing ablation: ..." (4 comparisons; Holm-corrected over 4; equivalence:
+    TOST within ±0.03 nats): 2 second model better, 1 equivalent, 1 inconclusive.' Empty for a table without
+    the family's columns."""
+    if "verdict" not in table or "family" not in table or table.empty:
+        return ""
+    out = []
+    for name, g in table.groupby("family", sort=False):
+        if not isinstance(name, str) or not name:  # an unnamed family: its sentences say the rest
+            continue
+        m = int(g["family_size"].max())
+        adj = "judged on its own, no correction" if m <= 1 else f"Holm-corrected over {m}"
+        words = {A_BETTER: "first model better", B_BETTER: "second model better"}
+        counts = ", ".join(f"{(g['verdict'] == v).sum()} {words.get(v, v)}" for v in VERDICTS
+                           if (g["verdict"] == v).any())
+        out.append(f'Family "{name}" ({len(g)} comparison{"s" if len(g) != 1 else ""}; {adj}; equivalence: '
+                   f"TOST within ±{float(g['margin'].iloc[0]):g} nats): {counts}.")
+    return " ".join(out)
+
+
+def comparison_sentences(table: pd.DataFrame, digits: int = 4, lead: bool = True) -> str:
     """One sentence per row of a :func:`studylib.study.analysis.tables.comparison_table` (the row's ``a``
-    against its ``b``, by :func:`gap_phrase`)."""
-    return " ".join(f"{gap_phrase(r, r['a'], r['b'], digits)}." for _, r in table.iterrows())
+    against its ``b``, by :func:`gap_phrase`: from the family's verdict where the table has one),
+    after the family's :func:`family_lead` (``lead=False``: without it)."""
+    head = family_lead(table) if lead else ""
+    body = " ".join(f"{gap_phrase(r, r['a'], r['b'], digits)}." for _, r in table.iterrows())
+    return f"{head} {body}" if head else body
 
 
 def limits(n_seeds: int, tokens: Optional[float] = None, what: str = "") -> str:
@@ -74,10 +131,11 @@ def limits(n_seeds: int, tokens: Optional[float] = None, what: str = "") -> str:
     elif n_seeds < 5:
         s = (f"with n={n_seeds} seeds the paired t interval has {n_seeds - 1} degree"
              f"{'s' if n_seeds > 2 else ''} of freedom, so only large, consistent gaps resolve; an "
-             "unresolved gap is not evidence of no difference")
+             "inconclusive gap is not evidence of no difference")
     else:
-        s = (f"with n={n_seeds} seeds an unresolved gap is not evidence of no difference, only that any "
-             "difference is smaller than the interval's far end")
+        s = (f"with n={n_seeds} seeds an inconclusive gap is not evidence of no difference, only that any "
+             "difference is smaller than the interval's far end (only \"equivalent\" says the models are "
+             "within the margin)")
     if tokens is not None:
         s += (f". Every run saw one budget ({int(tokens):,} target tokens) at one model size: nothing "
               "here says how the gaps move with more data or larger models")
@@ -103,9 +161,11 @@ def paper_clause(gap, paper: float) -> str:
 def headline_verdict(gaps: pd.DataFrame, dense_active: str, moe: str, dense_total: str,
                      preset_name: str = "", tokens: Optional[float] = None) -> str:
     """The headline outcome from :func:`studylib.study.analysis.tables.headline_gaps`: each gap in words
-    (:func:`gap_phrase`) next to the paper's, whether the paper's ordering dense_active > moe >
-    dense_total (in loss) is reproduced (both gaps resolved in the paper's direction), contradicted
-    (a gap resolved in the opposite direction) or not established, and what it does not show."""
+    (:func:`gap_phrase`: its verdict, judged on its own, the two gaps being pre-registered; "equivalent
+    within ±margin" where the TOST says so) next to the paper's, whether the paper's ordering
+    dense_active > moe > dense_total (in loss) is reproduced (both gaps resolved in the paper's
+    direction), contradicted (a gap resolved in the opposite direction) or not established, and
+    what it does not show."""
     where = f" in preset {preset_name!r}" if preset_name else ""
     act, tot = gaps.loc["active"], gaps.loc["total"]
     pa, pt = PAPER_GAPS["active"], PAPER_GAPS["total"]
@@ -122,9 +182,16 @@ def headline_verdict(gaps: pd.DataFrame, dense_active: str, moe: str, dense_tota
         s += (f"The paper's ordering {order} is contradicted: the {' and the '.join(against)} gap"
               f"{'s are' if len(against) > 1 else ' is'} resolved in the opposite direction. ")
     else:
-        open_ = [k for k, ok in zip(("matched-active", "matched-total"), agree) if not ok]
-        s += (f"The paper's ordering {order} is not established here: the {' and the '.join(open_)} gap"
-              f"{'s are' if len(open_) > 1 else ' is'} not resolved. ")
+        open_ = [(k, r) for k, r, ok in (("matched-active", act, agree[0]), ("matched-total", tot, agree[1]))
+                 if not ok]
+        s += (f"The paper's ordering {order} is not established here: the {' and the '.join(k for k, _ in open_)} "
+              f"gap{'s are' if len(open_) > 1 else ' is'} not resolved")
+        equiv = [k for k, r in open_ if _has_verdict(r) and r["verdict"] == EQUIVALENT]
+        if equiv:
+            m = float((act if equiv[0] == "matched-active" else tot)["margin"])
+            s += (f" ({' and the '.join(equiv)} gap{'s' if len(equiv) > 1 else ''}: the models are equivalent "
+                  f"within ±{m:g} nats, by the TOST)")
+        s += ". "
     return s + limits(int(min(act["n"], tot["n"])), tokens,
                       "The paper's own curves span 40.5M to 426.3M tokens per run.")
 

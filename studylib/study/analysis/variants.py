@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from studylib.study.analysis.frames import aggregate, layer_stats, router_records
-from studylib.study.analysis.tables import comparison_table
+from studylib.study.analysis.tables import comparison_table, concat_families
 
 DEAD_SHARE = 1e-3  # an expert with less than this share of a layer's assignments counts as dead
 
@@ -68,24 +68,36 @@ def diagnostics(run_dirs: Mapping) -> pd.DataFrame:
                                       "bias_picked"]).set_index("model")
 
 
+#: notebook 12's three families: (key, the family's name); see :func:`variant_table`
+FAMILIES = (("vs_ref", "12 router variants: each variant − the reference MoE"),
+            ("vs_active", "12 router variants: the active-match dense model − each MoE"),
+            ("vs_total", "12 router variants: each MoE − the total-match dense model"))
+
+
 def variant_table(summaries: pd.DataFrame, variants: list, reference: str, dense_active: str,
-                  dense_total: str, configs: Optional[Mapping] = None, run_dirs: Optional[Mapping] = None) -> pd.DataFrame:
+                  dense_total: str, configs: Optional[Mapping] = None, run_dirs: Optional[Mapping] = None,
+                  margin: Optional[float] = None) -> pd.DataFrame:
     """One row per MoE (the reference first): its router (``router``), n seeds, best validation
     loss (mean, std), the paired gaps (per seed, then mean and 95% CI) against the reference MoE
     (``vs_ref``: variant - reference; > 0: the reference is better), the active-match dense model
     (``vs_active``: dense_active - variant; > 0: the variant is better) and the total-match dense
     model (``vs_total``: variant - dense_total; > 0: the dense model is better), each with
-    ``_mean``, ``_low``, ``_high``, ``_p``, ``_resolved``; and the router diagnostics
-    (:func:`diagnostics`) when ``run_dirs`` is given. The comparisons are in
-    ``attrs["comparisons"]`` (one :func:`comparison_table` with every pair)."""
+    ``_mean``, ``_low``, ``_high``, ``_p``, ``_p_holm``, ``_p_tost``, ``_p_tost_holm``, ``_resolved``
+    (after Holm), ``_verdict``; and the router diagnostics (:func:`diagnostics`) when ``run_dirs``
+    is given.
+
+    Three families (:data:`FAMILIES`), each Holm-corrected over its own size and tested for
+    equivalence within ``±margin``: every variant against the reference MoE (the question the
+    notebook asks: does another router beat the reference?), every MoE (the reference too) against
+    the active-match dense model, and every MoE against the total-match dense model. The
+    comparisons are in ``attrs["comparisons"]`` (:func:`comparison_table` families joined by
+    :func:`~studylib.study.analysis.tables.concat_families`; its ``family`` column names each)."""
     models = [reference] + [m for m in variants if m != reference]
-    pairs = {}
-    for m in models:
-        if m != reference:
-            pairs[f"{m} − {reference}"] = (m, reference)
-        pairs[f"{dense_active} − {m}"] = (dense_active, m)
-        pairs[f"{m} − {dense_total}"] = (m, dense_total)
-    cmp = comparison_table(summaries, pairs)
+    pairs = {"vs_ref": {f"{m} − {reference}": (m, reference) for m in models if m != reference},
+             "vs_active": {f"{dense_active} − {m}": (dense_active, m) for m in models},
+             "vs_total": {f"{m} − {dense_total}": (m, dense_total) for m in models}}
+    cmp = concat_families([comparison_table(summaries, pairs[key], margin=margin, family=name)
+                           for key, name in FAMILIES if pairs[key]])
     agg = aggregate(summaries[summaries["model"].isin(models)], "best_val_loss").reindex(models)
     rows = []
     for m in models:
@@ -94,8 +106,9 @@ def variant_table(summaries: pd.DataFrame, variants: list, reference: str, dense
         for key, label in (("vs_ref", f"{m} − {reference}"), ("vs_active", f"{dense_active} − {m}"),
                            ("vs_total", f"{m} − {dense_total}")):
             c = cmp.loc[label] if label in cmp.index else None
-            for k, col in (("mean", "mean"), ("low", "ci_low"), ("high", "ci_high"), ("p", "p"), ("resolved", "resolved")):
-                row[f"{key}_{k}"] = (0.0 if k == "mean" else np.nan) if c is None else c[col]
+            for k in ("mean", "low", "high", "p", "p_holm", "p_tost", "p_tost_holm", "resolved", "verdict"):
+                col = {"low": "ci_low", "high": "ci_high"}.get(k, k)
+                row[f"{key}_{k}"] = ({"mean": 0.0, "verdict": ""}.get(k, np.nan)) if c is None else c[col]
         rows.append(row)
     out = pd.DataFrame(rows).set_index("model")
     if run_dirs is not None:
@@ -118,4 +131,4 @@ def bias_frame(run_dirs: Mapping) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", "seed", "step", "tokens", "layer", "expert", "bias"])
 
 
-__all__ = ["DEAD_SHARE", "describe", "diagnostics", "variant_table", "bias_frame"]
+__all__ = ["DEAD_SHARE", "FAMILIES", "describe", "diagnostics", "variant_table", "bias_frame"]

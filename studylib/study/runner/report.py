@@ -86,6 +86,34 @@ def map_sentences(out_dir: Path, table) -> list[str]:
     return out + [bm.paper_sentence(table)]
 
 
+#: the comparison tables the notebooks write, one or more families each (notebook 10's is
+#: :func:`studylib.study.analysis.downstream.metric_gaps`'s)
+FAMILY_TABLES = (("02", "table1_gaps_vs_reference"), ("06", "granularity_gaps"), ("07", "iso_width_gap"),
+                 ("10", "table10_downstream_gaps"), ("12", "router_variants_gaps"))
+
+
+def family_sentences(out_dir: Path) -> list[str]:
+    """One line per family table the study wrote (:data:`FAMILY_TABLES`), in the notebook's own
+    words: :func:`studylib.study.analysis.text.comparison_sentences` (notebook 10:
+    :func:`studylib.study.analysis.downstream.gap_sentences`). Tables without the family's columns
+    (written before the verdicts) are left out."""
+    from studylib.study.analysis import text
+
+    out = []
+    for nb, name in FAMILY_TABLES:
+        t = _read_table(out_dir, name)
+        if t is None or t.empty or "verdict" not in t or "p_holm" not in t:
+            continue
+        if nb == "10":
+            from studylib.study.analysis import downstream
+
+            out.append(f"Notebook {nb}: {downstream.gap_sentences(t)}")
+            continue
+        for fam, g in t.groupby("family", sort=False, dropna=False):
+            out.append(f"Notebook {nb}: {text.comparison_sentences(g.set_index(g.columns[0]))}")
+    return out
+
+
 def _summaries(out_dir: Path, model: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((out_dir / "runs" / model).glob("seed*/summary.json"))]
 
@@ -134,9 +162,12 @@ def _facts(out_dir: Path, moe: Optional[str], paths: Sequence[Path]) -> str:
 def answer_cells(out_dir: os.PathLike, paths: Sequence[Path] = ()) -> list:
     """The report's first section, ``## The answer``: the question, each headline and map verdict
     in the notebooks' own words (:func:`headline_sentences`, :func:`map_sentences`), the two gaps'
-    numbers as ``headline_gaps.csv`` holds them, the headline and map figures, what the study does
+    numbers and verdicts as ``headline_gaps.csv`` holds them, the headline and map figures, the
+    other notebooks' families of comparisons (:func:`family_sentences`), what the study does
     not show, and the preset, seeds, machine and time. A table the study did not write is named."""
     from nbformat.v4 import new_markdown_cell
+
+    from studylib.study.analysis import text
 
     out_dir = Path(out_dir)
     cells, limits, moe = [], [], None
@@ -145,10 +176,14 @@ def answer_cells(out_dir: os.PathLike, paths: Sequence[Path] = ()) -> list:
     if gaps is not None and len(gaps) == 2:
         verdict, lim = headline_sentences(gaps, out_dir)
         moe = gaps.iloc[0]["b"]
+        judged = "verdict" in gaps and "p_tost" in gaps  # older tables: no TOST, no verdict
         md += [f"**Headline (notebook 03).** {verdict}", "",
-               "| gap | mean | 95% CI | n | p | resolved | paper |", "|---|---|---|---|---|---|---|"]
+               "| gap | mean | 95% CI | n | p | resolved |" + (" TOST p | verdict |" if judged else "") + " paper |",
+               "|---|---|---|---|---|---|" + ("---|---|" if judged else "") + "---|"]
         md += [f"| {r.comparison} | {r.mean:+.4f} | [{r.ci_low:+.4f}, {r.ci_high:+.4f}] | {int(r.n)} | {r.p:.2g} "
-               f"| {'yes' if r.resolved else 'no'} | {r.paper_mean:+.4f} ± {r.paper_std:.4f} |" for r in gaps.itertuples()]
+               f"| {'yes' if r.resolved else 'no'} |"
+               + (f" {r.p_tost:.2g} | {text.verdict_label(r._asdict(), r.a, r.b)} |" if judged else "")
+               + f" {r.paper_mean:+.4f} ± {r.paper_std:.4f} |" for r in gaps.itertuples()]
         limits.append(lim)
     else:
         md.append(f"**Headline.** Not computed: no `tables/{HEADLINE}.csv` (notebook 03 did not run in this study).")
@@ -165,6 +200,12 @@ def answer_cells(out_dir: os.PathLike, paths: Sequence[Path] = ()) -> list:
     else:
         cells.append(new_markdown_cell(f"**The token-budget map.** Not computed: no `tables/{MAP}.csv` "
                                        "(notebook 09 did not run in this study)."))
+    families = family_sentences(out_dir)
+    if families:
+        cells.append(new_markdown_cell(
+            "**The other comparisons, one family per notebook** (Holm-corrected within each family; "
+            "\"equivalent\": a TOST within the margin; docs/statistics.md).\n\n"
+            + "\n".join(f"* {s}" for s in families)))
     limits.append("The map's points are few sizes and budgets with a handful of seeds each; the gap model is a "
                   "plane in log tokens/param and log size, and its crossing line is where that plane is zero. "
                   "Nothing here is measured at the paper's scale (the fits' predictions there are extrapolations, "

@@ -30,9 +30,16 @@ def test_verdicts_are_worded_from_the_ci_and_the_metric_direction():
     want = paired([0.35, 0.36, 0.35], [0.30, 0.31, 0.29])
     assert g.loc["lastword_acc", "gap"] == pytest.approx(want.mean)
     assert (g.loc["lastword_acc", "ci_low"], g.loc["lastword_acc", "ci_high"]) == pytest.approx((want.ci_low, want.ci_high))
-    assert g.loc["lastword_acc", "verdict"] == "moe better" and g.loc["lastword_acc", "resolved"]
-    assert g.loc["bits_per_byte", "verdict"] == "moe better"  # lower is better, resolved
-    assert g.loc["word_ppl", "verdict"] == "not resolved" and not g.loc["word_ppl", "resolved"]
+    # one family of 4 comparisons (one baseline): Holm over 4; A = the MoE
+    assert (g["family_size"] == 4).all() and g.loc["lastword_acc", "p_holm"] == pytest.approx(
+        min(1.0, 4 * g.loc["lastword_acc", "p"]) if g["p"].min() == g.loc["lastword_acc", "p"] else g.loc["lastword_acc", "p_holm"])
+    assert g.loc["lastword_acc", "verdict"] == "A better" and g.loc["lastword_acc", "resolved"]
+    assert g.loc["lastword_acc", "verdict_label"] == "moe better"
+    assert g.loc["bits_per_byte", "verdict"] == "A better"  # lower is better, resolved after Holm
+    assert g.loc["word_ppl", "verdict"] == "inconclusive" and not g.loc["word_ppl", "resolved"]
+    s = downstream.gap_sentences(g.reset_index())
+    assert s.startswith('Family "10 downstream') and "moe - dense, word_ppl: inconclusive" in s
+    assert "moe - dense, lastword_acc: moe better, +0.0533" in s
 
 
 # --- evaluating the runs ---------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studylib.study.analysis import tables, text
+from studylib.study.analysis import stats, tables, text
 from studylib.study.analysis.paper import PAPER_GRANULARITY, PAPER_TABLE6
 from studylib.study.analysis.stats import paired
 
@@ -103,8 +103,9 @@ def test_gap_phrase_follows_the_confidence_interval():
 def test_headline_verdict_resolved_case_reproduces_the_ordering():
     g = tables.headline_gaps(table6_frame(), *HEADLINE)
     v = text.headline_verdict(g, *HEADLINE, preset_name="paper", tokens=426_300_000)
-    assert "moe_top2_z ahead of dense_active by 0.0758 [0.0707, 0.0808], resolved" in v
-    assert "dense_total ahead of moe_top2_z by 0.0180 [0.0130, 0.0230], resolved" in v
+    assert "moe_top2_z better than dense_active by 0.0758 [0.0707, 0.0808] (95% CI; p=0.00024; n=3 seeds)" in v
+    assert "dense_total better than moe_top2_z by 0.0180 [0.0130, 0.0230]" in v
+    assert "Holm" not in v  # the two pre-registered gaps are not corrected for each other
     assert "is reproduced: both gaps are resolved in the paper's direction" in v
     assert "in preset 'paper'" in v and "n=3 seeds" in v and "426,300,000 target tokens" in v
     assert "What this does not show" in v
@@ -115,18 +116,18 @@ def test_headline_verdict_unresolved_and_contradicted_cases():
     loose = summary_frame({"dense_active": [1.65, 1.59, 1.61], "moe": [1.58, 1.58, 1.58],
                            "dense_total": [1.56, 1.561, 1.559]})
     v = text.headline_verdict(tables.headline_gaps(loose, *MODELS), *MODELS)
-    assert "dense_active − moe = +0.0367, not resolved: the 95% CI [-0.0392, +0.1126] includes 0" in v
-    assert "ahead of dense_active" not in v  # an unresolved gap names no winner
+    assert "inconclusive: dense_active − moe = +0.0367 [-0.0392, +0.1126] shows neither a difference" in v
+    assert "better than dense_active" not in v  # an unresolved gap names no winner
     assert "is not established here: the matched-active gap is not resolved" in v
     # the dense active-match better on every seed: the paper's ordering is contradicted
     reversed_ = summary_frame({"dense_active": [1.50, 1.51, 1.505], "moe": [1.60, 1.62, 1.61],
                                "dense_total": [1.40, 1.41, 1.40]})
     v = text.headline_verdict(tables.headline_gaps(reversed_, *MODELS), *MODELS)
-    assert "dense_active ahead of moe by" in v
+    assert "dense_active better than moe by" in v
     assert "is contradicted: the matched-active gap is resolved in the opposite" in v
     one = summary_frame({"dense_active": [1.7], "moe": [1.6], "dense_total": [1.5]})
     v = text.headline_verdict(tables.headline_gaps(one, *MODELS), *MODELS)
-    assert "one seed: no interval" in v and "not established" in v and "with one seed there is no interval" in v
+    assert "from one seed, so no test" in v and "not established" in v and "with one seed there is no interval" in v
 
 
 def test_comparison_table_pairs_by_seed_and_sentences():
@@ -137,8 +138,11 @@ def test_comparison_table_pairs_by_seed_and_sentences():
     assert (r["a"], r["b"], r["n"]) == ("a", "b", 3)
     assert [r["mean"], r["std"], r["ci_low"], r["ci_high"], r["p"]] == pytest.approx(
         [p.mean, p.std, p.ci_low, p.ci_high, p.p], rel=1e-12)
-    assert r["resolved"] == p.resolved and r["gap"] == p.fmt()
-    assert text.comparison_sentences(t) == f"{text.gap_phrase(p, 'a', 'b')}."
+    assert r["resolved"] == p.resolved and r["gap"] == p.fmt()  # a family of one: Holm changes nothing
+    assert (r["p_holm"], r["family_size"], r["margin"]) == (r["p"], 1, 0.03)
+    assert text.comparison_sentences(t) == f"{stats.verdict_words(r, 'a', 'b')}."
+    assert text.comparison_sentences(t) == "b better than a by 0.0900 [0.0004, 0.1796] (95% CI; p=0.05; n=3 seeds)."
+    assert text.gap_phrase(p, "a", "b").startswith("b ahead of a by 0.0900")  # a Paired alone: its CI's words
     relabelled = tables.relabel(t, {"a vs b": "A"})
     assert list(relabelled.index) == ["A"] and set(relabelled.attrs["per_seed"]["comparison"]) == {"A"}
     assert set(t.attrs["per_seed"]["comparison"]) == {"a vs b"}  # the original is left alone

@@ -138,7 +138,7 @@ def test_the_report_opens_with_the_answer(out):
     assert len(words) == 2 + 2 + 2  # per gap: its points, its gap model; the extrapolation of each gap
     for s in words:
         assert " ".join(s.split()) in answer
-    assert "What this does not show" in answer and "unresolved gap is not evidence" in answer  # text.limits' words
+    assert "What this does not show" in answer and "inconclusive gap is not evidence" in answer  # text.limits' words
     assert "Preset toy" in answer and "Seeds: 11, 12, 13" in answer and "CPU" in answer
     # then the contents and the notebooks, the parameter accounting last
     assert body.index("HEADLINE NOTEBOOK") < body.index("ACCOUNTING TABLE")
@@ -150,3 +150,21 @@ def test_without_the_tables_the_answer_names_what_is_missing(out):
     assert headings[1] == ("h2", "The answer")
     assert "Not computed: no tables/headline_gaps.csv (notebook 03" in body
     assert "Not computed: no tables/token_budget_gaps.csv (notebook 09" in body
+
+
+def test_the_answer_gives_the_other_notebooks_families_in_their_words(out):
+    """issue #31: each family table the study wrote is in the answer, worded as the notebook words it."""
+    _headline(out)
+    rng = np.random.default_rng(2)
+    base = 3.0 + rng.normal(0, 0.02, 3)
+    df = pd.DataFrame([{"model": m, "seed": s, "best_val_loss": v} for m, vals in
+                       (("ref", base), ("top1", base + 0.2 + rng.normal(0, 0.01, 3)), ("top2", base + rng.normal(0, 0.003, 3)))
+                       for s, v in zip(SEEDS, vals)])
+    t = tables.comparison_table(df, {"top1": ("top1", "ref"), "top2": ("top2", "ref")}, family="02 routing ablation: x")
+    t.to_csv(out / "tables" / "table1_gaps_vs_reference.csv")
+    lines = report.family_sentences(out)
+    assert lines == [f"Notebook 02: {text.comparison_sentences(t)}"]
+    assert "Holm-corrected over 2" in lines[0] and "ref better than top1" in lines[0]
+    body, _ = _render(_notebooks(out), out)
+    assert "The other comparisons, one family per notebook" in body
+    assert " ".join(lines[0].split()) in body
