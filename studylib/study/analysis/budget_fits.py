@@ -217,8 +217,8 @@ def _extrapolation_words(ex: pd.DataFrame) -> list[str]:
     if len(loss):
         if not loss["identified"].all():
             miss = ", ".join(loss.loc[~loss["identified"], "what"])
-            out.append(f"The loss laws predict no losses at the paper's N and D: a parameter of {miss}'s law is "
-                       "not identified by this grid.")
+            out.append(f"The loss laws predict no losses at the paper's N and D: a parameter is not identified by "
+                       f"this grid in the law of {miss}.")
         else:
             pred = " < ".join(loss.sort_values("predicted")["what"])
             paper = " < ".join(loss.sort_values("paper")["what"])
