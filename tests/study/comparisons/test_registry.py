@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from _tiny import tiny_raw
-from studylib.config import ConfigError, load_preset, presets, run_document
+from studylib.config import ConfigError, load_preset, override, presets, run_document
 from studylib.config.presets import override_pairs
 from studylib.run.rundir import RunDir
 from studylib.study import comparisons as C
@@ -49,7 +49,8 @@ def test_the_ci_plan_trains_each_run_once(tmp_path, monkeypatch):
     assert len(calls) == len(set(calls)) == len(planned)
     assert {p.parent for p in tmp_path.rglob("summary.json")} == planned
     assert sum(len(runs_frame(s)) for s in specs) > len(calls)  # grids share runs: trained once, read by each
-    assert {c[2] for c in calls} == {6, 12}
+    # each run trains its own grid's budget (the ci preset's 12 steps, its budgets' 6 and the map's 4)
+    assert {c[2] for c in calls} == {override(preset, g.overrides).train.max_steps for g in grids}
     assert {c[3] for c in calls} == {1e-3, 3e-3, 1e-2}
 
 
