@@ -17,7 +17,7 @@ from studylib.cli import main
 from studylib.config import ConfigError, load_preset, preset_from_dict
 from studylib.data import stories as S
 from studylib.config.schema import DataConfig
-from studylib.study.runner.parameters import MAX_SEEDS, apply_parameters, parse_seeds
+from studylib.study.runner.parameters import MAX_RUNS, apply_parameters, parse_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 CI = str(ROOT / "params" / "ci.yaml")
@@ -116,6 +116,41 @@ def test_txt_beside_its_gzip_is_two_formats(tmp_path):
         S.data_files(d)
 
 
+@pytest.mark.parametrize("names", [("train.txt.gz", "train2.txt.gz"), ("a.jsonl", "b.jsonl"),
+                                   ("train-00000-of-00002.jsonl", "extra.jsonl"),
+                                   ("train-00000-of-00002.jsonl", "other-00001-of-00002.jsonl")])
+def test_two_corpus_files_of_one_format_are_refused_naming_them(tmp_path, names):
+    d = tmp_path / "data"
+    d.mkdir()
+    for name in names:
+        if name.endswith(".gz"):
+            with gzip.open(d / name, "wt", encoding="utf-8") as f:
+                f.write("Once upon a time.\n<|endoftext|>\n")
+        else:
+            (d / name).write_text(json.dumps({"text": "Once upon a time."}) + "\n")
+    for source in ("local", "auto"):
+        with pytest.raises(S.DataError, match=rf"holds 2 corpus files \({', '.join(sorted(names))}\): a data folder "
+                                              "holds one corpus"):
+            list(S.story_source(DataConfig(source=source, data_dir=str(d)))())
+
+
+def test_one_exports_shards_are_read_in_order_and_a_missing_shard_is_refused(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    for i in (1, 0, 2):
+        (d / f"train-{i:05d}-of-00003.jsonl").write_text(json.dumps({"text": f"story {i}"}) + "\n")
+    assert list(S.story_source(DataConfig(source="local", data_dir=str(d)))()) == ["story 0", "story 1", "story 2"]
+    (d / "train-00001-of-00003.jsonl").unlink()
+    with pytest.raises(S.DataError, match=r"holds 2 of the 3 shards of one export .*; missing: 00001$"):
+        S.data_files(d)
+
+
+def test_the_shared_subset_is_one_corpus_file():
+    from conftest import require_subset
+
+    assert [p.name for p in S.data_files(require_subset())] == ["train.txt.gz"]
+
+
 def test_prepare_data_on_two_formats_is_one_line(box, capsys):
     d = _two_formats(box / "data")
     line = _call(["prepare-data", "--params", CI, "--set", "data.source=local", "--set", f"data.data_dir={d}"],
@@ -126,14 +161,14 @@ def test_prepare_data_on_two_formats_is_one_line(box, capsys):
 # ---- the seeds parameter ------------------------------------------------------------------
 def test_more_seeds_than_the_limit_are_refused_up_front_with_the_count():
     t0 = time.perf_counter()
-    with pytest.raises(ConfigError, match=r"^seeds: '1-100000' gives 100,000 seeds, more than the 1,000"):
+    with pytest.raises(ConfigError, match=r"^seeds: '1-100000' gives 100,000 seeds, at least 100,000 runs, more than the 1,000 runs"):
         parse_seeds("1-100000")
     with pytest.raises(ConfigError, match=r"gives 4,294,967,296 seeds"):
         parse_seeds("0-4294967295")  # refused before a list of 4 billion seeds is built
     assert time.perf_counter() - t0 < 1.0
-    with pytest.raises(ConfigError, match=rf"a list of {MAX_SEEDS + 1:,} gives"):
-        apply_parameters(preset_from_dict(tiny_raw()), list(range(MAX_SEEDS + 1)))
-    assert len(parse_seeds(f"1-{MAX_SEEDS}")) == MAX_SEEDS  # the limit itself is allowed
+    with pytest.raises(ConfigError, match=rf"a list of {MAX_RUNS + 1:,} gives"):
+        apply_parameters(preset_from_dict(tiny_raw()), list(range(MAX_RUNS + 1)))
+    assert len(parse_seeds(f"1-{MAX_RUNS}")) == MAX_RUNS  # as many seeds as the limit: the plan's runs decide
 
 
 def test_study_with_too_many_seeds_is_one_line_before_any_run(box, capsys):

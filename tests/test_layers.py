@@ -62,6 +62,15 @@ def _imports(path: Path, me: str) -> list[tuple[int, str]]:
 SOURCES = sorted(p for p in PKG.rglob("*.py"))
 
 
+#: issue #30: no module over this many lines (split one along a seam instead)
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = {str(p.relative_to(PKG)): n for p in SOURCES if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
 def test_every_module_belongs_to_a_layer():
     for path in SOURCES:
         name = _module_name(path)

@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import socket
 import threading
 import zlib
@@ -30,13 +31,16 @@ class DataError(ConfigError):
 
 
 def data_files(data_dir: str | os.PathLike) -> list[Path]:
-    """The data files of ``data_dir``, sorted by name.
+    """The data files of ``data_dir``, sorted by name: ONE corpus file, or the shards of one
+    export (``train-00000-of-00004.parquet`` ... ``train-00003-of-00004.parquet``, every one of
+    them: a name, then ``-NNNNN-of-MMMMM`` and the extension).
 
     Files whose name contains ``valid`` (``valid.txt.gz``, ``validation-*.parquet``) are
     skipped: the held-out set is a split of our own stories, not the corpus' validation split.
-    All of them are one corpus, so they must share one format (``a.jsonl`` + ``b.jsonl``, or the
-    shards ``train-0000N.parquet``): files of two formats (``train.jsonl`` beside
-    ``train.txt.gz``, most likely one corpus twice) are a :class:`DataError` naming them.
+    Anything else is a :class:`DataError` naming the files: files of two formats (``train.jsonl``
+    beside ``train.txt.gz``, most likely one corpus twice), two files of one format that are not
+    one export's shards (``train.txt.gz`` beside ``train-v2.txt.gz``: two corpora, or one twice,
+    would be read as one), or an export with shards missing.
     """
     d = Path(data_dir)
     files = sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")
@@ -46,7 +50,28 @@ def data_files(data_dir: str | os.PathLike) -> list[Path]:
         raise DataError(f"data.data_dir={str(d)!r} holds training stories in {len(formats)} formats "
                         f"({', '.join(p.name for p in files)}): one corpus is read from files of one format "
                         f"(likely the same stories twice); move the other files out of the folder")
+    if len(files) > 1:
+        _check_shards(d, files)
     return files
+
+
+_SHARD = re.compile(r"^(?P<name>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})$")
+
+
+def _check_shards(d: Path, files: list[Path]) -> None:
+    """Several files of one format must be every shard of one export, else a :class:`DataError`."""
+    shards = [_SHARD.match(p.name[: -len(_format(p))]) for p in files]
+    series = {(m["name"], m["n"]) for m in shards if m}
+    names = ", ".join(p.name for p in files)
+    if None in shards or len(series) != 1:
+        raise DataError(f"data.data_dir={str(d)!r} holds {len(files)} corpus files ({names}): a data folder holds "
+                        f"one corpus, in one file or the shards of one export (NAME-00000-of-00002{_format(files[0])}, "
+                        f"...); move the other files out of the folder (or rename a held-out file to *valid*)")
+    total = int(next(iter(series))[1])
+    missing = sorted(set(range(total)) - {int(m["i"]) for m in shards})
+    if missing or len(files) != total:
+        raise DataError(f"data.data_dir={str(d)!r} holds {len(files)} of the {total} shards of one export ({names}); "
+                        f"missing: {', '.join(f'{i:05d}' for i in missing) or 'none, but shards beyond the count'}")
 
 
 def _format(path: Path) -> str:

@@ -3,9 +3,11 @@ resume lookup.
 
 A checkpoint is a ``torch.save``-d dict: ``{"format": "studylib-ckpt", "version": 2, **state}``,
 where ``state`` is what :class:`studylib.run.train_state.TrainState` writes and reads (its
-docstring lists the keys). This module reads only the header it needs to pick and check a file:
-``kind`` ("full" or "snapshot"), ``step``, ``config_hash`` (and that ``model`` is there);
-:meth:`studylib.run.rundir.RunDir.load_model` reads ``model`` and ``provenance``.
+docstring lists the keys). Every checkpoint opens with the same header, :class:`Header` (``kind``
+"full" or "snapshot", ``step``, ``total_steps``, ``config_hash``, ``provenance``): TrainState writes
+it with :meth:`Header.as_dict`, and :func:`header` is its one reader (this module, to pick and check
+a file; :meth:`studylib.run.rundir.RunDir.load_model`; TrainState on a resume). The rest of a full
+checkpoint is TrainState's; :meth:`~studylib.run.rundir.RunDir.load_model` reads ``model`` too.
 
 The dict is followed by a trailer line ``studylib-sha256:<64 hex>`` (newline before and after):
 the SHA-256 of every byte before it (torch ignores bytes after its zip archive, and does not
@@ -34,6 +36,7 @@ import os
 import random
 import re
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -54,6 +57,38 @@ _CHUNK = 1 << 20
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, truncated, corrupt, foreign or from another run config."""
+
+
+@dataclass(frozen=True)
+class Header:
+    """What every checkpoint opens with: its ``kind`` ("full", "snapshot"; None in files older than
+    it), the optimizer ``step`` it was saved after, the run's ``total_steps`` and ``config_hash``,
+    and the ``provenance`` fingerprints the run trains with (``{}`` in files older than them)."""
+
+    kind: Optional[str]
+    step: int
+    config_hash: Optional[str]
+    total_steps: Optional[int] = None
+    provenance: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        """The header's keys as a checkpoint stores them."""
+        return {"kind": self.kind, "step": self.step, "total_steps": self.total_steps,
+                "config_hash": self.config_hash, "provenance": self.provenance}
+
+
+def header(state: dict, path: os.PathLike) -> Header:
+    """The :class:`Header` of the checkpoint ``state`` read from ``path``: the one reader of the
+    header's keys. A state without ``step`` or ``config_hash`` is a :class:`CheckpointError`."""
+    for key in ("step", "config_hash"):
+        if key not in state:
+            raise CheckpointError(f"{path}: incomplete checkpoint (no {key!r})")
+    try:
+        step = int(state["step"])
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{path}: its step {state['step']!r} is not an integer") from None
+    return Header(kind=state.get("kind"), step=step, config_hash=state["config_hash"],
+                  total_steps=state.get("total_steps"), provenance=dict(state.get("provenance") or {}))
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,19 +251,19 @@ def load(path: str | os.PathLike, *, map_location: Any = "cpu", expect_hash: Opt
     :class:`CheckpointError`."""
     path = Path(path)
     state = _read(path, map_location)
-    for key in ("step", "model", "config_hash"):
-        if key not in state:
-            raise CheckpointError(f"{path}: incomplete checkpoint (no {key!r})")
-    if kind is not None and state.get("kind") != kind:
-        raise CheckpointError(f"{path}: a {state.get('kind')!r} checkpoint, expected {kind!r}")
-    check_hash(state, path, expect_hash)
+    head = header(state, path)
+    if "model" not in state:
+        raise CheckpointError(f"{path}: incomplete checkpoint (no 'model')")
+    if kind is not None and head.kind != kind:
+        raise CheckpointError(f"{path}: a {head.kind!r} checkpoint, expected {kind!r}")
+    check_hash(head, path, expect_hash)
     return state
 
 
-def check_hash(state: dict, path: os.PathLike, expect_hash: Optional[str]) -> None:
+def check_hash(head: Header, path: os.PathLike, expect_hash: Optional[str]) -> None:
     """A checkpoint written by another run (its config hash is not ``expect_hash``) is an error."""
-    if expect_hash is not None and state["config_hash"] != expect_hash:
-        raise CheckpointError(f"{path}: written by a run with config hash {state['config_hash']}, but this "
+    if expect_hash is not None and head.config_hash != expect_hash:
+        raise CheckpointError(f"{path}: written by a run with config hash {head.config_hash}, but this "
                               f"run's config hash is {expect_hash}: a checkpoint of another run (another "
                               f"seed, model or preset?); refusing to mix runs")
 
@@ -254,8 +289,8 @@ def peek_step(ckpt_dir: str | os.PathLike) -> Optional[int]:
         p = Path(ckpt_dir) / name
         if p.is_file():
             try:
-                return int(_read(p, "cpu", mmap=True)["step"])
-            except (CheckpointError, KeyError, TypeError, ValueError):
+                return header(_read(p, "cpu", mmap=True), p).step
+            except CheckpointError:
                 continue
     return None
 
@@ -276,7 +311,7 @@ def load_latest(ckpt_dir: str | os.PathLike, *, map_location: Any = "cpu", kind:
             errors.append(str(e))
             continue
         if errors:
-            warn(f"warning: skipping damaged checkpoint {errors[0]}; using {p} (step {state['step']}) "
+            warn(f"warning: skipping damaged checkpoint {errors[0]}; using {p} (step {header(state, p).step}) "
                  f"instead")
         return state, p
     if errors:
@@ -291,5 +326,5 @@ def load_resume(ckpt_dir: str | os.PathLike, *, expect_hash: Optional[str] = Non
     :func:`load_latest`), or None. A config-hash mismatch is always an error."""
     found = load_latest(ckpt_dir, map_location=map_location, kind="full", warn=warn)
     if found is not None:
-        check_hash(*found, expect_hash)
+        check_hash(header(*found), found[1], expect_hash)
     return found

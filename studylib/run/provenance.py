@@ -111,13 +111,14 @@ def mismatches(recorded: Optional[Mapping], now: Optional[Mapping], keys: tuple 
             if recorded.get(k) and now.get(k) and recorded[k] != now[k]]
 
 
-def check_resume(run: os.PathLike, state: Mapping, now: Mapping) -> dict:
-    """Refuse to resume a run from its checkpoint ``state`` (at ``state["step"]``, fingerprints
-    ``state["provenance"]``) on other data, or under other code or torch when steps are left to
-    train (a checkpoint with its ``final`` record is the run's last: only the summary is rewritten).
+def check_resume(run: os.PathLike, head, finished: bool, now: Mapping) -> dict:
+    """Refuse to resume a run from its checkpoint (``head``: its
+    :class:`studylib.run.checkpoint.Header`, at ``head.step`` with fingerprints ``head.provenance``)
+    on other data, or under other code or torch when steps are left to train (``finished``: the
+    checkpoint holds its ``final`` record, the run's last: only the summary is rewritten).
     The fingerprints the run goes on with: ``now``, or for the last checkpoint the code and threads
     that trained it (a rebuilt summary records the training's, not the rebuilding process's)."""
-    step, saved, finished = state["step"], state.get("provenance") or {}, state.get("final") is not None
+    step, saved = head.step, head.provenance or {}
     diff = mismatches(saved, now)
     if diff:
         raise ProvenanceError(

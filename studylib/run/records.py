@@ -8,8 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
+from studylib.run.provenance import THREADS
 
 
 @dataclass
@@ -103,7 +102,9 @@ def summary_record(state, *, model: str, seed: int, preset: str, tokens: int, pa
         "device": str(device), "amp": state.amp,
         # fp32 results depend on it (~1e-7 between 1 and 2 threads): --jobs 1 trains in-process on
         # every core, a sweep's workers on cores // jobs each (docs/design.md, "Precision")
-        "torch_threads": state.prints.get("torch_threads", torch.get_num_threads()),  # the training's (provenance.of_data)
+        # the training's (provenance.of_data; a rebuilt summary: its last checkpoint's); None where that
+        # checkpoint predates the record: unknown, never the rebuilding process's own
+        "torch_threads": state.prints.get(THREADS),
         "world_size": state.world, "config_hash": state.config_hash, "data": data_summary(data),
         "provenance": state.prints,  # fingerprints of the corpus and tokenizer (studylib.run.provenance)
         "finished": True,

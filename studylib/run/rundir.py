@@ -300,10 +300,11 @@ class RunDir:
 
         cfg = self.model_config()
         state, path = self._checkpoint_state(step, checkpoint_path)
-        _checkpoint().check_hash(state, path, ((self.read_config() or {}).get("run") or {}).get("config_hash"))
+        head = _checkpoint().header(state, path)
+        _checkpoint().check_hash(head, path, ((self.read_config() or {}).get("run") or {}).get("config_hash"))
         recorded = self.fingerprints()
-        provenance.check_checkpoint(self.path, path, state.get("provenance"), recorded)
-        prints = state.get("provenance") or recorded
+        provenance.check_checkpoint(self.path, path, head.provenance, recorded)
+        prints = head.provenance or recorded
         model = Decoder(cfg)
         try:
             model.load_state_dict(state["model"])
@@ -314,7 +315,7 @@ class RunDir:
         model.to(device).eval()
         tok_path = self.tokenizer_path(tokenizer, prints)
         return LoadedRun(model=model, tokenizer=self._open_tokenizer(tok_path, tokenizer is not None), config=cfg,
-                         step=state.get("step"), checkpoint=path, tokenizer_path=tok_path)
+                         step=head.step, checkpoint=path, tokenizer_path=tok_path)
 
     # ---- tokenizer -------------------------------------------------------------------------
     def fingerprints(self) -> dict:

@@ -14,7 +14,8 @@ A full checkpoint after optimizer step ``step``::
      "final": the last "eval" record (None before the last step), "world_size", "amp",
      "metrics": the metrics.jsonl lines written so far}
 
-A snapshot holds the first five keys (``kind`` "snapshot") and ``model``. Checkpoints written
+The first five keys are the header (:class:`studylib.run.checkpoint.Header`, read by
+:func:`studylib.run.checkpoint.header` alone). A snapshot holds the header (``kind`` "snapshot") and ``model``. Checkpoints written
 before ``provenance``, ``amp`` or ``metrics`` existed lack them and still load."""
 from __future__ import annotations
 
@@ -46,8 +47,10 @@ class TrainState:
         self.metrics: Optional[list[str]] = None
 
     def _header(self, kind: str) -> dict:
-        return {"kind": kind, "step": self.step, "total_steps": self.total, "config_hash": self.config_hash,
-                "provenance": self.prints}
+        """The :class:`studylib.run.checkpoint.Header` every checkpoint opens with (read back by
+        :func:`studylib.run.checkpoint.header`)."""
+        return checkpoint.Header(kind=kind, step=self.step, config_hash=self.config_hash, total_steps=self.total,
+                                 provenance=self.prints).as_dict()
 
     def snapshot_state_dict(self) -> dict:
         """A model-only snapshot at this step (``train.keep_checkpoints``; the explorer's)."""
@@ -71,8 +74,10 @@ class TrainState:
         """Restore a full checkpoint of run ``run`` (a path, for messages): first refuse one trained
         on other data (:func:`studylib.run.provenance.check_resume`) or in another precision, then
         weights, optimizer, counters, metrics copy and this rank's RNG."""
-        step = state["step"]
-        self.prints = provenance.check_resume(run, state, self.prints)  # the training's code/threads on a last checkpoint
+        head = checkpoint.header(state, run)
+        step = head.step
+        # the training's code/threads on a last checkpoint (the one with its final record)
+        self.prints = provenance.check_resume(run, head, state.get("final") is not None, self.prints)
         saved = state.get("amp")
         if saved is not None and saved != self.amp:  # train.amp: auto resolves per machine
             raise ConfigError(

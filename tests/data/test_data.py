@@ -392,9 +392,9 @@ def _write_all_formats(root: Path) -> dict[str, Path]:
     (dirs["txt"] / "train.txt").write_text(txt, encoding="utf-8")
     with gzip.open(dirs["gz"] / "train.txt.gz", "wt", encoding="utf-8") as f:
         f.write(txt.replace("\n", "\r\n"))
-    (dirs["jsonl"] / "a.jsonl").write_text(
+    (dirs["jsonl"] / "train-00000-of-00002.jsonl").write_text(  # one export's two shards
         "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate([STORIES[0], ""])))
-    (dirs["jsonl"] / "b.jsonl").write_text(
+    (dirs["jsonl"] / "train-00001-of-00002.jsonl").write_text(
         "".join(json.dumps({"text": f" {t} "}) + "\n" for t in STORIES[1:]) + "\n")
     import pyarrow as pa
     import pyarrow.parquet as pq

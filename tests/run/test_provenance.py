@@ -241,3 +241,26 @@ def test_a_rebuilt_summary_records_the_trainings_threads(box, capsys):
     assert rebuilt["torch_threads"] == trained["torch_threads"]
     assert rebuilt["provenance"] == trained["provenance"]
     assert rebuilt["best_val_loss"] == trained["best_val_loss"]
+
+
+def test_a_summary_rebuilt_from_a_checkpoint_without_threads_records_none_not_the_rebuilders(box, capsys):
+    """A last checkpoint written before the thread count was recorded: the rebuilt summary cannot
+    know the training's threads and says so (None), instead of this process's count."""
+    import torch
+
+    root, params, run = box
+    (run / "summary.json").unlink()
+    latest = run / "checkpoints" / C.LATEST
+    state = C.load(latest)
+    assert state.get("final") is not None
+    state["provenance"] = {k: v for k, v in state["provenance"].items() if k != "torch_threads"}
+    C.save(latest, state)
+    n = torch.get_num_threads()
+    torch.set_num_threads(n + 1)
+    try:
+        assert main(["train", "--params", params, "--model", "dense", "--seed", "1", "--run-dir", str(run),
+                     "--no-progress"]) == 0
+    finally:
+        torch.set_num_threads(n)
+    rebuilt = RunDir(run).summary()
+    assert rebuilt["torch_threads"] is None and "torch_threads" not in rebuilt["provenance"]

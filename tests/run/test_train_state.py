@@ -139,6 +139,29 @@ def test_state_round_trips_through_a_checkpoint_file(tmp_path):
     _assert_same(snap["model"], written["model"])
 
 
+def test_the_header_trainstate_writes_is_read_back_by_the_one_reader(tmp_path):
+    """issue #30: the header's keys are read in one place, checkpoint.header, whose record is what
+    TrainState wrote; load, peek_step and RunDir read the step and hash through it."""
+    src = _trained(_state(seed=1, prints={"corpus_sha256": "aaa"}), steps=3)
+    C.save(tmp_path / C.LATEST, src.state_dict([C.capture_rng()]))
+    C.save(C.snapshot_path(tmp_path, 3), src.snapshot_state_dict())
+    full = C.header(C.load(tmp_path / C.LATEST), tmp_path / C.LATEST)
+    assert full == C.Header(kind="full", step=3, config_hash="h", total_steps=12, provenance={"corpus_sha256": "aaa"})
+    assert C.header(C.load(C.snapshot_path(tmp_path, 3)), "snap") == C.Header("snapshot", 3, "h", 12,
+                                                                                {"corpus_sha256": "aaa"})
+    assert C.header({"step": 5, "config_hash": "x"}, "old") == C.Header(None, 5, "x")  # before kind / provenance
+    with pytest.raises(C.CheckpointError, match=r"^f\.pt: incomplete checkpoint \(no 'config_hash'\)$"):
+        C.header({"step": 1}, "f.pt")
+    state = src.state_dict([C.capture_rng()])
+    state["step"] = "three"
+    C.save(tmp_path / C.LATEST, state)
+    with pytest.raises(C.CheckpointError, match=r"latest\.pt: its step 'three' is not an integer"):
+        C.load(tmp_path / C.LATEST)
+    assert C.peek_step(tmp_path) is None  # latest.pt's step is no number, and there is no prev.pt
+    C.save(tmp_path / C.LATEST, src.state_dict([C.capture_rng()]), keep_prev=True)
+    assert C.peek_step(tmp_path) == 3
+
+
 @pytest.mark.parametrize("other", ["amp", "data"])
 def test_a_refused_resume_changes_nothing(tmp_path, other):
     saved = _trained(_state(seed=1, prints={"corpus_sha256": "aaa"}), steps=2).state_dict([C.capture_rng()])

@@ -12,7 +12,7 @@
   any machines that see the same outputs and data cache (a shared filesystem). Each worker trains
   one run at a time; a worker that declares ``--resources GPU=1`` takes the runs that need a GPU.
   An address where no Dask scheduler answers within :data:`SCHEDULER_TIMEOUT_S` is one error line
-  (:func:`probe_scheduler`), not a wait.
+  (:func:`studylib.study.orchestration.scheduler.probe_scheduler`), not a wait.
 
 Before anything is queued every worker reports what it trains with (the worker plugin's
 fingerprint, :func:`studylib.study.orchestration.worker.fingerprint`): a worker whose ``studylib``
@@ -42,7 +42,6 @@ import hashlib
 import logging
 import os
 import secrets
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -53,46 +52,9 @@ from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import LOG_FILE
 from studylib.run.spec import RunSpec
 from studylib.study.orchestration.common import ClusterError, SweepError, available_cores
+from studylib.study.orchestration.scheduler import SCHEDULER_TIMEOUT_S, one_line as _one_line, probe_scheduler
 from studylib.study.orchestration.worker import (PLUGIN, THREADS_ENV, StudyPlugin, fingerprint, fingerprint_error,
                                                  train_task, worker_visibility)
-
-#: How long a ``--scheduler`` address has to answer as a Dask scheduler (distributed's own connect
-#: waits forever on a server that accepts the connection and never speaks Dask's protocol).
-SCHEDULER_TIMEOUT_S = 20.0
-
-def probe_scheduler(address: str, timeout: float = SCHEDULER_TIMEOUT_S) -> None:
-    """A ClusterError unless a Dask scheduler answers at ``address`` (its ``identity``) within
-    ``timeout`` seconds. On its own event loop in a helper thread (a notebook's kernel runs one in
-    this thread)."""
-    from distributed.comm import connect
-
-    async def identity():
-        comm = await connect(address, timeout=timeout)
-        try:
-            await comm.write({"op": "identity", "reply": True})
-            return await comm.read()
-        finally:
-            comm.abort()
-
-    async def bounded():
-        return await asyncio.wait_for(identity(), timeout + 2)
-
-    start = (f"start one with `dask scheduler` and workers with `dask worker {address} --nthreads 1`, or "
-             f"point --scheduler / $STUDYLIB_SCHEDULER / study.scheduler at it")
-    with ThreadPoolExecutor(1, thread_name_prefix="studylib-probe") as pool:
-        try:
-            reply = pool.submit(asyncio.run, bounded()).result()
-        except (TimeoutError, asyncio.TimeoutError):
-            raise ClusterError(f"scheduler {address}: no Dask scheduler answered within {timeout:.0f} s (something "
-                               f"else listens there?); {start}") from None
-        except (OSError, ValueError, TypeError) as e:  # refused, unreachable, a malformed address or reply
-            raise ClusterError(f"scheduler {address}: cannot connect ({_one_line(e)}); {start}") from None
-    if not isinstance(reply, dict) or reply.get("type") != "Scheduler":
-        raise ClusterError(f"scheduler {address}: what answers there is not a Dask scheduler; {start}")
-
-
-def _one_line(e: BaseException, n: int = 200) -> str:
-    return f"{type(e).__name__}: {' '.join(str(e).split())[:n]}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """What the sweep (:mod:`.sweep`), its Dask client (:mod:`.cluster`) and the workers
 (:mod:`.worker`) share: the errors a sweep stops with and the cores this process may use. A leaf:
-it imports none of them, so they import one way (sweep -> cluster -> worker -> here)."""
+it imports none of them, so they import one way (sweep -> cluster -> worker / scheduler -> here)."""
 from __future__ import annotations
 
 import os

@@ -29,6 +29,10 @@ working directory: every path it returns is absolute, resolved from the reposito
 Every notebook's parameters cell holds ``params``, ``jobs``, ``seeds = None`` and
 ``overrides = None``, so the same values reach it from ``studylib study -p`` and from plain
 ``papermill -p`` on the Jupytext-converted notebook.
+
+Exit status of ``studylib study`` (docs/cli.md): 0 when done; 2 with one line ``error: ...`` for a
+known error (arguments, preset, data, a run that failed to train, a Dask cluster that cannot train
+the runs); 1 when a notebook failed (its failing cell, the error and the partly executed notebook).
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ from studylib.config import ConfigError, load_preset
 from studylib.run.layout import outputs_root
 from studylib.run.tensorboard import after_runs
 from studylib.study.runner.execute import StudyError, execute_all, notebook_parameters, run_alone
-from studylib.study.runner.parameters import apply_parameters
+from studylib.study.runner.parameters import apply_parameters, check_plan_size
 from studylib.study.runner.report import write_report
 from studylib.study.orchestration.sweep import SCHEDULER_ENV, available_cores, default_jobs, scheduler_address
 
@@ -134,6 +138,7 @@ def open_comparison(name: str, params: str, jobs: Optional[int] = None, seeds=No
     found = comparison(name)
     ctx = notebook_context(params, jobs, seeds, overrides)
     ctx.comparison = found
+    check_plan_size(ctx.preset, found.plan(ctx.preset, parameters), f"notebook {found.notebook}")
     return ctx, found.train(ctx.preset, jobs=ctx.jobs, parameters=parameters)
 
 
@@ -269,25 +274,24 @@ def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Pat
     """Train the runs of the selected notebooks (:func:`studylib.study.comparisons.study_grids`,
     given each notebook's parameters ``{notebook: {name: value}}``) in one queue before any
     notebook executes (from the repository root, as the notebooks run), on the Dask scheduler at
-    ``scheduler`` or here; the seconds it took. A failed run is a :class:`StudyError` naming the
-    run and its log."""
+    ``scheduler`` or here; the seconds it took. A failed run is the sweep's
+    :class:`~studylib.study.orchestration.common.SweepError` naming the run and its log (a known
+    error: the CLI prints its one line and exits with 2, as for a cluster that cannot train it)."""
     import contextlib
 
     from studylib.study.comparisons import study_grids
-    from studylib.study.orchestration.sweep import SweepError, ensure_grids
+    from studylib.study.orchestration.sweep import ensure_grids
 
     t0 = time.perf_counter()
     with contextlib.chdir(root):
         grids = study_grids(preset, [py.stem for py in nbs], {py.stem: (parameters or {}).get(py) or {} for py in nbs})
         if not grids:
             return 0.0
+        check_plan_size(preset, grids, "notebook(s) " + ", ".join(py.name.split("_")[0] for py in nbs))
         echo(f"training the runs of {len(grids)} grid(s) in one queue, longest first, "
              + (f"on the Dask cluster at {scheduler}" if scheduler else f"{jobs or default_jobs(preset)} at a time")
              + "; the notebooks then read them")
-        try:
-            ensure_grids(preset, grids, jobs=jobs, progress=progress, scheduler=scheduler)
-        except SweepError as e:
-            raise StudyError(str(e)) from e
+        ensure_grids(preset, grids, jobs=jobs, progress=progress, scheduler=scheduler)
     took = time.perf_counter() - t0
     echo(f"runs ready in {took:.1f} s")
     return took
@@ -342,7 +346,7 @@ def run_cli(args) -> int:
         run_study(args.params, args.notebooks, args.jobs, report=not args.no_report, timeout=args.timeout,
                   progress=not args.no_progress, parameters=cli_parameters(args.parameter),
                   notebook_jobs=args.notebook_jobs, scheduler=args.scheduler)
-    except StudyError as e:
+    except StudyError as e:  # a notebook failed: its cell's error and where the partly executed notebook is
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

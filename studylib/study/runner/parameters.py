@@ -14,9 +14,11 @@ from studylib.config import ConfigError, Preset, config_hash, override, override
 from studylib.config.args import seed_error
 
 _SEED_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
-#: the most seeds a study takes: each seed is one run of every model a notebook compares, so 1,000
-#: seeds are already thousands of runs (more is a typo, e.g. 1-100000, that would plan for minutes)
-MAX_SEEDS = 1000
+#: the most runs a study plans: 1,000 runs are already days of training on the CPU presets (more is
+#: a typo, e.g. seeds 1-100000, that would plan for minutes). Counted over the plan's runs
+#: (:func:`check_plan_size`: seeds x the models of every grid); more seeds than this are refused
+#: before a range is even expanded (each seed is at least one run)
+MAX_RUNS = 1000
 
 
 def parse_seeds(value) -> Optional[list[int]]:
@@ -55,13 +57,35 @@ def parse_seeds(value) -> Optional[list[int]]:
 
 
 def _check_count(n: int, value) -> None:
-    """More than :data:`MAX_SEEDS` seeds: a :class:`ConfigError` with the count (before a range
-    is expanded into a list)."""
-    if n > MAX_SEEDS:
+    """More seeds than :data:`MAX_RUNS`: a :class:`ConfigError` with the count (before a range is
+    expanded into a list): every seed trains at least one run."""
+    if n > MAX_RUNS:
         shown = repr(value) if isinstance(value, str) else f"a list of {n:,}"
-        raise ConfigError(f"seeds: {shown} gives {n:,} seeds, more than the {MAX_SEEDS:,} a study takes (each "
-                          f"seed trains every model a notebook compares: {n:,} seeds are at least {n:,} runs); "
-                          f"give at most {MAX_SEEDS:,}")
+        raise ConfigError(f"seeds: {shown} gives {n:,} seeds, at least {n:,} runs, more than the {MAX_RUNS:,} runs "
+                          f"a study takes (each seed trains every model a notebook compares); give fewer seeds")
+
+
+def plan_size(preset: Preset, grids) -> int:
+    """The runs of ``grids`` (:class:`~studylib.study.orchestration.sweep.Grid` s) under ``preset``:
+    each grid's models x its seeds, a run two grids share (same model, seed, overrides and tag)
+    counted once."""
+    runs = set()
+    for g in grids:
+        ov = tuple((k, repr(v)) for k, v, _ in override_pairs(g.overrides))
+        runs |= {(m, int(s), ov, g.tag) for m in dict.fromkeys(g.models) for s in g.seeds_of(preset)}
+    return len(runs)
+
+
+def check_plan_size(preset: Preset, grids, where: str) -> int:
+    """The number of runs of ``grids`` (:func:`plan_size`); more than :data:`MAX_RUNS` is a
+    :class:`ConfigError` with the count, raised before anything trains (``where``: whose plan it
+    is, e.g. "notebooks 03, 04")."""
+    n = plan_size(preset, grids)
+    if n > MAX_RUNS:
+        raise ConfigError(f"seeds: {len(preset.seeds):,} seeds give {n:,} runs in the plan of {where} (each seed trains "
+                          f"every model a notebook compares), more than the {MAX_RUNS:,} runs a study takes; give "
+                          f"fewer seeds (-p seeds) or fewer notebooks")
+    return n
 
 
 def parse_overrides(value) -> dict:

@@ -21,7 +21,8 @@ Plain functions (unit-tested; the widgets only call them), by module:
   ``metrics.jsonl`` as a frame, with a step selector);
 * :mod:`.figures` -- :func:`routing_grid_figure` (a view as a tokens x layers grid, optionally
   beside a second view), :func:`diagnostics_figure`, :func:`figure_png`;
-* :mod:`.markup` -- HTML for the widgets (:func:`tokens_html`, :func:`table_html`).
+* :mod:`.markup` -- HTML for the widgets (:func:`tokens_html`, :func:`table_html`);
+* :mod:`.controls` -- the widgets themselves, their layout and the slider helpers.
 
 :class:`Explorer` (:mod:`.widget`, ``build_explorer(outputs_root)``) wires these to ipywidgets: a
 run dropdown, a checkpoint slider over the saved steps, a prompt box with preset prompts, an

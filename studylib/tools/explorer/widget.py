@@ -4,8 +4,9 @@ Pick a run and a checkpoint, type a prompt (or pick one), optionally a second ru
 to compare with, generate a continuation; the outputs are the routing grid (an image), the
 token text, the expert-share and comparison tables and the router diagnostics over training
 with their own step selector. Every callback is a plain method that calls the plain functions of
-this package, so the explorer can be driven (and tested) from Python. ipywidgets is imported when
-an explorer is built (optional dependency).
+this package, so the explorer can be driven (and tested) from Python. The widgets themselves and
+their layout are :mod:`studylib.tools.explorer.controls`; ipywidgets is imported when an explorer
+is built (optional dependency).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import pandas as pd
 
 from studylib.run.layout import CONFIG_FILE
 from studylib.run.rundir import LoadedRun, RunDir
-from studylib.tools.explorer.diagnostics import ROUTER_METRICS, diagnostics_over_training, nearest_step_at_or_before
+from studylib.tools.explorer.controls import NONE, SAME_RUN, build_widgets, nearest_eval, selected, set_options
+from studylib.tools.explorer.diagnostics import ROUTER_METRICS, diagnostics_over_training
 from studylib.tools.explorer.figures import diagnostics_figure, figure_png, routing_grid_figure
 from studylib.tools.explorer.markup import table_html, tokens_html
 from studylib.tools.explorer.routing import generate_and_route, route_ids, route_text
@@ -35,40 +37,6 @@ PRESET_PROMPTS = (
     "Tom and his mom went to the store. They wanted to buy",
     "One day, a big red ball",
 )
-_SAME_RUN = "__same_run__"
-_NONE = -1  # a SelectionSlider's stand-in for "no step"
-_HEAD = ("<h3 style='margin:4px 0'>Routing explorer</h3><div style='font-size:90%'>"
-         "Colour = a token's top expert at that layer, shade and number = its weight. "
-         "Pick a run and a checkpoint; type a prompt (Enter) or press <i>generate</i>.</div>")
-
-
-def _set_options(slider, options, value=None) -> None:
-    """Options of a SelectionSlider (which needs at least one: ``-`` stands for none)."""
-    options = list(options)
-    if not options:
-        slider.options = [("-", _NONE)]
-        slider.value = _NONE
-        slider.disabled = True
-        return
-    if value not in options:
-        value = options[-1]
-    slider.options = options
-    slider.value = value
-    slider.disabled = len(options) < 2
-
-
-def _value(slider):
-    return None if slider.value == _NONE else slider.value
-
-
-def _nearest_eval(steps, step):
-    """The eval step to show for checkpoint ``step``: the last one at or before it."""
-    steps = [s for s in steps if s is not None]
-    if not steps:
-        return None
-    return steps[-1] if step is None else nearest_step_at_or_before(steps, step)
-
-
 class Explorer:
     """ipywidgets front end over the functions of :mod:`studylib.tools.explorer`.
 
@@ -120,44 +88,7 @@ class Explorer:
         return opts
 
     def _build_widgets(self, opts, prompt: str, prompts: Sequence[str], n_new: int) -> None:
-        import ipywidgets as W
-
-        wide = W.Layout(width="520px")
-        self.run = W.Dropdown(options=opts, description="run", layout=wide)
-        self.step = W.SelectionSlider(options=[("-", _NONE)], description="checkpoint", continuous_update=False,
-                                      layout=W.Layout(width="420px"))
-        self.prompt = W.Combobox(value=prompt, options=list(prompts), description="prompt", ensure_option=False,
-                                 continuous_update=False, placeholder="type a story start, press Enter",
-                                 layout=W.Layout(width="620px"))
-        self.compare_run = W.Dropdown(description="compare", layout=wide)
-        self.compare_step = W.SelectionSlider(options=[("-", _NONE)], description="its step", continuous_update=False,
-                                              layout=W.Layout(width="420px"))
-        self.n_new = W.IntSlider(value=n_new, min=1, max=64, description="new tokens", continuous_update=False,
-                                 style={"description_width": "initial"})
-        self.temperature = W.FloatSlider(value=0.0, min=0.0, max=1.5, step=0.1, description="temperature",
-                                         continuous_update=False, style={"description_width": "initial"})
-        self.generate = W.Button(description="generate", icon="play", tooltip="continue the prompt and route it")
-        self.route_button = W.Button(description="route prompt", tooltip="route the prompt text only")
-        self.diag_step = W.SelectionSlider(options=[("-", _NONE)], description="diag step", continuous_update=False,
-                                           layout=W.Layout(width="420px"))
-        self.status, self.tokens, self.shares, self.comparison, self.diag_table = (W.HTML() for _ in range(5))
-        self.grid = W.Image(format="png", layout=W.Layout(max_width="100%"))
-        self.diag_plot = W.Image(format="png", layout=W.Layout(max_width="100%"))
-        self.widget = W.VBox([
-            W.HTML(_HEAD),
-            W.HBox([self.run, self.step]),
-            W.HBox([self.compare_run, self.compare_step]),
-            self.prompt,
-            W.HBox([self.route_button, self.generate, self.n_new, self.temperature]),
-            self.status, self.tokens,
-            W.HBox([self.grid, W.VBox([self.shares, self.comparison])]),
-            W.HTML("<h4 style='margin:4px 0'>Router diagnostics over training (metrics.jsonl)</h4>"),
-            self.diag_step, self.diag_plot, self.diag_table,
-        ])
-        self.widget.add_class("studylib-explorer")
-        for w, name in ((self.status, "status"), (self.grid, "grid"), (self.shares, "shares"),
-                        (self.comparison, "comparison"), (self.diag_plot, "diag-plot"), (self.prompt, "prompt")):
-            w.add_class(f"studylib-{name}")
+        build_widgets(self, opts, prompt, prompts, n_new)
 
     def _connect(self) -> None:
         self.run.observe(self.on_run_change, names="value")
@@ -194,7 +125,7 @@ class Explorer:
         lines = [f"Routing explorer over {self.root} ({len(self.runs)} runs); the widgets need a live "
                  f"Jupyter kernel (JupyterLab / Notebook)."]
         if self.run.value:
-            lines.append(f"run {self.run.value}, checkpoint step {_value(self.step)}")
+            lines.append(f"run {self.run.value}, checkpoint step {selected(self.step)}")
         if v is not None:
             lines.append(f"{len(v.ids)} tokens, status: {v.status}")
         if self.error:
@@ -227,13 +158,13 @@ class Explorer:
         rd = self.run.value
         with self._held():
             steps = RunDir(rd).checkpoint_steps() if rd else []
-            _set_options(self.step, steps, step if step is not None else (steps[-1] if steps else None))
+            set_options(self.step, steps, step if step is not None else (steps[-1] if steps else None))
             self._update_compare_runs(rd)
             self._update_compare_steps()
             self._update_max_new_tokens(rd, steps)
             self.diag_df_all = diagnostics_over_training(rd) if rd else pd.DataFrame()
             dsteps = self.diag_df_all.attrs.get("steps", [])
-            _set_options(self.diag_step, dsteps, _nearest_eval(dsteps, _value(self.step)))
+            set_options(self.diag_step, dsteps, nearest_eval(dsteps, selected(self.step)))
         self.refresh()
         self.refresh_diagnostics()
 
@@ -241,11 +172,11 @@ class Explorer:
         if self._hold:
             return
         with self._held():
-            if self.compare_run.value == _SAME_RUN:
+            if self.compare_run.value == SAME_RUN:
                 self._update_compare_steps()
-            dsteps = [o for o in self.diag_step.options if o != _NONE and not isinstance(o, tuple)]
+            dsteps = [o for o in self.diag_step.options if o != NONE and not isinstance(o, tuple)]
             if dsteps:
-                self.diag_step.value = _nearest_eval(dsteps, _value(self.step))
+                self.diag_step.value = nearest_eval(dsteps, selected(self.step))
         self.refresh()
         self.refresh_diagnostics()
 
@@ -282,7 +213,7 @@ class Explorer:
 
     def _update_compare_runs(self, rd: str) -> None:
         """Compare with nothing, another checkpoint of ``rd`` or another run (kept if still offered)."""
-        copts = [("(none)", ""), ("same run, another checkpoint", _SAME_RUN)] + \
+        copts = [("(none)", ""), ("same run, another checkpoint", SAME_RUN)] + \
                 [(r.label, str(r.path)) for r in self.runs if str(r.path) != rd]
         keep = self.compare_run.value if self.compare_run.value in [v for _, v in copts] else ""
         self.compare_run.options = copts
@@ -290,7 +221,7 @@ class Explorer:
 
     def _update_max_new_tokens(self, rd: str, steps: list[int]) -> None:
         try:
-            ctx = self.load(rd, _value(self.step)).config.context if rd and steps else 64
+            ctx = self.load(rd, selected(self.step)).config.context if rd and steps else 64
             self.n_new.max = max(1, min(128, ctx - 1))
         except Exception:
             pass
@@ -298,25 +229,25 @@ class Explorer:
     def _update_compare_steps(self) -> None:
         c = self.compare_run.value
         if not c:
-            _set_options(self.compare_step, [])
+            set_options(self.compare_step, [])
             self.compare_step.disabled = True
             return
-        rd = self.run.value if c == _SAME_RUN else c
+        rd = self.run.value if c == SAME_RUN else c
         steps = RunDir(rd).checkpoint_steps()
-        if c == _SAME_RUN:  # default: the first checkpoint, to see how routing moved since
-            others = [s for s in steps if s != _value(self.step)] or steps
+        if c == SAME_RUN:  # default: the first checkpoint, to see how routing moved since
+            others = [s for s in steps if s != selected(self.step)] or steps
             value = self.compare_step.value if self.compare_step.value in others else (others[0] if others else None)
-            _set_options(self.compare_step, steps, value)
+            set_options(self.compare_step, steps, value)
             self.compare_step.disabled = len(steps) < 2
         else:
             value = self.compare_step.value if self.compare_step.value in steps else (steps[-1] if steps else None)
-            _set_options(self.compare_step, steps, value)
+            set_options(self.compare_step, steps, value)
 
     # ---- rendering --------------------------------------------------------------------------
     def compute(self) -> tuple[RoutingView, Optional[RoutingView]]:
         """The current view (and comparison view) from the widget values."""
         rd = self.run.value
-        loaded = self.load(rd, _value(self.step))
+        loaded = self.load(rd, selected(self.step))
         text, label = self.prompt.value or "", self._label(rd)
         if self.mode == "generate":
             view = generate_and_route(loaded.model, loaded.tokenizer, text, self.n_new.value,
@@ -331,8 +262,8 @@ class Explorer:
         c = self.compare_run.value
         if not c:
             return None
-        crd = self.run.value if c == _SAME_RUN else c
-        other = self.load(crd, _value(self.compare_step))
+        crd = self.run.value if c == SAME_RUN else c
+        other = self.load(crd, selected(self.compare_step))
         tok, ctok, text = loaded.tokenizer, other.tokenizer, self.prompt.value or ""
         clabel = self._label(crd)
         same_tok = ctok is not None and tok is not None and ctok.get_piece_size() == tok.get_piece_size() \
@@ -393,7 +324,7 @@ class Explorer:
             self.diag_df, self.diag_figure = full, None
             self.diag_table.value = "<i>no evaluation records in metrics.jsonl yet</i>"
             return
-        s = _value(self.diag_step)
+        s = selected(self.diag_step)
         self.diag_figure = diagnostics_figure(full, step=s)
         self.diag_plot.value = figure_png(self.diag_figure)
         self.diag_df = diagnostics_over_training(self.run.value, step=s)

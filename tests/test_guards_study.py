@@ -1,0 +1,79 @@
+"""``studylib study``'s known errors (issue #33): a run that fails to train is one line and exit 2
+(it was wrapped and exited 1), and the ``-p seeds`` limit counts the runs of the study's plan, not
+the seeds, refused with the count before anything trains."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import require_subset
+from studylib.cli import main
+from studylib.config import ConfigError, load_preset
+from studylib.study.comparisons import study_grids
+from studylib.study.runner.parameters import MAX_RUNS, apply_parameters, check_plan_size, plan_size
+
+ROOT = Path(__file__).resolve().parents[1]
+CI = str(ROOT / "params" / "ci.yaml")
+#: diverges at its first step (NonFiniteLossError): a real failed training run
+DIVERGE = {"train.lr": 1.0e6, "train.min_lr": 1.0e5, "train.grad_clip": 0}
+
+
+@pytest.fixture
+def box(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
+    monkeypatch.setenv("STUDYLIB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("STUDYLIB_SCHEDULER", raising=False)
+    return tmp_path
+
+
+def _errors(argv, capsys) -> tuple[int, list[str], str]:
+    rc = main(argv)
+    err = capsys.readouterr().err
+    return rc, [ln for ln in err.splitlines() if ln.startswith("error:")], err
+
+
+@pytest.mark.parametrize("jobs", ["1", pytest.param("2", marks=pytest.mark.slow)])
+def test_a_run_that_fails_to_train_stops_the_study_with_one_line_and_exit_2(box, capsys, monkeypatch, jobs):
+    """--jobs 1 trains in this process, --jobs 2 on a local Dask cluster: the same one line."""
+    monkeypatch.setenv("STUDYLIB_DATA_DIR", str(require_subset()))
+    rc, errors, err = _errors(["study", "--params", CI, "--notebooks", "03", "--no-report", "--no-progress",
+                               "--jobs", jobs, "-p", "overrides", yaml.safe_dump(DIVERGE, default_flow_style=True)],
+                              capsys)
+    assert rc == 2, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert len(errors) == 1 and err.rstrip().splitlines()[-1] == errors[0], err[-2000:]
+    assert "failed" in errors[0] and "NonFiniteLossError" in errors[0] and "seed 1337" in errors[0], errors
+    assert not list((box / "out").rglob("*.ipynb"))  # no notebook started after the failed run
+
+
+# ---- the seeds limit counts runs -------------------------------------------------------------------
+def test_the_plan_size_counts_runs_seeds_times_models_shared_runs_once():
+    p = load_preset(CI)
+    q, _ = apply_parameters(p, "1-10")
+    headline = study_grids(q, ["03_headline_sweep"])
+    assert plan_size(q, headline) == 39  # 3 models x 10 seeds + the noise split's runs around seed 1
+    # notebooks 03 and 04 read the same runs: counted once
+    assert plan_size(q, study_grids(q, ["03_headline_sweep", "04_routing_diagnostics"])) == 39
+    assert plan_size(q, study_grids(q, ["01_budget_matching"])) == 0  # reads configs only
+
+
+def test_seeds_under_the_limit_that_give_more_runs_than_it_are_refused_with_the_count():
+    q, _ = apply_parameters(load_preset(CI), "1-400")  # 400 seeds: under 1,000, but 1,209 runs
+    with pytest.raises(ConfigError, match=r"^seeds: 400 seeds give 1,209 runs in the plan of notebook 03 .*more "
+                                          rf"than the {MAX_RUNS:,} runs a study takes"):
+        check_plan_size(q, study_grids(q, ["03_headline_sweep"]), "notebook 03")
+    assert check_plan_size(q, [], "notebook 01") == 0
+
+
+def test_study_with_seeds_that_give_too_many_runs_is_one_line_before_anything_is_written(box, capsys):
+    rc, errors, err = _errors(["study", "--params", CI, "--notebooks", "03", "-p", "seeds", "1-400", "--no-report",
+                               "--no-progress"], capsys)
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "seeds: 400 seeds give 1,209 runs in the plan of notebook(s) 03" in errors[0]
+    assert not (box / "out" / "ci" / "runs").exists() and not (box / "cache").exists()
+    # the same seeds on a notebook that trains nothing are fine: the limit is on runs
+    q, _ = apply_parameters(load_preset(CI), f"1-{MAX_RUNS}")
+    assert check_plan_size(q, study_grids(q, ["01_budget_matching"]), "notebook 01") == 0
