@@ -76,7 +76,6 @@ ctx, runs = open_comparison("token_budget", params, jobs, seeds, overrides)  # e
 trios = bm.budget_trios(ctx.preset)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
 active = bm.active_params(preset, trios)
-budget_map = bm.budgets(preset, trios)
 epoch_unit = (f"train.max_steps = {preset.train.max_steps} steps (not a pass over the data)"
               if preset.train.max_steps is not None else "one pass over the training windows")
 print(f"preset {preset.name!r}, seeds {seeds}; one epoch = {epoch_unit}")
@@ -88,7 +87,7 @@ for t in trios:
 # ## The runs: which are the preset's own (reused), which are budgets of their own
 
 # %%
-runs_table = bm.run_plan(preset, trios, seeds, budget_map)
+runs_table = bm.run_plan(preset, trios, runs.specs)
 plots.save_table(runs_table, "token_budget_plan", out, index=False)
 display(runs_table)
 own, shared = runs_table["preset_run"], runs_table["also_in"] != ""

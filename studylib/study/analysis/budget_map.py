@@ -30,6 +30,7 @@ better**. The matched-total gap is therefore the negative of notebook 03's ``MoE
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -43,7 +44,7 @@ from studylib.run.rundir import RunDir
 from studylib.study.analysis.frames import collect_runs, seed_pairs
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_BUDGET_TOKENS, PAPER_GAPS, PAPER_TOKENS_PER_PARAM
 from studylib.study.analysis.stats import MARGIN, family, paired
-from studylib.run.spec import budget_overrides, epoch_steps
+from studylib.run.spec import RunSpec, budget_overrides, epoch_steps
 from studylib.study.analysis.tables import fmt_count
 
 KEY = "study.token_budget"
@@ -116,27 +117,28 @@ def _study_lists(preset: Preset, model: str) -> list[str]:
     return [k for k in MODEL_LISTS if model in (getattr(preset.study, k) or ())]
 
 
-def run_plan(preset: Preset, trios: Sequence[TrioConfig], seeds: Sequence[int], budget_map: dict) -> pd.DataFrame:
-    """One row per size x budget x model: its ``max_steps``, whether it is the preset's own run
-    (``preset_run``: its run identity equals the preset's, so it lives in the preset's run directory
-    and is trained once for every notebook that uses it; ``also_in`` names the other ``study`` lists
-    that hold it, e.g. ``headline``: notebook 03's run, reused here) or a budget run of its own
-    (``runs/<model>/<tag>/``), its run directory (seed placeholder) and how many seeds are
-    already finished."""
+def run_plan(preset: Preset, trios: Sequence[TrioConfig], specs: Sequence[Sequence[RunSpec]]) -> pd.DataFrame:
+    """One row per size x budget x model of the runs the sweep resolved (``specs``: one sequence of
+    :class:`~studylib.run.spec.RunSpec` per trio x budget, trio order then epochs, as
+    :mod:`studylib.study.comparisons.token_budget` plans them; nothing is resolved again): its
+    ``max_steps``, whether it is the preset's own run (``preset_run``: it lives in the preset's run
+    directory and is trained once for every notebook that uses it; ``also_in`` names the other
+    ``study`` lists that hold it, e.g. ``headline``: notebook 03's run, reused here) or a budget
+    run of its own (``runs/<model>/<tag>/``), its run directory (seed placeholder) and how many
+    seeds are finished."""
+    cells = [(t, e) for t in trios for e in t.epochs]
+    if len(cells) != len(specs):
+        raise ValueError(f"run_plan: {len(cells)} trio x budget cells but {len(specs)} groups of runs")
     rows = []
-    for t in trios:
-        for e in t.epochs:
-            ov = budget_map[e]
-            mine = t.seeds_of(seeds)
-            for m in t.models:
-                dirs = [RunDir.variant(preset, m, s, ov) for s in mine]
-                base = RunDir.of(preset, m, mine[0]).path
-                own = dirs[0].path == base
-                rows.append({"size": t.size, "epochs": e, "model": m, "role": t.role(m),
-                             "max_steps": ov.get("train.max_steps", preset.train.max_steps),
-                             "preset_run": own, "also_in": ", ".join(_study_lists(preset, m)) if own else "",
-                             "run_dir": str(dirs[0].path.parent / "seed*"),
-                             "finished": sum(d.finished() for d in dirs), "seeds": len(mine)})
+    for (t, e), group in zip(cells, specs):
+        for m in t.models:
+            mine = [s for s in group if s.model == m]
+            own = mine[0].run_dir == Path(os.path.abspath(RunDir.of(preset, m, mine[0].seed).path))
+            rows.append({"size": t.size, "epochs": e, "model": m, "role": t.role(m),
+                         "max_steps": mine[0].preset.train.max_steps if not own else preset.train.max_steps,
+                         "preset_run": own, "also_in": ", ".join(_study_lists(preset, m)) if own else "",
+                         "run_dir": str(mine[0].run_dir.parent / "seed*"),
+                         "finished": sum(s.rundir.finished() for s in mine), "seeds": len(mine)})
     return pd.DataFrame(rows)
 
 

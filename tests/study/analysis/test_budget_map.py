@@ -17,6 +17,7 @@ from studylib.config import ConfigError, TrioConfig, override, run_document
 from studylib.run.rundir import RunDir
 from studylib.study.analysis import budget_checks, budget_map as bm, paper
 from studylib.study.comparisons import token_budget
+from studylib.study.orchestration import sweep
 
 T975_2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2): the 95% paired-t factor for n = 3
 
@@ -71,7 +72,7 @@ def test_a_trio_may_train_the_first_k_seeds_only(tmp_path, monkeypatch):
     budget_map = bm.budgets(p, [t])
     (g,) = token_budget.budget_grids([t], [5, 6, 7], budget_map)
     assert list(g.seeds) == [5, 6]
-    assert (bm.run_plan(p, [t], [5, 6, 7], budget_map)["seeds"] == 2).all()
+    assert (bm.run_plan(p, [t], _specs(p, [t], [5, 6, 7], budget_map))["seeds"] == 2).all()
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,6 +91,15 @@ def _fake_run(preset, model, seed, overrides, loss, train_targets=960.0):
     return rd
 
 
+def _specs(preset, trios, seeds, budget_map):
+    """The runs the sweep resolves for the map's grids (finished and missing), without training."""
+    out = []
+    for g in token_budget.budget_grids(trios, seeds, budget_map):
+        finished, missing = sweep.plan_runs(preset, g.models, g.seeds, g.overrides)
+        out.append(sorted(finished + missing, key=lambda s: (list(g.models).index(s.model), s.seed)))
+    return out
+
+
 def test_run_plan_reuses_the_presets_own_runs_and_trains_the_other_budgets(tmp_path, monkeypatch):
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
     p = _preset(token_budget=TB)  # train.max_steps 12: the "epoch" is 12 steps
@@ -98,7 +108,7 @@ def test_run_plan_reuses_the_presets_own_runs_and_trains_the_other_budgets(tmp_p
     assert budget_map == {0.5: {"train.max_steps": 6}, 1.0: {}, 1.01: {"train.max_steps": 12},
                           2.0: {"train.max_steps": 24}}
     _fake_run(p, "moe", 1, {}, 2.0)
-    plan = bm.run_plan(p, trios, [1, 2], budget_map).set_index(["epochs", "model"])
+    plan = bm.run_plan(p, trios, _specs(p, trios, [1, 2], budget_map)).set_index(["epochs", "model"])
     # 1.0 epoch is the preset's own run; 1.01 rounds to the same 12 steps, so it is that run too
     for e in (1.0, 1.01):
         assert plan.loc[(e, "moe"), "preset_run"] and plan.loc[(e, "moe"), "also_in"] == "headline"
