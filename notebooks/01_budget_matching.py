@@ -175,14 +175,14 @@ print(f"one run: {steps:,} optimizer steps of {per_step} windows = {tokens:,} ta
 # `d_model x K` per layer), and K = 1 is the dense model plus a one-logit router.
 
 # %%
-iso_dense, iso_moe = study.iso_width
+iso_dense, iso_moe = study.iso_width.models
 iso = tables.accounting_frame([preset.model_config(m) for m in (iso_dense, iso_moe)])
 display(iso)
 assert iso.loc[iso_moe, "d_model"] == iso.loc[iso_dense, "d_model"]
 assert iso.loc[iso_moe, "ffn_active"] == iso.loc[iso_dense, "ffn_total"], "iso-width: active FFN must equal the dense FFN"
 
-gran = tables.accounting_frame([preset.model_config(m) for m in study.granularity])
-gran.insert(0, "K", [preset.model_config(m).ffn.num_experts for m in study.granularity])
+gran = tables.accounting_frame([preset.model_config(m) for m in study.granularity.models])
+gran.insert(0, "K", [preset.model_config(m).ffn.num_experts for m in study.granularity.models])
 plots.save_table(pd.concat([iso, gran]), "by_construction_accounting", out)
 display(gran)
 assert gran["ffn_total"].nunique() == 1, "soft MoE: total FFN width must not depend on K"
@@ -195,7 +195,7 @@ assert (gran["ffn_active"] == gran["ffn_total"]).all(), "soft MoE: every expert 
 # (inactive experts), and the router.
 
 # %%
-split_models = list(dict.fromkeys(list(study.headline) + list(study.iso_width) + list(study.granularity)))
+split_models = list(dict.fromkeys(list(study.headline) + list(study.iso_width.models) + list(study.granularity.models)))
 split = tables.param_split([preset.model_config(m) for m in split_models])
 plots.save_table(split, "param_split", out)
 assert (split.sum(axis=1) == acct.loc[split.index, "total"]).all()

@@ -60,7 +60,7 @@ from studylib.study.runner.notebooks import open_comparison
 
 ctx, runs = open_comparison("ablation", params, jobs, seeds, overrides)  # `studylib study` trains them up front
 preset, study, out = ctx.preset, ctx.study, ctx.out
-variants = list(study.ablation)
+variants = list(study.ablation.models)
 reference = plan.reference_moe(preset)
 assert reference in variants, f"study.ablation must include the reference MoE {reference!r}"
 epochs = plan.study_epochs(preset, "ablation_epochs")  # study.ablation x seeds at `epochs`

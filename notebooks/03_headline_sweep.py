@@ -129,7 +129,7 @@ display(spread)
 # only when the F interval of the variance ratio excludes 1.
 
 # %%
-spec = noise.noise_spec(preset)
+spec = noise.noise_seeds(preset)
 if spec is None:
     print(f"preset {preset.name!r} has no study.noise_split; params/cpu_full.yaml runs it")
 else:
@@ -188,9 +188,9 @@ display(Markdown(f"**Verdict.** {sentence}"))
 # Anecdotal only: at this scale they show what the loss numbers mean, nothing more.
 
 # %%
-prompts = study.prompts or ["Once upon a time", "Tom and Lily went to the park", "The little dog was sad because"]
+prompts = study.headline_sweep.prompts or ["Once upon a time", "Tom and Lily went to the park", "The little dog was sad because"]
 first_runs = {m: by_seed[ctx.first_seed] for m, by_seed in runs.run_dirs().items()}
 gens = probes.generations(first_runs, prompts,
-                            max_new_tokens=study.sample_tokens)
+                            max_new_tokens=study.headline_sweep.sample_tokens)
 plots.save_table(gens, "generations", out, index=False)
 print(text.format_generations(gens))

@@ -51,7 +51,7 @@ from studylib.study.orchestration import plan
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, runs = open_comparison("granularity", params, jobs, seeds, overrides)  # `studylib study` trains them up front
-models = list(ctx.study.granularity)
+models = list(ctx.study.granularity.models)
 preset, study, out = ctx.preset, ctx.study, ctx.out
 K = {m: preset.model_config(m).ffn.num_experts for m in models}
 epochs = plan.study_epochs(preset, "granularity_epochs")  # study.granularity x seeds at `epochs`
@@ -60,7 +60,7 @@ sweep_budget = runs.grids[0].overrides
 summaries = runs.frame()
 run_dirs = runs.run_dirs()  # {model: {seed: run directory}}
 first = {m: by_seed[seeds[0]] for m, by_seed in run_dirs.items()}  # the probes' runs
-n_probe = study.probe_windows
+n_probe = study.granularity.probe_windows
 tokens = int(summaries["tokens"].iloc[0])
 assert summaries["tokens"].nunique() == 1, "every K must see the same number of tokens"
 assert len({budget.count_params(preset.model_config(m)).ffn_total for m in models}) == 1, "fixed total FFN width"

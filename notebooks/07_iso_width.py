@@ -51,7 +51,7 @@ from studylib.study.runner.notebooks import open_comparison
 from studylib.tools import bench
 
 ctx, runs = open_comparison("iso_width", params, jobs, seeds, overrides)  # `studylib study` trains them up front
-dense, moe = ctx.study.iso_width
+dense, moe = ctx.study.iso_width.models
 preset, study, out = ctx.preset, ctx.study, ctx.out
 epochs = plan.study_epochs(preset, "iso_width_epochs")  # the pair x seeds at `epochs`
 seeds = runs.seeds()  # study.comparison_seeds: the first k of the preset's seeds (default all)
@@ -92,7 +92,7 @@ fig = plots.val_curves(metrics, order=[dense, moe], title=f"Iso-width: validatio
 # without the KV cache; ratios are against the dense model in the same cache mode.
 
 # %%
-knobs = {"prompt_len": 32, "new_tokens": 64, "trials": 5, "warmup": 2, **study.decode}
+knobs = {"prompt_len": 32, "new_tokens": 64, "trials": 5, "warmup": 2, **study.iso_width.decode}
 device = bench.bench_device(preset)
 raw = bench.bench_decode(preset, [dense, moe], dtype="fp32", no_cache_too=True, device=str(device),
                          progress=False, **knobs)

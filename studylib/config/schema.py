@@ -345,7 +345,10 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 
 def to_dict(obj: Any) -> Any:
-    """A dataclass (nested) as plain YAML/JSON-friendly data."""
+    """A dataclass (nested) as plain YAML/JSON-friendly data (one with a ``to_raw()`` method, e.g.
+    the ``study`` section, as the mapping it returns: the preset's own flat shape)."""
+    if callable(getattr(obj, "to_raw", None)):
+        return to_dict(obj.to_raw())
     if dataclasses.is_dataclass(obj):
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, tuple):

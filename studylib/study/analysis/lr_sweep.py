@@ -3,7 +3,7 @@
 
 Every headline model (``study.headline``) is trained at each lr of a log grid with the first
 ``seeds`` seeds of the preset; ``min_lr`` keeps the preset's ratio to ``lr`` (1/10 in the
-shipped presets). The preset knob is ``study.lr_sweep`` (:func:`sweep_spec`)::
+shipped presets). The preset knob is ``study.lr_sweep`` (:class:`studylib.config.sections.LrSweepSection`, resolved by :func:`sweep_spec`)::
 
     lr_sweep: {lrs: [1.0e-3, 3.0e-3, 1.0e-2], seeds: 2, epochs: 1.0, tolerance: 0.01}
 
@@ -32,51 +32,30 @@ an end of the grid is flagged), other schedules (warmup, min_lr, batch size), or
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 
 from studylib.config import ConfigError, Preset
+from studylib.config.sections import DEFAULT_TOLERANCE, SweepSpec
 from studylib.run.spec import budget_overrides
 from studylib.study.analysis.frames import seed_gaps
 from studylib.study.analysis.stats import paired
 from studylib.study.analysis.text import gap_phrase
 
-DEFAULT_TOLERANCE = 0.01  # nats: the largest mean cost of an lr that still counts as "flat"
 VALUE = "best_val_loss"
 
 
-@dataclass(frozen=True)
-class SweepSpec:
-    """What ``study.lr_sweep`` asks for: the lr grid, the seeds, the budget and the tolerance."""
-
-    lrs: tuple[float, ...]
-    seeds: tuple[int, ...]
-    epochs: float
-    tolerance: float
-    preset_lr: float
-
-
 def sweep_spec(preset: Preset) -> SweepSpec:
-    """``study.lr_sweep`` (checked when the preset loaded: :class:`studylib.config.LrSweepConfig`)
-    against this preset's own ``train.lr`` (one of the grid's rates) and seeds (``seeds`` of
-    them); the tolerance defaults to :data:`DEFAULT_TOLERANCE`. Errors name the field."""
+    """``study.lr_sweep`` (:class:`studylib.config.sections.LrSweepSection`, checked when the preset
+    loaded) resolved against this preset's own ``train.lr`` (one of the grid's rates) and seeds
+    (``seeds`` of them): :meth:`~studylib.config.sections.LrSweepSection.resolve`. Errors name the field."""
     cfg = preset.study.lr_sweep
     if cfg is None:
         raise ConfigError("study.lr_sweep: missing; add e.g. `lr_sweep: {lrs: [1.0e-3, 3.0e-3, 1.0e-2], "
                           "seeds: 2, epochs: 1.0}` to the preset's study section")
-    lr0 = preset.train.lr
-    if not any(math.isclose(lr, lr0, rel_tol=1e-9) for lr in cfg.lrs):
-        raise ConfigError(f"study.lr_sweep.lrs: must include the preset's train.lr={lr0:g} (the lr under "
-                          f"test), got {list(cfg.lrs)}")
-    lrs = tuple(lr0 if math.isclose(lr, lr0, rel_tol=1e-9) else lr for lr in cfg.lrs)
-    if cfg.seeds > len(preset.seeds):
-        raise ConfigError(f"study.lr_sweep.seeds: {cfg.seeds} seeds asked, the preset has {len(preset.seeds)} "
-                          f"({list(preset.seeds)})")
-    tol = DEFAULT_TOLERANCE if cfg.tolerance is None else cfg.tolerance
-    return SweepSpec(lrs, tuple(preset.seeds[:cfg.seeds]), cfg.epochs, tol, lr0)
+    return cfg.resolve(preset.train.lr, preset.seeds)
 
 
 def lr_overrides(preset: Preset, lr: float) -> dict:

@@ -20,37 +20,22 @@ excludes 1.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 
-from studylib.config import ConfigError, Preset
+from studylib.config import Preset
 from studylib.study.analysis.frames import seed_gaps
 from studylib.study.analysis.stats import std_interval, variance_ratio
 
-KEY = "study.noise_split"
 FACTORS = ("init only", "order only", "both")
 
 
-@dataclass(frozen=True)
-class NoiseSpec:
-    seeds: tuple[int, ...]  # the k draws; seeds[0] is the fixed seed s0
-
-    @property
-    def fixed(self) -> int:
-        return self.seeds[0]
-
-
-def noise_spec(preset: Preset) -> Optional[NoiseSpec]:
-    """``study.noise_split: {seeds: k}`` (the preset's first k seeds, k >= 2), or None when absent."""
-    v = preset.study.noise_split
-    if v is None:
-        return None
-    if v.seeds > len(preset.seeds):
-        raise ConfigError(f"{KEY}: {{seeds: {v.seeds}}} asks for more seeds than the preset has "
-                          f"({list(preset.seeds)})")
-    return NoiseSpec(tuple(preset.seeds[:v.seeds]))
+def noise_seeds(preset: Preset) -> Optional[tuple[int, ...]]:
+    """The draws of ``study.noise_split: {seeds: k}`` (the preset's first k seeds; the first is the
+    fixed seed ``s0``; :meth:`studylib.config.sections.NoiseSplitSection.draws`), or None when absent."""
+    v = preset.study.headline_sweep.noise_split
+    return None if v is None else v.draws(preset.seeds)
 
 
 def noise_table(runs: pd.DataFrame, models: Sequence[str], gaps: Mapping[str, tuple],
@@ -91,4 +76,4 @@ def noise_sentence(table: pd.DataFrame) -> str:
                              "around one fixed seed), and the interval of a std from a few draws is wide.")
 
 
-__all__ = ["NoiseSpec", "noise_spec", "noise_table", "noise_sentence", "FACTORS"]
+__all__ = ["noise_seeds", "noise_table", "noise_sentence", "FACTORS"]

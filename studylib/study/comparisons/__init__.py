@@ -2,7 +2,8 @@
 the registry built from them: what ``studylib study`` trains up front and what a notebook opens.
 
 Adding a comparison: a module here with a ``COMPARISON`` (:class:`~studylib.study.comparisons.base.Comparison`),
-listed in :data:`MODULES`; its notebook (``notebooks/NN_name.py``, opening with
+listed in :data:`MODULES`, naming its knobs' section (``section=``, a key of
+:data:`studylib.config.SECTIONS`; the section itself in :mod:`studylib.config.sections`); its notebook (``notebooks/NN_name.py``, opening with
 :func:`studylib.study.runner.notebooks.open_comparison`); and its preset entries.
 """
 from __future__ import annotations

@@ -14,4 +14,4 @@ def grids(preset: Preset) -> list[Grid]:
                  budget_overrides(preset, study_epochs(preset, "ablation_epochs")))]
 
 
-COMPARISON = Comparison("ablation", "02_routing_ablation", grids)
+COMPARISON = Comparison("ablation", "02_routing_ablation", grids, section="ablation")

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from studylib.config import Preset
+from studylib.config import SECTIONS, ConfigError, Preset
 from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
 from studylib.study.analysis.frames import runs_frame, runs_metrics
@@ -61,14 +61,28 @@ class Runs:
 class Comparison:
     """One notebook's comparison: ``name`` (its module), ``notebook`` (the file stem), ``grids``
     (``(preset, **parameters) -> [Grid]``: the runs it reads), ``parameters`` (the notebook's own
-    ``-p`` parameters the plan depends on, e.g. notebook 04's ``model``) and ``jobs`` (runs at a
-    time when the notebook trains them itself, whatever its ``jobs``; None: the notebook's)."""
+    ``-p`` parameters the plan depends on, e.g. notebook 04's ``model``), ``jobs`` (runs at a
+    time when the notebook trains them itself, whatever its ``jobs``; None: the notebook's) and
+    ``section``: the attribute of ``preset.study`` holding its own knobs (a key of
+    :data:`studylib.config.SECTIONS`; None: it reads the general knobs only). Another
+    comparison's section may be read too (notebook 04 reads 12's router variants), but each
+    section belongs to one comparison."""
 
     name: str
     notebook: str
     grids: Callable[..., list[Grid]] = no_runs
     parameters: tuple[str, ...] = ()
     jobs: Optional[int] = None
+    section: Optional[str] = None
+
+    def __post_init__(self):
+        if self.section is not None and self.section not in SECTIONS:
+            raise ConfigError(f"comparison {self.name!r}: section {self.section!r} is not one of {sorted(SECTIONS)}")
+
+    def knobs(self, preset: Preset):
+        """This comparison's section of ``preset.study`` (None if it has none, or the preset lacks a
+        whole-mapping section such as ``lr_sweep``)."""
+        return None if self.section is None else getattr(preset.study, self.section)
 
     def plan(self, preset: Preset, parameters: Optional[Mapping[str, Any]] = None) -> list[Grid]:
         """The grids of this comparison under ``preset`` and the notebook's ``parameters`` (those

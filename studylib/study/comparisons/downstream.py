@@ -13,4 +13,4 @@ def grids(preset: Preset) -> list[Grid]:
     return [Grid(study_list(preset, "headline"), first_seeds(preset, "downstream_seeds"))]
 
 
-COMPARISON = Comparison("downstream", "10_downstream", grids)
+COMPARISON = Comparison("downstream", "10_downstream", grids, section="downstream")

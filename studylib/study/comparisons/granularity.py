@@ -14,4 +14,4 @@ def grids(preset: Preset) -> list[Grid]:
                  budget_overrides(preset, study_epochs(preset, "granularity_epochs")))]
 
 
-COMPARISON = Comparison("granularity", "06_granularity_sweep", grids)
+COMPARISON = Comparison("granularity", "06_granularity_sweep", grids, section="granularity")

@@ -19,27 +19,28 @@ def headline_grid(preset: Preset) -> Grid:
     return Grid(study_list(preset, "headline"), list(preset.seeds))
 
 
-def noise_grids(models: Sequence[str], spec: noise.NoiseSpec) -> list[Grid]:
-    """The runs of the design: [both, init only, order only (one grid per data seed)]."""
-    s0 = spec.fixed
-    return [Grid(list(models), list(spec.seeds)),
-            Grid(list(models), list(spec.seeds), {"train.data_seed": s0}),
-            *[Grid(list(models), [s0], {"train.data_seed": s}) for s in spec.seeds]]
+def noise_grids(models: Sequence[str], seeds: Sequence[int]) -> list[Grid]:
+    """The runs of the design over the draws ``seeds`` (:func:`~studylib.study.analysis.noise.noise_seeds`;
+    the first is the fixed seed): [both, init only, order only (one grid per data seed)]."""
+    s0 = seeds[0]
+    return [Grid(list(models), list(seeds)),
+            Grid(list(models), list(seeds), {"train.data_seed": s0}),
+            *[Grid(list(models), [s0], {"train.data_seed": s}) for s in seeds]]
 
 
 def grids(preset: Preset) -> list[Grid]:
-    spec = noise.noise_spec(preset)
-    return [headline_grid(preset), *([] if spec is None else noise_grids(study_list(preset, "headline"), spec))]
+    seeds = noise.noise_seeds(preset)
+    return [headline_grid(preset), *([] if seeds is None else noise_grids(study_list(preset, "headline"), seeds))]
 
 
-def noise_frame(runs: Runs, spec: noise.NoiseSpec) -> pd.DataFrame:
+def noise_frame(runs: Runs, seeds: Sequence[int]) -> pd.DataFrame:
     """The summaries of the design (grids 1.. of :func:`grids`), with ``factor`` (one of
     :data:`studylib.study.analysis.noise.FACTORS`) and ``draw`` (the varied seed: the run seed, or
     the data seed)."""
     both, init, *order = [runs.frame(i) for i in range(1, len(runs.specs))]
     parts = [both.assign(factor="both", draw=both["seed"]), init.assign(factor="init only", draw=init["seed"])]
-    parts += [f.assign(factor="order only", draw=s) for f, s in zip(order, spec.seeds)]
+    parts += [f.assign(factor="order only", draw=s) for f, s in zip(order, seeds)]
     return pd.concat(parts, ignore_index=True)
 
 
-COMPARISON = Comparison("headline", "03_headline_sweep", grids)
+COMPARISON = Comparison("headline", "03_headline_sweep", grids, section="headline_sweep")

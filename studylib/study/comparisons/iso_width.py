@@ -14,4 +14,4 @@ def grids(preset: Preset) -> list[Grid]:
                  budget_overrides(preset, study_epochs(preset, "iso_width_epochs")))]
 
 
-COMPARISON = Comparison("iso_width", "07_iso_width", grids)
+COMPARISON = Comparison("iso_width", "07_iso_width", grids, section="iso_width")

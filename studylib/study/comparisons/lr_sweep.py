@@ -45,4 +45,4 @@ def ensure_sweep(preset: Preset, models: Sequence[str], spec: lr_sweep.SweepSpec
     return sweep_frame(Runs(preset, tuple(grids_), tuple(tuple(s) for s in specs)), spec)
 
 
-COMPARISON = Comparison("lr_sweep", "11_learning_rate", grids)
+COMPARISON = Comparison("lr_sweep", "11_learning_rate", grids, section="lr_sweep")

@@ -23,4 +23,4 @@ def grids(preset: Preset) -> list[Grid]:
     return [grid(preset)]
 
 
-COMPARISON = Comparison("router_variants", "12_router_variants", grids)
+COMPARISON = Comparison("router_variants", "12_router_variants", grids, section="router_variants")

@@ -50,4 +50,4 @@ def train_budgets(preset: Preset, trios: Sequence[TrioConfig], seeds: Sequence[i
     return summaries(train(preset, trios, seeds, budget_map, jobs, progress), trios)
 
 
-COMPARISON = Comparison("token_budget", "09_token_budget", grids)
+COMPARISON = Comparison("token_budget", "09_token_budget", grids, section="token_budget")

@@ -26,7 +26,7 @@ from studylib.run.optim import total_steps_for
 def study_list(preset: Preset, key: str) -> list:
     """``study.<key>``: a list of model names of the preset (checked when it loaded); absent: a
     ConfigError naming the knob."""
-    v = getattr(preset.study, key)
+    v = preset.study.knob(key)
     if not v:
         raise ConfigError(f"study.{key}: missing from preset {preset.name!r}; expected a non-empty list of "
                           f"model names of the preset")
@@ -35,7 +35,7 @@ def study_list(preset: Preset, key: str) -> list:
 
 def study_epochs(preset: Preset, key: str) -> float:
     """``study.<key>`` (a budget in units of the preset's schedule; default 1.0)."""
-    return getattr(preset.study, key)
+    return preset.study.knob(key)
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def run_budget(preset: Preset) -> RunBudget:
 def first_seeds(preset: Preset, key: str) -> list[int]:
     """The first ``study.<key>`` of the preset's seeds (all of them when the knob is absent): the
     comparisons that get fewer seeds than the headline."""
-    k = getattr(preset.study, key)
+    k = preset.study.knob(key)
     return list(preset.seeds) if k is None else list(preset.seeds[:k])
 
 

@@ -17,19 +17,19 @@ from studylib.study.comparisons.headline import noise_grids
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_noise_spec_reads_and_validates_the_knob():
+def test_noise_seeds_reads_and_validates_the_knob():
     p = load_preset(ROOT / "params" / "ci.yaml", ["seeds=[1,2,3,4]", "study.noise_split={seeds: 3}"])
-    assert noise.noise_spec(p).seeds == (1, 2, 3) and noise.noise_spec(p).fixed == 1
-    assert noise.noise_spec(load_preset(ROOT / "params" / "cpu.yaml")) is None
+    assert noise.noise_seeds(p) == (1, 2, 3)  # the first is the fixed seed
+    assert noise.noise_seeds(load_preset(ROOT / "params" / "cpu.yaml")) is None
     for bad in ("{seeds: 1}", "{seeds: 5}", "{n: 3}", "3"):
         with pytest.raises(ConfigError, match="study.noise_split"):  # when it loads, or when it is read
-            noise.noise_spec(load_preset(ROOT / "params" / "ci.yaml", ["seeds=[1,2,3,4]", f"study.noise_split={bad}"]))
+            noise.noise_seeds(load_preset(ROOT / "params" / "ci.yaml", ["seeds=[1,2,3,4]", f"study.noise_split={bad}"]))
 
 
 def test_the_design_reuses_the_headline_runs_and_adds_two_per_extra_seed():
     p = load_preset(ROOT / "params" / "ci.yaml", ["seeds=[1,2,3]", "study.noise_split={seeds: 3}"])
-    spec = noise.noise_spec(p)
-    dirs = {RunDir.variant(p, "moe_top2_z", s, g.overrides).path for g in noise_grids(["moe_top2_z"], spec)
+    seeds = noise.noise_seeds(p)
+    dirs = {RunDir.variant(p, "moe_top2_z", s, g.overrides).path for g in noise_grids(["moe_top2_z"], seeds)
             for s in g.seeds}
     own = {RunDir.of(p, "moe_top2_z", s).path for s in (1, 2, 3)}
     # seed 1 with data seed 1 is the headline run itself; 2 init-only + 2 order-only runs more

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from _tiny import tiny_raw
-from studylib.config import ConfigError, load_preset, override, presets, run_document
+from studylib.config import ConfigError, load_preset, override, presets, run_document, to_dict
 from studylib.config.presets import override_pairs
 from studylib.run.rundir import RunDir
 from studylib.study import comparisons as C
@@ -185,3 +185,29 @@ def test_notebook_04_reads_any_sparse_moe_where_its_runs_are():
         routing.grid(p, "dense_active")
     with pytest.raises(ConfigError, match="nope"):
         routing.grid(p, "nope")
+
+
+def test_each_comparison_names_the_section_it_reads():
+    """One answer to "which knobs does notebook NN have": its comparison's ``section``; every
+    section belongs to exactly one comparison, and each shipped preset gives every comparison its
+    section typed."""
+    from studylib.config import SECTIONS
+
+    named = [c.section for c in C.COMPARISONS.values() if c.section is not None]
+    assert sorted(named) == sorted(SECTIONS) and len(named) == len(set(named))
+    assert C.comparison("02_routing_ablation").section == "ablation"
+    for name in ("ci", "cpu", "cpu_full", "paper"):
+        p = load_preset(ROOT / "params" / f"{name}.yaml")
+        for c in C.COMPARISONS.values():
+            if c.section is not None:
+                cls = SECTIONS[c.section]
+                knobs = c.knobs(p)
+                if not cls.WHOLE:  # a whole-mapping section (lr_sweep, token_budget) may be absent: None
+                    assert isinstance(knobs, cls), (name, c.name)
+                assert cls.parse(to_dict(p.study), _ctx(p)) == knobs, (name, c.name)
+
+
+def _ctx(p):
+    from studylib.config.sections import Context
+
+    return Context(p.models, lambda m: p.model_config(m).ffn.kind)
