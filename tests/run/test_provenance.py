@@ -222,21 +222,27 @@ def test_resuming_under_other_code_is_refused(box, capsys):
     assert RunDir(run).summary()["best_val_loss"] == RunDir(root / "run1").summary()["best_val_loss"]
 
 
-def test_a_rebuilt_summary_records_the_trainings_threads(box, capsys):
-    """The summary is gone, the last checkpoint is there: the run is not retrained, its summary is
-    rebuilt, and it records the threads (and code) that trained it, not the rebuilding process's."""
+def _rebuild_under_threads(params, run, threads: int) -> None:
+    """``studylib train`` over a finished run without its summary, in a process set to ``threads``
+    torch threads (the summary is rebuilt from the last checkpoint)."""
     import torch
 
-    root, params, run = box
-    trained = RunDir(root / "run1").summary()
-    (run / "summary.json").unlink()
     n = torch.get_num_threads()
-    torch.set_num_threads(trained["torch_threads"] + 1)
+    torch.set_num_threads(threads)
     try:
         assert main(["train", "--params", params, "--model", "dense", "--seed", "1", "--run-dir", str(run),
                      "--no-progress"]) == 0
     finally:
         torch.set_num_threads(n)
+
+
+def test_a_rebuilt_summary_records_the_trainings_threads(box, capsys):
+    """The summary is gone, the last checkpoint is there: the run is not retrained, its summary is
+    rebuilt, and it records the threads (and code) that trained it, not the rebuilding process's."""
+    root, params, run = box
+    trained = RunDir(root / "run1").summary()
+    (run / "summary.json").unlink()
+    _rebuild_under_threads(params, run, trained["torch_threads"] + 1)
     rebuilt = RunDir(run).summary()
     assert rebuilt["torch_threads"] == trained["torch_threads"]
     assert rebuilt["provenance"] == trained["provenance"]
@@ -255,12 +261,6 @@ def test_a_summary_rebuilt_from_a_checkpoint_without_threads_records_none_not_th
     assert state.get("final") is not None
     state["provenance"] = {k: v for k, v in state["provenance"].items() if k != "torch_threads"}
     C.save(latest, state)
-    n = torch.get_num_threads()
-    torch.set_num_threads(n + 1)
-    try:
-        assert main(["train", "--params", params, "--model", "dense", "--seed", "1", "--run-dir", str(run),
-                     "--no-progress"]) == 0
-    finally:
-        torch.set_num_threads(n)
+    _rebuild_under_threads(params, run, torch.get_num_threads() + 1)
     rebuilt = RunDir(run).summary()
     assert rebuilt["torch_threads"] is None and "torch_threads" not in rebuilt["provenance"]
