@@ -3,6 +3,7 @@
 the seeds, refused with the count before anything trains."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,9 @@ def test_a_run_that_fails_to_train_stops_the_study_with_one_line_and_exit_2(box,
     assert rc == 2, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
     assert len(errors) == 1 and err.rstrip().splitlines()[-1] == errors[0], err[-2000:]
-    assert "failed" in errors[0] and "NonFiniteLossError" in errors[0] and "seed 1337" in errors[0], errors
+    # the run that fails first names itself: with two workers, either of the first two seeds
+    assert "failed" in errors[0] and "NonFiniteLossError" in errors[0], errors
+    assert re.search(r"training \w+ seed (1337|1338) failed", errors[0]), errors
     assert not list((box / "out").rglob("*.ipynb"))  # no notebook started after the failed run
 
 
