@@ -37,3 +37,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch) -> Path:
+    """A scratch folder as the working directory, with the outputs and caches inside it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
+    monkeypatch.setenv("STUDYLIB_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path

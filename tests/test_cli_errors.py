@@ -39,13 +39,10 @@ def _call(argv, capsys, *watched) -> str:
 
 
 @pytest.fixture
-def box(tmp_path, monkeypatch):
-    """A scratch folder as the working directory, with the outputs and caches inside it."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
-    monkeypatch.setenv("STUDYLIB_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("STUDYLIB_DATA_DIR", raising=False)  # it would win over --set data.data_dir
-    return tmp_path
+def box(scratch, monkeypatch):
+    """:func:`scratch` without $STUDYLIB_DATA_DIR (it would win over --set data.data_dir)."""
+    monkeypatch.delenv("STUDYLIB_DATA_DIR", raising=False)
+    return scratch
 
 
 # ---- presets and --set --------------------------------------------------------------------

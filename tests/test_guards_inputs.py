@@ -41,12 +41,10 @@ def _call(argv, capsys, *watched) -> str:
 
 
 @pytest.fixture
-def box(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
-    monkeypatch.setenv("STUDYLIB_CACHE_DIR", str(tmp_path / "cache"))
+def box(scratch, monkeypatch):
+    """:func:`scratch` without $STUDYLIB_DATA_DIR."""
     monkeypatch.delenv("STUDYLIB_DATA_DIR", raising=False)
-    return tmp_path
+    return scratch
 
 
 # ---- preset names ---------------------------------------------------------------------------

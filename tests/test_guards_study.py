@@ -22,12 +22,10 @@ DIVERGE = {"train.lr": 1.0e6, "train.min_lr": 1.0e5, "train.grad_clip": 0}
 
 
 @pytest.fixture
-def box(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
-    monkeypatch.setenv("STUDYLIB_CACHE_DIR", str(tmp_path / "cache"))
+def box(scratch, monkeypatch):
+    """:func:`scratch` without $STUDYLIB_SCHEDULER."""
     monkeypatch.delenv("STUDYLIB_SCHEDULER", raising=False)
-    return tmp_path
+    return scratch
 
 
 def _errors(argv, capsys) -> tuple[int, list[str], str]:

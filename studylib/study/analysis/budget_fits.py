@@ -46,8 +46,8 @@ def _gap_rows(per_seed: pd.DataFrame, gap: str) -> pd.DataFrame:
 
 def gap_models(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dict:
     """``{gap: GapModel}`` for the gaps with at least one map point."""
-    return {g: gap_model(_gap_rows(per_seed, g), n_boot=n_boot, seed=seed) for g in GAPS
-            if len(_gap_rows(per_seed, g))}
+    rows = {g: _gap_rows(per_seed, g) for g in GAPS}
+    return {g: gap_model(d, n_boot=n_boot, seed=seed) for g, d in rows.items() if len(d)}
 
 
 def _p_boot(draws: np.ndarray) -> float:
@@ -81,15 +81,13 @@ def coefficient_table(models: Mapping[str, GapModel], alpha: float = ALPHA) -> p
 
 def what_moves(coefs: pd.DataFrame, gap: str) -> str:
     """Whether size, tokens per parameter or both move the gap (its Holm-adjusted verdicts)."""
-    c = coefs[coefs["gap"] == gap].set_index("term")
-    v = {t: c.loc[t, "verdict"] for t in ("tokens_per_param", "size")}
-    moves = [n for t, n in (("tokens_per_param", "tokens per parameter"), ("size", "model size"))
-             if v[t] in ("positive", "negative")]
-    unknown = [n for t, n in (("tokens_per_param", "tokens per parameter"), ("size", "model size"))
-               if v[t] == "not identified"]
+    v = coefs[coefs["gap"] == gap].set_index("term")["verdict"]
+    names = {"tokens_per_param": "tokens per parameter", "size": "model size"}
+    moves = [n for t, n in names.items() if v[t] in ("positive", "negative")]
+    unknown = [n for t, n in names.items() if v[t] == "not identified"]
     label = GAPS[gap][1].split(" (")[0]
-    head = {2: "both tokens per parameter and model size move it", 1: f"{moves[0] if moves else ''} moves it",
-            0: "neither coefficient is resolved"}[len(moves)]
+    head = ("both tokens per parameter and model size move it" if len(moves) == 2 else
+            f"{moves[0]} moves it" if moves else "neither coefficient is resolved")
     tail = f"; {' and '.join(unknown)} not identified by this grid" if unknown else ""
     return f"What moves the {label}: {head}{tail}."
 
@@ -118,7 +116,7 @@ def crossing_table(models: Mapping[str, GapModel], points: int = 9) -> pd.DataFr
         inner = np.logspace(math.log10(lo), math.log10(hi), points)[1:-1] if hi > lo else []
         sizes = sorted({*m.sizes, *(float(n) for n in inner if min(abs(n / s - 1) for s in m.sizes) > 1e-3)})
         c = m.crossing(params=sizes)
-        c["measured_size"] = [any(abs(n - s) <= 1e-6 * s for s in m.sizes) for n in c["params"]]
+        c["measured_size"] = c["params"].isin(m.sizes)
         c.insert(0, "gap", gap)
         rows.append(c)
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
@@ -141,18 +139,15 @@ def loss_frame(preset: Preset, trios: Sequence[TrioConfig], summaries: pd.DataFr
                value: str = "best_val_loss") -> pd.DataFrame:
     """One row per run of the map: its ``role`` in its trio, ``model``, ``params`` (N: its active
     parameters), ``tokens`` (D), ``seed`` and ``value``."""
-    role_of = {m: (t.role(m), t) for t in trios for m in t.models}
-    rows = []
-    for r in summaries.itertuples(index=False):
-        role, _ = role_of[r.model]
-        rows.append({"role": role, "model": r.model, "size": r.size, "seed": int(r.seed),
-                     "params": int(preset.model_config(r.model).num_params.active), "tokens": float(r.tokens),
-                     "value": float(getattr(r, value))})
-    return pd.DataFrame(rows)
+    role_of = {m: t.role(m) for t in trios for m in t.models}
+    params = {m: int(preset.model_config(m).num_params.active) for m in role_of}
+    return pd.DataFrame([{"role": role_of[r.model], "model": r.model, "size": r.size, "seed": int(r.seed),
+                          "params": params[r.model], "tokens": float(r.tokens), "value": float(getattr(r, value))}
+                         for r in summaries.itertuples(index=False)])
 
 
 def loss_laws(losses: pd.DataFrame, n_boot: int = 100, seed: int = 0) -> dict:
-    """``{role: LossLaw}`` (``n_boot`` refits each: about 3 s per 100 on the 2-core Xeon)."""
+    """``{role: LossLaw}`` (``n_boot`` refits each: about 3 s per 100 on the 2-core AMD EPYC)."""
     return {role: loss_law(losses[losses["role"] == role], n_boot=n_boot, seed=seed) for role in ROLES
             if (losses["role"] == role).any()}
 
@@ -198,20 +193,23 @@ def extrapolation_table(models: Mapping[str, GapModel], laws: Mapping) -> pd.Dat
     return pd.DataFrame(rows)
 
 
+def _sign(v: float) -> str:
+    return "the MoE better" if v > 0 else "the dense model better"
+
+
 def _extrapolation_words(ex: pd.DataFrame) -> list[str]:
     out = []
     why = ("compared in sign and ordering only: absolute losses differ (vocabulary 30,008 vs 3,750, another "
            "corpus size and context), and nothing between the sizes here and the paper's was measured")
     for r in ex[ex["kind"] == "gap"].itertuples():
         label = GAPS[r.what][1].split(" (")[0]
-        sign = lambda v: "the MoE better" if v > 0 else "the dense model better"  # noqa: E731
         same = (r.ci_low > 0 and r.paper > 0) or (r.ci_high < 0 and r.paper < 0)
         unclear = r.ci_low <= 0 <= r.ci_high
         verdict = ("its interval includes zero, so no sign is predicted" if unclear else
                    "the same sign as the paper's" if same else "the opposite sign to the paper's")
         out.append(f"Extrapolated{' far' if r.extrapolated else ''} to the paper's {r.params / 1e6:.2f}M active "
                    f"parameters at {PAPER_TOKENS_PER_PARAM:.1f} tokens/param, the gap model's {label} is "
-                   f"{r.predicted:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] ({sign(r.predicted)}); the paper "
+                   f"{r.predicted:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] ({_sign(r.predicted)}); the paper "
                    f"measured {r.paper:+.4f}: {verdict} ({why}).")
     loss = ex[ex["kind"] == "loss"]
     if len(loss):

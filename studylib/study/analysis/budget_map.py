@@ -135,7 +135,7 @@ def run_plan(preset: Preset, trios: Sequence[TrioConfig], specs: Sequence[Sequen
             mine = [s for s in group if s.model == m]
             own = mine[0].run_dir == Path(os.path.abspath(RunDir.of(preset, m, mine[0].seed).path))
             rows.append({"size": t.size, "epochs": e, "model": m, "role": t.role(m),
-                         "max_steps": mine[0].preset.train.max_steps if not own else preset.train.max_steps,
+                         "max_steps": mine[0].preset.train.max_steps,
                          "preset_run": own, "also_in": ", ".join(_study_lists(preset, m)) if own else "",
                          "run_dir": str(mine[0].run_dir.parent / "seed*"),
                          "finished": sum(s.rundir.finished() for s in mine), "seeds": len(mine)})

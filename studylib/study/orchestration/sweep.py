@@ -69,6 +69,12 @@ def scheduler_address(preset: Preset, scheduler: Optional[str] = None) -> Option
     return None
 
 
+def run_key(model: str, seed: int, overrides=None, tag: Optional[str] = None) -> tuple:
+    """What names one run of a sweep before it is resolved: model, seed, the overrides (as
+    written) and the tag; two grids that share a run give it the same key."""
+    return model, int(seed), tuple((k, repr(v)) for k, v, _ in override_pairs(overrides)), tag
+
+
 def plan_runs(preset: Preset, models: Sequence[str], seeds: Sequence[int], overrides=None,
               tag: Optional[str] = None, resolved: Optional[dict] = None) -> tuple[list[RunSpec], list[RunSpec]]:
     """(finished, missing) runs of ``models x seeds`` of ``preset`` + ``overrides``, each resolved
@@ -76,11 +82,10 @@ def plan_runs(preset: Preset, models: Sequence[str], seeds: Sequence[int], overr
     keyed by model, seed, overrides and tag, filled as resolved). A run dir holding another config
     raises."""
     resolved = {} if resolved is None else resolved
-    ov_key = tuple((k, repr(v)) for k, v, _ in override_pairs(overrides))
     finished, missing = [], []
     for m in models:
         for s in seeds:
-            key = (m, int(s), ov_key, tag)
+            key = run_key(m, s, overrides, tag)
             if key not in resolved:
                 spec = RunSpec.resolve(preset, m, s, overrides, tag)
                 spec.rundir.check(spec.document())
@@ -253,6 +258,6 @@ def _step(spec: RunSpec) -> int:
         return 0
 
 
-__all__ = ["ensure_runs", "ensure_grid", "ensure_grids", "Grid", "plan_runs", "check_finished_data", "SweepError",
+__all__ = ["ensure_runs", "ensure_grid", "ensure_grids", "Grid", "run_key", "plan_runs", "check_finished_data", "SweepError",
            "ClusterError",
            "available_cores", "default_jobs", "scheduler_address", "SCHEDULER_ENV"]

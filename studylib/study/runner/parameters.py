@@ -12,6 +12,7 @@ import yaml
 
 from studylib.config import ConfigError, Preset, config_hash, override, override_pairs, to_dict, value_at
 from studylib.config.args import seed_error
+from studylib.study.orchestration.sweep import run_key
 
 _SEED_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 #: the most runs a study plans: 1,000 runs are already days of training on the CPU presets (more is
@@ -69,11 +70,7 @@ def plan_size(preset: Preset, grids) -> int:
     """The runs of ``grids`` (:class:`~studylib.study.orchestration.sweep.Grid` s) under ``preset``:
     each grid's models x its seeds, a run two grids share (same model, seed, overrides and tag)
     counted once."""
-    runs = set()
-    for g in grids:
-        ov = tuple((k, repr(v)) for k, v, _ in override_pairs(g.overrides))
-        runs |= {(m, int(s), ov, g.tag) for m in dict.fromkeys(g.models) for s in g.seeds_of(preset)}
-    return len(runs)
+    return len({run_key(m, s, g.overrides, g.tag) for g in grids for m in g.models for s in g.seeds_of(preset)})
 
 
 def check_plan_size(preset: Preset, grids, where: str) -> int:
