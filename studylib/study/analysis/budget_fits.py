@@ -10,7 +10,8 @@
   band (the stretch where the bootstrap interval of the gap includes zero);
 * :func:`loo_table`: every map point refitted without itself and predicted;
 * :func:`loss_frame` and :func:`loss_law_table`: a loss law ``L = E + A/N^alpha + B/D^beta`` per
-  model role (:mod:`studylib.study.analysis.loss_law`), or why a parameter is not identified;
+  model role (:mod:`studylib.study.analysis.loss_law`), or why a parameter is not identified, and
+  :func:`loss_loo_table`: every point refitted without itself and predicted;
 * :func:`extrapolation_table`: what the fits predict at the paper's N and D, compared with the
   paper in sign and ordering only (absolute losses differ: vocabulary 30,008 vs 3,750, another
   corpus size), labelled as extrapolation;
@@ -28,7 +29,7 @@ import pandas as pd
 from studylib.config import Preset, TrioConfig
 from studylib.study.analysis.budget_map import GAPS, PAPER_POINT
 from studylib.study.analysis.fits import GapModel, gap_model, leave_one_out
-from studylib.study.analysis.loss_law import NAMES, loss_law
+from studylib.study.analysis.loss_law import LAW_KEYS, NAMES, loss_law
 from studylib.study.analysis.paper import (PAPER_ACTIVE_PARAMS, PAPER_HEADLINE_TOKENS, PAPER_TABLE5, PAPER_TABLE6,
                                            PAPER_TOKENS_PER_PARAM)
 from studylib.study.analysis.stats import holm
@@ -165,6 +166,44 @@ def loss_law_table(laws: Mapping) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def loss_loo_table(losses: pd.DataFrame, laws: Mapping, n_boot: int = 40, seed: int = 0) -> pd.DataFrame:
+    """Per role, every map point predicted by the loss law refitted without it (from the full
+    fit's optimum, ``n_boot`` replicates: ~1 s a point on 2 cores), as
+    :func:`~studylib.study.analysis.fits.leave_one_out`'s rows with ``checked``: the refit
+    identifies every parameter, so the prediction is a check. A role whose law on every point
+    leaves a parameter unidentified is not refitted (fewer points identify no more): its points
+    are listed, unchecked, with the reason in ``note``."""
+    out = []
+    for role, law in laws.items():
+        d = losses[losses["role"] == role]
+        bad = [k for k in NAMES if not law.coefs[k].identified]
+        if bad:
+            cells = d.groupby(list(LAW_KEYS))["value"].agg(["size", "mean"]).reset_index()
+            t = pd.DataFrame({"params": cells["params"].astype(float), "tokens": cells["tokens"].astype(float),
+                              "n": cells["size"], "measured": cells["mean"], "predicted": math.nan,
+                              "pi_low": math.nan, "pi_high": math.nan, "inside": False, "extrapolated": False,
+                              "not_identified": ", ".join(bad),
+                              "note": f"not refitted: on every point the law leaves {', '.join(bad)} not identified"})
+        else:
+            t = leave_one_out(d[[*LAW_KEYS, "seed", "value"]], fit=loss_law, keys=LAW_KEYS, n_boot=n_boot, seed=seed,
+                              start=law.theta)
+        t.insert(0, "role", role)
+        t["checked"] = t["predicted"].notna() & (t["not_identified"] == "")
+        out.append(t)
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+def _loss_loo_words(loo: pd.DataFrame, role: str) -> str:
+    t = loo[loo["role"] == role]
+    ok = t[t["checked"]]
+    if not len(ok):
+        why = t["note"].iloc[0] if t["note"].iloc[0] else "every refit leaves a parameter not identified"
+        return f" Left out one at a time: no point can be checked ({why})."
+    return (f" Left out one at a time, {int(ok['inside'].sum())} of {len(ok)} checked points lie inside their "
+            f"predicted 95% interval" + (f" ({len(t) - len(ok)} of {len(t)} not checked: without them a parameter "
+                                         f"is not identified)" if len(ok) < len(t) else "") + ".")
+
+
 def _paper_params(role: str) -> float:
     """N of the paper's model in ``role``: Table 5's active parameters (e.g. "14.77M")."""
     return float(PAPER_TABLE5[PAPER_MODELS[role]][4].rstrip("M")) * 1e6
@@ -227,10 +266,11 @@ def _extrapolation_words(ex: pd.DataFrame) -> list[str]:
 
 
 def fit_sentences(coefs: pd.DataFrame, crossing: pd.DataFrame, loo: pd.DataFrame, laws: pd.DataFrame,
-                  extrapolation: pd.DataFrame) -> list[str]:
+                  extrapolation: pd.DataFrame, loss_loo: pd.DataFrame | None = None) -> list[str]:
     """The fits in words, from their tables: per gap what moves it and its coefficients, where its
     fitted zero lies at the measured sizes, how many points the left-out fit predicts; each loss
-    law's identified parameters; and the labelled extrapolation to the paper's point."""
+    law's identified parameters and (``loss_loo``: :func:`loss_loo_table`) its left-out points; and
+    the labelled extrapolation to the paper's point."""
     out = []
     for gap in dict.fromkeys(coefs["gap"]):
         c = coefs[coefs["gap"] == gap].set_index("term")
@@ -267,9 +307,10 @@ def fit_sentences(coefs: pd.DataFrame, crossing: pd.DataFrame, loo: pd.DataFrame
         parts = [f"{k} not identified ({r.loc[k, 'reason']})" if not r.loc[k, "identified"] else
                  f"{k} = {r.loc[k, 'estimate']:.4g} [{r.loc[k, 'ci_low']:.4g}, {r.loc[k, 'ci_high']:.4g}]"
                  for k in NAMES]
-        out.append(f"Loss law of {role} (N: {N_OF_ROLE}; {int(r['cells'].iloc[0])} points): " + "; ".join(parts) + ".")
+        out.append(f"Loss law of {role} (N: {N_OF_ROLE}; {int(r['cells'].iloc[0])} points): " + "; ".join(parts) + "."
+                   + (_loss_loo_words(loss_loo, role) if loss_loo is not None and len(loss_loo) else ""))
     return out + _extrapolation_words(extrapolation)
 
 
 __all__ = ["ROLES", "gap_models", "coefficient_table", "what_moves", "crossing_table", "loo_table", "loss_frame",
-           "loss_laws", "loss_law_table", "extrapolation_table", "fit_sentences"]
+           "loss_laws", "loss_law_table", "loss_loo_table", "extrapolation_table", "fit_sentences"]

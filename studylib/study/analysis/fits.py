@@ -308,7 +308,9 @@ def leave_one_out(per_seed: pd.DataFrame, fit: Callable = gap_model, keys: Seque
     point, the point predicted, and whether its measured mean (over its ``n`` seeds) lies inside
     the prediction interval: the refit's bootstrap replicates plus the sampling noise of a mean of
     ``n`` seeds (normal, with the other points' pooled within-cell std). ``extrapolated``: the
-    point lies outside the other points' ranges; ``note`` says why a point could not be predicted."""
+    point lies outside the other points' ranges; ``not_identified``: the refit's parameters the
+    other points do not identify (comma-separated; a loss law's prediction then rests on values the
+    data do not pin down); ``note`` says why a point could not be predicted."""
     df = cell_frame(per_seed, keys, value, "leave_one_out")
     rng = np.random.default_rng(seed)
     rows = []
@@ -317,7 +319,8 @@ def leave_one_out(per_seed: pd.DataFrame, fit: Callable = gap_model, keys: Seque
         x = [float(point[k].iloc[0]) for k in keys]
         y = point[value].to_numpy()
         row = {**dict(zip(keys, x)), "n": len(y), "measured": float(y.mean()), "predicted": math.nan,
-               "pi_low": math.nan, "pi_high": math.nan, "inside": False, "extrapolated": True, "note": ""}
+               "pi_low": math.nan, "pi_high": math.nan, "inside": False, "extrapolated": True, "not_identified": "",
+               "note": ""}
         try:
             m = fit(rest, value=value, level=level, seed=seed, **fit_kwargs)
         except ValueError as e:
@@ -330,7 +333,8 @@ def leave_one_out(per_seed: pd.DataFrame, fit: Callable = gap_model, keys: Seque
         sim = draws[:, 0] + rng.normal(0.0, s / math.sqrt(len(y)), len(draws))
         lo, hi = percentile_ci(sim, level)
         row.update(predicted=float(mean[0]), pi_low=float(lo), pi_high=float(hi),
-                   inside=bool(lo <= y.mean() <= hi), extrapolated=bool(m.extrapolated(*[[v] for v in x])[0]))
+                   inside=bool(lo <= y.mean() <= hi), extrapolated=bool(m.extrapolated(*[[v] for v in x])[0]),
+                   not_identified=", ".join(k for k, c in m.coefs.items() if not c.identified))
         rows.append(row)
     return pd.DataFrame(rows)
 

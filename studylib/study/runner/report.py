@@ -82,7 +82,7 @@ def map_sentences(out_dir: Path, table) -> list[str]:
     out = [bm.point_sentences(table, gap) for gap in bm.GAPS]
     fits = [_read_table(out_dir, f"token_budget_{n}") for n in ("fit", "crossing", "loo", "loss_law", "extrapolation")]
     if all(f is not None for f in fits):
-        out += bf.fit_sentences(*fits)
+        out += bf.fit_sentences(*fits, loss_loo=_read_table(out_dir, "token_budget_loss_loo"))
     return out + [bm.paper_sentence(table)]
 
 

@@ -55,7 +55,7 @@ def test_both_or_neither_move_a_gap():
 
 
 def test_one_size_leaves_the_size_coefficient_not_identified_in_words():
-    coefs = bf.coefficient_table(bf.gap_models(_per_seed(0.02, 0.0, sizes={"s": 1e4}), n_boot=300))
+    coefs = bf.coefficient_table(bf.gap_models(_per_seed(0.02, 0.0, sizes={"s": 1e4}), n_boot=200))
     assert bf.what_moves(coefs, "active").endswith("; model size not identified by this grid.")
     row = coefs[(coefs["gap"] == "active") & (coefs["term"] == "size")].iloc[0]
     assert row["verdict"] == "not identified" and math.isnan(row["estimate"])
@@ -63,7 +63,7 @@ def test_one_size_leaves_the_size_coefficient_not_identified_in_words():
 
 def test_the_crossing_line_holds_each_measured_size_once_and_the_fitted_zero():
     # gap = 0.01 + 0.02 log10(x / 3): zero at x = 3 * 10**-0.5 ~ 0.949 at every size
-    models = bf.gap_models(_per_seed(0.02, 0.0, noise=0.0001), n_boot=300)
+    models = bf.gap_models(_per_seed(0.02, 0.0, noise=0.0001), n_boot=200)
     c = bf.crossing_table(models)
     m = c[(c["gap"] == "active") & c["measured_size"]]
     assert sorted(m["params"]) == pytest.approx(sorted(SIZES.values()))
@@ -73,7 +73,7 @@ def test_the_crossing_line_holds_each_measured_size_once_and_the_fitted_zero():
 
 
 def test_the_extrapolation_compares_signs_with_the_paper():
-    models = bf.gap_models(_per_seed(0.02, 0.0, noise=0.0005), n_boot=300)
+    models = bf.gap_models(_per_seed(0.02, 0.0, noise=0.0005), n_boot=200)
     ex = bf.extrapolation_table(models, {})
     g = ex.set_index("what")
     assert (ex["kind"] == "gap").all() and g["extrapolated"].all()
@@ -99,3 +99,43 @@ def test_the_loss_frame_gives_each_run_its_role_and_active_parameters():
     assert f["role"].tolist() == ["dense_active", "moe", "dense_total"]
     assert f["params"].tolist() == [p.model_config(m).num_params.active for m in trio.models]
     assert f["value"].tolist() == [3.0, 4.0, 5.0]
+
+
+def _law_losses(sizes=(1e5, 3e5, 1e6), tpps=(1.0, 3.5, 10.0), seeds=3, sd=0.003, seed=0) -> pd.DataFrame:
+    """Per-seed losses of one role from L = 1.8 + 50/N^0.35 + 30/D^0.3 with multiplicative noise."""
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame([{"role": "moe", "model": "m", "size": f"{n:g}", "seed": s, "params": n, "tokens": t * n,
+                          "value": (1.8 + 50 / n ** 0.35 + 30 / (t * n) ** 0.3) * math.exp(rng.normal(0, sd))}
+                         for n in sizes for t in tpps for s in range(seeds)])
+
+
+def test_each_point_left_out_of_the_loss_law_is_predicted_or_said_unchecked():
+    from studylib.study.analysis import loss_law as LL
+
+    losses = _law_losses()
+    laws = {"moe": LL.loss_law(losses, n_boot=20)}
+    loo = bf.loss_loo_table(losses, laws, n_boot=20)
+    assert len(loo) == 9 and set(zip(loo["params"], loo["tokens"])) == set(zip(losses["params"], losses["tokens"]))
+    # a refit on 8 of 9 points of a 3 x 3 grid still identifies the law; its predictions cover the truth's means
+    assert loo["checked"].all() and loo["inside"].mean() >= 0.75
+    # a point moved off the law is outside its interval
+    off = losses.copy()
+    off.loc[(off["params"] == 3e5) & (off["tokens"] == 3.5 * 3e5), "value"] *= 1.05
+    out = bf.loss_loo_table(off, {"moe": LL.loss_law(off, n_boot=20)}, n_boot=20).set_index(["params", "tokens"])
+    assert not out.loc[(3e5, 3.5 * 3e5), "inside"]
+    words = bf.fit_sentences(pd.DataFrame(columns=["gap"]), pd.DataFrame(), pd.DataFrame(),
+                             bf.loss_law_table(laws), pd.DataFrame(columns=["kind"]), loo)
+    assert f"Left out one at a time, {int(loo['inside'].sum())} of 9 checked points" in words[0]
+
+
+def test_a_law_that_leaves_a_parameter_unidentified_is_not_refitted():
+    from studylib.study.analysis import loss_law as LL
+
+    one = _law_losses(sizes=(3e5,), tpps=(1.0, 3.5, 10.0, 28.9))
+    laws = {"moe": LL.loss_law(one, n_boot=10)}
+    loo = bf.loss_loo_table(one, laws)
+    assert len(loo) == 4 and not loo["checked"].any() and loo["predicted"].isna().all()
+    assert loo["not_identified"].eq("E, A, alpha").all() and loo["note"].str.contains("not refitted").all()
+    words = bf.fit_sentences(pd.DataFrame(columns=["gap"]), pd.DataFrame(), pd.DataFrame(),
+                             bf.loss_law_table(laws), pd.DataFrame(columns=["kind"]), loo)
+    assert "no point can be checked (not refitted: on every point the law leaves E, A, alpha not identified)" in words[0]
