@@ -131,7 +131,7 @@ display(spread)
 # %%
 spec = noise.noise_seeds(preset)
 if spec is None:
-    print(f"preset {preset.name!r} has no study.noise_split; params/cpu_full.yaml runs it")
+    print(f"preset {preset.name!r} has no study.noise_split; uncomment it in params/cpu_full.yaml to run it")
 else:
     noise_runs = noise_frame(runs, spec)
     noise_table = noise.noise_table(noise_runs, headline, {"matched-active gap": (dense_active, moe),

@@ -186,8 +186,9 @@ def test_cpu_full_is_cpu_with_longer_study_budgets_only():
     assert full.name == "cpu_full" != cpu.name
     changed = {k for k, v in cpu.study.flat().items() if full.study.flat()[k] != v}
     assert changed == {"ablation_epochs", "granularity_epochs", "iso_width_epochs", "lr_sweep", "token_budget",
-                       "notebooks", "downstream_seeds", "noise_split"}
-    assert full.study.notebooks is None and full.study.downstream_seeds is None  # every notebook, seed
+                       "notebooks", "downstream_seeds"}
+    assert full.study.downstream_seeds is None  # every seed
+    assert set(cpu.study.notebooks) < set(full.study.notebooks)
     for k in ("ablation_epochs", "granularity_epochs", "iso_width_epochs"):
         assert getattr(cpu.study, k) < getattr(full.study, k) == 1.0
     assert full.study.lr_sweep == dataclasses.replace(cpu.study.lr_sweep, epochs=1.0)
