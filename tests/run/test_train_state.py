@@ -41,9 +41,9 @@ LEGACY_RAW = {
 }
 
 
-# The fixture's first six steps were computed on the machine that wrote it (an AMD EPYC); fp32
-# reductions on another CPU type differ in the last bits (the Intel Xeon's grad_norm at step 4:
-# 0.41188109 vs 0.41188106), so records and weights are compared to 1e-5. A resume that loses the
+# The fixture's first six steps were computed on the machine that wrote it; fp32 reductions on
+# another CPU type differ in the last bits (on the Intel Xeon, grad_norm at step 4 is 0.41188106
+# against the fixture's 0.41188109, before any resume), so records and weights are compared to 1e-5. A resume that loses the
 # optimizer state, the RNG or the schedule moves them by far more (a 3e-3 learning rate, dropout 0.1).
 LEGACY_RTOL = 1e-5
 
