@@ -40,7 +40,7 @@ from IPython.display import Markdown, display
 
 from studylib import config as budget
 from studylib.study.analysis import paper, plots, tables
-from studylib.study.orchestration import plan
+from studylib.study.comparisons.budget_matching import run_budget, shape
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, _ = open_comparison("budget_matching", params, jobs, seeds, overrides)  # it trains nothing
@@ -78,7 +78,7 @@ acct[["d_model", "heads", "ffn", "display"]]
 # same tolerances (in the `paper` preset they are the paper's typed-in widths).
 
 # %%
-ref = preset.model_config(plan.reference_moe(preset))
+ref = preset.model_config(study.reference_moe)
 matches = {t: budget.match_dense(ref, t) for t in ("active", "total")}
 solver = pd.DataFrame([m.as_dict() for m in matches.values()]).set_index("target")
 plots.save_table(solver, "budget_solver", out)
@@ -129,7 +129,6 @@ else:
 
 # %%
 from studylib.config import load_preset
-from studylib.study.analysis import shape
 
 presets = {p.stem: load_preset(p) for p in sorted((ctx.root / "params").glob("*.yaml"))}
 presets[preset.name] = preset  # this notebook's preset (with any overrides) as it runs
@@ -159,7 +158,7 @@ display(Markdown(
 # subset). One epoch of the training side is the headline budget.
 
 # %%
-one = plan.run_budget(preset)  # the data (split by story) and one run's steps and target tokens
+one = run_budget(preset)  # the data (split by story) and one run's steps and target tokens
 plots.save_table(one.split, "data_split", out)
 display(one.split)
 steps, per_step, tokens = one.steps, one.per_step, one.tokens
@@ -175,14 +174,14 @@ print(f"one run: {steps:,} optimizer steps of {per_step} windows = {tokens:,} ta
 # `d_model x K` per layer), and K = 1 is the dense model plus a one-logit router.
 
 # %%
-iso_dense, iso_moe = study.iso_width.models
+iso_dense, iso_moe = study["iso_width"].models
 iso = tables.accounting_frame([preset.model_config(m) for m in (iso_dense, iso_moe)])
 display(iso)
 assert iso.loc[iso_moe, "d_model"] == iso.loc[iso_dense, "d_model"]
 assert iso.loc[iso_moe, "ffn_active"] == iso.loc[iso_dense, "ffn_total"], "iso-width: active FFN must equal the dense FFN"
 
-gran = tables.accounting_frame([preset.model_config(m) for m in study.granularity.models])
-gran.insert(0, "K", [preset.model_config(m).ffn.num_experts for m in study.granularity.models])
+gran = tables.accounting_frame([preset.model_config(m) for m in study["granularity"].models])
+gran.insert(0, "K", [preset.model_config(m).ffn.num_experts for m in study["granularity"].models])
 plots.save_table(pd.concat([iso, gran]), "by_construction_accounting", out)
 display(gran)
 assert gran["ffn_total"].nunique() == 1, "soft MoE: total FFN width must not depend on K"
@@ -195,7 +194,7 @@ assert (gran["ffn_active"] == gran["ffn_total"]).all(), "soft MoE: every expert 
 # (inactive experts), and the router.
 
 # %%
-split_models = list(dict.fromkeys(list(study.headline) + list(study.iso_width.models) + list(study.granularity.models)))
+split_models = list(dict.fromkeys(list(study.headline) + list(study["iso_width"].models) + list(study["granularity"].models)))
 split = tables.param_split([preset.model_config(m) for m in split_models])
 plots.save_table(split, "param_split", out)
 assert (split.sum(axis=1) == acct.loc[split.index, "total"]).all()

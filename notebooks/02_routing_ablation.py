@@ -55,15 +55,14 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from studylib.study.analysis import frames, paper, plots, routing, text
-from studylib.study.orchestration import plan
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, runs = open_comparison("ablation", params, jobs, seeds, overrides)  # `studylib study` trains them up front
 preset, study, out = ctx.preset, ctx.study, ctx.out
-variants = list(study.ablation.models)
-reference = plan.reference_moe(preset)
+variants = list(ctx.knobs.models)
+reference = study.reference_moe
 assert reference in variants, f"study.ablation must include the reference MoE {reference!r}"
-epochs = plan.study_epochs(preset, "ablation_epochs")  # study.ablation x seeds at `epochs`
+epochs = ctx.knobs.epochs  # study.ablation x seeds at `epochs`
 seeds = runs.seeds()  # study.comparison_seeds: the first k of the preset's seeds (default all)
 budget = runs.grids[0].overrides
 summaries = runs.frame()
@@ -95,7 +94,7 @@ display(Markdown(
 
 # %%
 table1 = routing.ablation_table(summaries, run_dirs, reference, configs={m: preset.model_config(m) for m in variants},
-                                margin=study.margin)
+                                margin=study.general.margin)
 plots.save_table(table1, "table1_routing_ablation", out)
 display(table1)
 gaps = table1.attrs["comparisons"].assign(paper=table1["paper_delta"])

@@ -44,8 +44,8 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 # %%
 from IPython.display import Markdown, display
 
-from studylib.study.analysis import frames, noise, paper, plots, probes, tables, text
-from studylib.study.comparisons.headline import noise_frame
+from studylib.study.analysis import frames, paper, plots, probes, tables, text
+from studylib.study.comparisons.headline import noise, noise_frame
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, runs = open_comparison("headline", params, jobs, seeds, overrides)  # and the noise split's, if any
@@ -84,7 +84,7 @@ display(paper.PAPER_TABLE6.assign(active_gap=paper.PAPER_TABLE6["dense_active"] 
 # ### The two gaps: mean, std, n, 95% CI, p, resolved, TOST p, verdict; the paper's next to them
 
 # %%
-headline_gaps = tables.headline_gaps(summaries, dense_active, moe, dense_total, margin=study.margin)
+headline_gaps = tables.headline_gaps(summaries, dense_active, moe, dense_total, margin=study.general.margin)
 gaps = tables.relabel(headline_gaps, {"active": f"matched-active ({dense_active} - {moe})",
                                       "total": f"matched-total ({moe} - {dense_total})"})
 plots.save_table(gaps, "headline_gaps", out)
@@ -103,7 +103,7 @@ fig = plots.intervals(gaps, title=f"Headline gaps ({preset.name}, {len(seeds)} s
 # (`studylib.study.analysis.stats.power_of`).
 
 # %%
-power = tables.power_table(gaps, gaps["paper_mean"], target=study.power_target)
+power = tables.power_table(gaps, gaps["paper_mean"], target=study.general.power_target)
 plots.save_table(power, "headline_power", out)
 display(power)
 print(text.power_sentences(power))
@@ -125,11 +125,11 @@ display(spread)
 #
 # With `study.noise_split: {seeds: k}` the first k seeds are trained twice more around the first
 # seed: once with the initialisation varied and the data order fixed (`train.data_seed`), once
-# with the order varied and the initialisation fixed (`studylib.study.analysis.noise`). A factor dominates
+# with the order varied and the initialisation fixed (`studylib.study.comparisons.headline.noise`). A factor dominates
 # only when the F interval of the variance ratio excludes 1.
 
 # %%
-spec = noise.noise_seeds(preset)
+spec = ctx.knobs.noise_seeds(preset.seeds)
 if spec is None:
     print(f"preset {preset.name!r} has no study.noise_split; uncomment it in params/cpu_full.yaml to run it")
 else:
@@ -188,9 +188,9 @@ display(Markdown(f"**Verdict.** {sentence}"))
 # Anecdotal only: at this scale they show what the loss numbers mean, nothing more.
 
 # %%
-prompts = study.headline_sweep.prompts or ["Once upon a time", "Tom and Lily went to the park", "The little dog was sad because"]
+prompts = ctx.knobs.prompts or ["Once upon a time", "Tom and Lily went to the park", "The little dog was sad because"]
 first_runs = {m: by_seed[ctx.first_seed] for m, by_seed in runs.run_dirs().items()}
 gens = probes.generations(first_runs, prompts,
-                            max_new_tokens=study.headline_sweep.sample_tokens)
+                            max_new_tokens=ctx.knobs.sample_tokens)
 plots.save_table(gens, "generations", out, index=False)
 print(text.format_generations(gens))

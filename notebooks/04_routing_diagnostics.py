@@ -48,14 +48,14 @@ import math
 
 from IPython.display import Markdown, display
 
-from studylib.study.analysis import frames, paper, plots, routing, variants as V
-from studylib.study.orchestration import plan
+from studylib.study.analysis import frames, paper, plots, routing
+from studylib.study.comparisons.router_variants import variants as V
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, runs = open_comparison("routing", params, jobs, seeds, overrides, model=model)  # notebook 03's (or 12's) runs
 (moe, run_dirs), = runs.run_dirs().items()
 preset, study, out = ctx.preset, ctx.study, ctx.out
-tag = "" if moe == plan.reference_moe(preset) else f"_{moe}"  # a variant's outputs beside the reference's
+tag = "" if moe == study.reference_moe else f"_{moe}"  # a variant's outputs beside the reference's
 seeds = list(run_dirs)
 cfg = preset.model_config(moe)
 E, k = cfg.ffn.num_experts, cfg.ffn.top_k

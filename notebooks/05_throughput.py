@@ -50,7 +50,7 @@ ctx, _ = open_comparison("throughput", params, jobs, seeds, overrides)  # it ben
 headline = list(ctx.study.headline)
 preset, study, out = ctx.preset, ctx.study, ctx.out
 knobs = {"batch": 16, "context": 512, "rounds": 5, "warmup": 1, "dtype": "bf16", "memory": "none",
-         **study.throughput.bench}
+         **ctx.knobs.bench}
 device = bench.bench_device(preset)
 print(f"device {device}; knobs {knobs}")
 

@@ -47,20 +47,19 @@ from IPython.display import Markdown, display
 
 from studylib import config as budget
 from studylib.study.analysis import frames, paper, plots, probes, routing, tables, text
-from studylib.study.orchestration import plan
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, runs = open_comparison("granularity", params, jobs, seeds, overrides)  # `studylib study` trains them up front
-models = list(ctx.study.granularity.models)
+models = list(ctx.knobs.models)
 preset, study, out = ctx.preset, ctx.study, ctx.out
 K = {m: preset.model_config(m).ffn.num_experts for m in models}
-epochs = plan.study_epochs(preset, "granularity_epochs")  # study.granularity x seeds at `epochs`
+epochs = ctx.knobs.epochs  # study.granularity x seeds at `epochs`
 seeds = runs.seeds()  # study.comparison_seeds: the first k of the preset's seeds (default all)
 sweep_budget = runs.grids[0].overrides
 summaries = runs.frame()
 run_dirs = runs.run_dirs()  # {model: {seed: run directory}}
 first = {m: by_seed[seeds[0]] for m, by_seed in run_dirs.items()}  # the probes' runs
-n_probe = study.granularity.probe_windows
+n_probe = ctx.knobs.probe_windows
 tokens = int(summaries["tokens"].iloc[0])
 assert summaries["tokens"].nunique() == 1, "every K must see the same number of tokens"
 assert len({budget.count_params(preset.model_config(m)).ffn_total for m in models}) == 1, "fixed total FFN width"
@@ -78,7 +77,7 @@ display(Markdown(
 # %%
 base = next(m for m in models if K[m] == 1) if 1 in K.values() else models[0]
 gran = tables.granularity_table(summaries, models, K=K, base=base, paper=paper.PAPER_GRANULARITY,
-                                margin=study.margin)
+                                margin=study.general.margin)
 plots.save_table(gran, "granularity_losses", out)
 display(gran)
 cmp = gran.attrs["comparisons"].assign(paper=gran["paper_delta"])

@@ -46,14 +46,13 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 from IPython.display import Markdown, display
 
 from studylib.study.analysis import frames, paper, plots, tables, text
-from studylib.study.orchestration import plan
 from studylib.study.runner.notebooks import open_comparison
 from studylib.tools import bench
 
 ctx, runs = open_comparison("iso_width", params, jobs, seeds, overrides)  # `studylib study` trains them up front
-dense, moe = ctx.study.iso_width.models
+dense, moe = ctx.knobs.models
 preset, study, out = ctx.preset, ctx.study, ctx.out
-epochs = plan.study_epochs(preset, "iso_width_epochs")  # the pair x seeds at `epochs`
+epochs = ctx.knobs.epochs  # the pair x seeds at `epochs`
 seeds = runs.seeds()  # study.comparison_seeds: the first k of the preset's seeds (default all)
 summaries = runs.frame()
 acct = tables.accounting_frame([preset.model_config(m) for m in (dense, moe)])
@@ -73,7 +72,7 @@ for col in ("final_val_loss", "train_tok_per_s"):
 losses = losses.join(acct[["ffn", "total", "active"]])
 plots.save_table(losses, "iso_width_losses", out)
 display(losses[["n", "loss", "ppl", "final_val_loss", "train_tok_per_s", "ffn", "total", "active"]])
-gap = tables.comparison_table(summaries, {f"{dense} - {moe}": (dense, moe)}, margin=study.margin,
+gap = tables.comparison_table(summaries, {f"{dense} - {moe}": (dense, moe)}, margin=study.general.margin,
                               family="07 iso-width: dense − MoE")
 plots.save_table(gap, "iso_width_gap", out)
 display(gap)
@@ -92,7 +91,7 @@ fig = plots.val_curves(metrics, order=[dense, moe], title=f"Iso-width: validatio
 # without the KV cache; ratios are against the dense model in the same cache mode.
 
 # %%
-knobs = {"prompt_len": 32, "new_tokens": 64, "trials": 5, "warmup": 2, **study.iso_width.decode}
+knobs = {"prompt_len": 32, "new_tokens": 64, "trials": 5, "warmup": 2, **ctx.knobs.decode}
 device = bench.bench_device(preset)
 raw = bench.bench_decode(preset, [dense, moe], dtype="fp32", no_cache_too=True, device=str(device),
                          progress=False, **knobs)

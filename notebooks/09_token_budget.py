@@ -41,7 +41,7 @@
 #   correction (the adjusted p beside the raw one) and an equivalence test (paired TOST) against the
 #   margin `study.margin` (default the power target, ±0.03 nats): every point is "MoE better",
 #   "dense better", "equivalent within ±margin" or "inconclusive".
-# * **The gap model** (`studylib.study.analysis.fits.gap_model`): each gap as a plane in log10
+# * **The gap model** (`studylib.study.comparisons.token_budget.fits.gap_model`): each gap as a plane in log10
 #   tokens/param and log10 size (their interaction only where the grid supports it), fitted to every
 #   seed's gap, with intervals from a bootstrap that resamples seeds within each map point. Its two
 #   slopes are the tokens/param effect at fixed size and the size effect at fixed tokens/param (a
@@ -66,14 +66,14 @@ t_start = time.perf_counter()
 
 from IPython.display import Markdown, display
 
-from studylib.study.analysis import budget_checks, budget_plots, plots, text
-from studylib.study.analysis import budget_fits as bf
-from studylib.study.analysis import budget_map as bm
+from studylib.study.analysis import plots, text
 from studylib.study.comparisons import token_budget
+from studylib.study.comparisons.token_budget import checks as budget_checks, gaps as bm, plots as budget_plots
+from studylib.study.comparisons.token_budget import report as bf
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, runs = open_comparison("token_budget", params, jobs, seeds, overrides)  # every trio x budget x seed
-trios = bm.budget_trios(ctx.preset)
+trios = bm.budget_trios(ctx.preset, ctx.knobs)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
 active = bm.active_params(preset, trios)
 epoch_unit = (f"train.max_steps = {preset.train.max_steps} steps (not a pass over the data)"
@@ -87,7 +87,7 @@ for t in trios:
 # ## The runs: which are the preset's own (reused), which are budgets of their own
 
 # %%
-runs_table = bm.run_plan(preset, trios, runs.specs)
+runs_table = bm.run_plan(study, trios, runs.specs)
 plots.save_table(runs_table, "token_budget_plan", out, index=False)
 display(runs_table)
 own, shared = runs_table["preset_run"], runs_table["also_in"] != ""
@@ -105,7 +105,7 @@ print(f"{len(summaries)} runs ready")
 # ## The table: every size x budget, both gaps with their 95% CIs and verdicts
 
 # %%
-margin = study.margin
+margin = study.general.margin
 per_seed = bm.gap_frame(summaries, trios, active)
 table = bm.gap_table(per_seed, active, margin=margin)
 plots.save_table(table, "token_budget_gaps", out, index=False)
@@ -147,7 +147,7 @@ display(repetition)
 # its own point with 80% power if the true gap here were that large.
 
 # %%
-power = budget_checks.power_frame(per_seed, active, target=study.map_power_target)
+power = budget_checks.power_frame(per_seed, active, target=ctx.knobs.power_target)
 plots.save_table(power, "token_budget_power", out, index=False)
 display(power[["size", "epochs", "tokens_per_param", "gap", "n", "std", "half_width", "hw@10",
                "seeds_target", "seeds_effect", "seeds_effect_high"]])

@@ -49,7 +49,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from IPython.display import display
 
-from studylib.study.analysis import downstream, plots
+from studylib.study.analysis import plots
+from studylib.study.comparisons.downstream import evaluate as downstream
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, runs = open_comparison("downstream", params, jobs, seeds, overrides)
@@ -69,7 +70,7 @@ cols = [c for c, *_ in downstream.METRICS]
 means = df.groupby("model")[cols].agg(["mean", "std"]).loc[list(headline)]
 plots.save_table(means, "table10_downstream", out)
 display(means)
-gaps = downstream.metric_gaps(df, moe, [dense_active, dense_total], margin=study.margin)
+gaps = downstream.metric_gaps(df, moe, [dense_active, dense_total], margin=study.general.margin)
 plots.save_table(gaps, "table10_downstream_gaps", out, index=False)
 display(gaps)
 

@@ -48,12 +48,12 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 # %%
 from IPython.display import Markdown, display
 
-from studylib.study.analysis import lr_plots, lr_sweep, plots, text
-from studylib.study.comparisons.lr_sweep import sweep_frame
+from studylib.study.analysis import plots, text
+from studylib.study.comparisons.lr_sweep import analysis as lr_sweep, plots as lr_plots, sweep_frame, sweep_spec
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, sweep = open_comparison("lr_sweep", params, jobs, seeds, overrides)  # one grid per lr
-spec = lr_sweep.sweep_spec(ctx.preset)
+spec = sweep_spec(ctx.study, ctx.knobs)
 preset, study, out, models = ctx.preset, ctx.study, ctx.out, list(ctx.study.headline)
 runs = sweep_frame(sweep, spec)
 steps, tokens = runs["steps"].unique(), runs["tokens"].unique()

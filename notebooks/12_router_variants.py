@@ -56,20 +56,20 @@ import time
 
 from IPython.display import Markdown, display
 
-from studylib.study.analysis import frames, plots, text, variants as V
-from studylib.study.orchestration import plan
+from studylib.study.analysis import frames, plots, text
+from studylib.study.comparisons.router_variants import variants as V
 from studylib.study.runner.notebooks import open_comparison
 
 t0 = time.perf_counter()
 ctx, runs = open_comparison("router_variants", params, jobs, seeds, overrides)  # `studylib study` trains them up front
 trained_s = time.perf_counter() - t0
 preset, study, out = ctx.preset, ctx.study, ctx.out
-dense_active, _, dense_total = plan.study_list(preset, "headline")
-reference = plan.reference_moe(preset)
+dense_active, _, dense_total = study.headline
+reference = study.reference_moe
 grid = runs.grids[0]
 moes = [m for m in grid.models if m not in (dense_active, dense_total)]
 seeds = runs.seeds()
-epochs = plan.study_epochs(preset, "router_variants_epochs")
+epochs = ctx.knobs.epochs
 summaries = runs.frame()
 run_dirs = runs.run_dirs()
 assert summaries["tokens"].nunique() == 1, "every model must see the same number of tokens"
@@ -97,7 +97,7 @@ display(Markdown(
 
 # %%
 table = V.variant_table(summaries, moes, reference, dense_active, dense_total, configs, run_dirs,
-                        margin=study.margin)
+                        margin=study.general.margin)
 plots.save_table(table, "router_variants", out)
 display(table)
 cmp = table.attrs["comparisons"]

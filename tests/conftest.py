@@ -46,3 +46,14 @@ def scratch(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     monkeypatch.setenv("STUDYLIB_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def fresh_data_memo():
+    """Each test starts with nothing loaded in this process (studylib.data.pipeline.shared_data):
+    a test that fakes load_data, or whose cache folder is gone, must not hand its data to the next."""
+    from studylib.data import pipeline
+
+    pipeline._LOADED.clear()
+    yield
+    pipeline._LOADED.clear()

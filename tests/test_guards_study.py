@@ -12,8 +12,9 @@ import yaml
 from conftest import require_subset
 from studylib.cli import main
 from studylib.config import ConfigError, load_preset
-from studylib.study.comparisons import study_grids
-from studylib.study.runner.parameters import MAX_RUNS, apply_parameters, check_plan_size, plan_size
+from studylib.study.comparisons import study_grids, study_of
+from studylib.study.orchestration.plan import MAX_RUNS, check_plan_size, plan_size
+from studylib.study.runner.parameters import apply_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 CI = str(ROOT / "params" / "ci.yaml")
@@ -51,21 +52,27 @@ def test_a_run_that_fails_to_train_stops_the_study_with_one_line_and_exit_2(box,
 
 
 # ---- the seeds limit counts runs -------------------------------------------------------------------
+def _grids(q, *stems):
+    return study_grids(study_of(q), list(stems))
+
+
 def test_the_plan_size_counts_runs_seeds_times_models_shared_runs_once():
-    p = load_preset(CI)
-    q, _ = apply_parameters(p, "1-10")
-    headline = study_grids(q, ["03_headline_sweep"])
-    assert plan_size(q, headline) == 39  # 3 models x 10 seeds + the noise split's runs around seed 1
+    q, _ = apply_parameters(load_preset(CI), "1-10")
+    headline = _grids(q, "03_headline_sweep")
+    assert plan_size(q, headline[:1]) == len(study_of(q).headline) * 10  # the trio x 10 seeds
+    assert plan_size(q, headline) > plan_size(q, headline[:1])  # + the noise split's runs around seed 1
     # notebooks 03 and 04 read the same runs: counted once
-    assert plan_size(q, study_grids(q, ["03_headline_sweep", "04_routing_diagnostics"])) == 39
-    assert plan_size(q, study_grids(q, ["01_budget_matching"])) == 0  # reads configs only
+    assert plan_size(q, _grids(q, "03_headline_sweep", "04_routing_diagnostics")) == plan_size(q, headline)
+    assert plan_size(q, _grids(q, "01_budget_matching")) == 0  # reads configs only
 
 
 def test_seeds_under_the_limit_that_give_more_runs_than_it_are_refused_with_the_count():
-    q, _ = apply_parameters(load_preset(CI), "1-400")  # 400 seeds: under 1,000, but 1,209 runs
-    with pytest.raises(ConfigError, match=r"^seeds: 400 seeds give 1,209 runs in the plan of notebook 03 .*more "
+    q, _ = apply_parameters(load_preset(CI), "1-400")  # 400 seeds: under the limit, but more runs than it
+    n = plan_size(q, _grids(q, "03_headline_sweep"))
+    assert n > MAX_RUNS
+    with pytest.raises(ConfigError, match=rf"^seeds: 400 seeds give {n:,} runs in the plan of notebook 03 .*more "
                                           rf"than the {MAX_RUNS:,} runs a study takes"):
-        check_plan_size(q, study_grids(q, ["03_headline_sweep"]), "notebook 03")
+        check_plan_size(q, _grids(q, "03_headline_sweep"), "notebook 03")
     assert check_plan_size(q, [], "notebook 01") == 0
 
 
@@ -73,8 +80,10 @@ def test_study_with_seeds_that_give_too_many_runs_is_one_line_before_anything_is
     rc, errors, err = _errors(["study", "--params", CI, "--notebooks", "03", "-p", "seeds", "1-400", "--no-report",
                                "--no-progress"], capsys)
     assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err
-    assert "seeds: 400 seeds give 1,209 runs in the plan of notebook(s) 03" in errors[0]
+    q, _ = apply_parameters(load_preset(CI), "1-400")
+    assert f"seeds: 400 seeds give {plan_size(q, _grids(q, '03_headline_sweep')):,} runs in the plan of notebook(s) 03" \
+        in errors[0]
     assert not (box / "out" / "ci" / "runs").exists() and not (box / "cache").exists()
     # the same seeds on a notebook that trains nothing are fine: the limit is on runs
     q, _ = apply_parameters(load_preset(CI), f"1-{MAX_RUNS}")
-    assert check_plan_size(q, study_grids(q, ["01_budget_matching"]), "notebook 01") == 0
+    assert check_plan_size(q, _grids(q, "01_budget_matching"), "notebook 01") == 0

@@ -8,14 +8,12 @@ from studylib.config.identity import config_hash, identity_diff, run_document, r
 from studylib.config.presets import (Preset, apply_overrides, load_preset, override, override_pairs,
                                      preset_from_dict, value_at, variant_tag,
                                      with_absolute_paths)
-from studylib.config.sections import SECTIONS, LrSweepSection, Section, SweepSpec
-from studylib.config.study import MODEL_LISTS, LrSweepConfig, StudyConfig, TrioConfig
+from studylib.config.study import StudyConfig
 from studylib.config.schema import (ConfigError, DataConfig, FFNConfig, ModelConfig, TrainConfig,
                                     dataclass_from_dict, deep_merge, model_from_dict, to_dict)
 
 __all__ = [
-    "override_pairs", "value_at", "variant_tag", "with_absolute_paths", "StudyConfig", "TrioConfig", "LrSweepConfig",
-    "MODEL_LISTS", "SECTIONS", "LrSweepSection", "Section", "SweepSpec",
+    "override_pairs", "value_at", "variant_tag", "with_absolute_paths", "StudyConfig",
     "run_identity", "identity_diff",
     "ConfigError", "DataConfig", "FFNConfig", "ModelConfig", "TrainConfig", "Preset", "ParamCount",
     "Match", "DERIVE_RULES", "TOLERANCE", "apply_overrides", "config_hash", "count_params",

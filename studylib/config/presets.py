@@ -1,7 +1,8 @@
 """Presets: a YAML file (``params/*.yaml``) with the sections ``data``, ``train``, ``model``
 (defaults shared by every model), ``models`` (named variants: a partial model config, or a
 ``derive`` rule solved by :mod:`studylib.config.derive`), ``seeds`` and ``study`` (what the notebooks
-compare: :class:`studylib.config.study.StudyConfig`, checked against the models and seeds here);
+compare: :class:`studylib.config.study.StudyConfig`, its general knobs checked against the models
+here, the comparisons' own knobs by the study layer);
 optionally ``extends: base.yaml`` (:func:`read_preset_file`).
 
 Loading applies the environment (``STUDYLIB_DATA_DIR``, ``STUDYLIB_CACHE_DIR``) and ``--set``
@@ -108,9 +109,8 @@ def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
         if seed_error(s, f"seeds[{i}]"):
             raise ConfigError(seed_error(s, f"seeds[{i}]"))
     name = preset_name(raw.get("name"), path)
-    preset = Preset(name=name, data=data, train=train, model=model, models=models, seeds=seeds, path=path)
-    study = study_from_dict(raw.get("study"), models, lambda m: preset.model_config(m).ffn.kind)
-    return dataclasses.replace(preset, study=study)
+    study = study_from_dict(raw.get("study"), models)
+    return Preset(name=name, data=data, train=train, model=model, models=models, seeds=seeds, study=study, path=path)
 
 
 #: a preset's or a model's name: one folder of the run layout (``<outputs>/<preset>/runs/<model>``), never a path

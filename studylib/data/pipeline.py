@@ -1,5 +1,5 @@
 """The pipeline in order (:func:`load_data`: stories, split, tokenizer, token file, windows),
-once per data section per process (:class:`DataMemo`), and the ``prepare-data`` command."""
+once per data section per process (:func:`shared_data`), and the ``prepare-data`` command."""
 from __future__ import annotations
 
 import errno
@@ -18,21 +18,16 @@ from studylib.data.windows import TokenData, split_windows
 from studylib.storage.files import clean_temp_files
 
 
-class DataMemo:
-    """:func:`load_data` once per distinct data section in this process (a sweep's runs and a
-    training worker's runs share their data)."""
+_LOADED: dict = {}  # DataConfig -> TokenData: what this process has loaded
 
-    def __init__(self, progress: bool = True):
-        self.progress = progress
-        self._loaded: list = []  # [(DataConfig, TokenData)]
 
-    def get(self, cfg: DataConfig) -> TokenData:
-        for c, data in self._loaded:
-            if c == cfg:
-                return data
-        data = load_data(cfg, progress=self.progress)
-        self._loaded.append((cfg, data))
-        return data
+def shared_data(cfg: DataConfig, progress: bool = False) -> TokenData:
+    """:func:`load_data` once per distinct data section in this process: the plan's step counts,
+    the runs trained here or by one worker, and the notebooks' readers share it (the token file is
+    memory-mapped, so holding it costs little). ``progress``: shown when it loads."""
+    if cfg not in _LOADED:
+        _LOADED[cfg] = load_data(cfg, progress=progress)
+    return _LOADED[cfg]
 
 
 def load_data(cfg: DataConfig, progress: bool = True) -> TokenData:

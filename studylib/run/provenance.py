@@ -18,7 +18,7 @@ model, the seed and the data split (:mod:`studylib.config.identity`). Then:
   (its config hash), a checkpoint whose fingerprints differ from the run's summary, and a
   tokenizer that is not the run's (:func:`check_tokenizer`);
 * **reusing a finished run** (``studylib study`` and every notebook, through
-  :func:`studylib.study.orchestration.sweep.ensure_grids`) refuses one whose corpus fingerprint
+  :func:`studylib.study.orchestration.plan.plan_runs`) refuses one whose corpus fingerprint
   differs from the stories the preset reads now, when they are local files (:func:`check_reuse`;
   a hub corpus is not re-read for it: that needs the network); one reused although *other code*
   trained it, or trained before code fingerprints existed, is only flagged, in one line for the

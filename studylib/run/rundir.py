@@ -17,11 +17,11 @@ from typing import Any, Optional
 
 import yaml
 
-from studylib.config import ConfigError, ModelConfig, Preset, identity_diff, model_from_dict, override, same_run
+from studylib.config import ConfigError, ModelConfig, Preset, identity_diff, model_from_dict, same_run
 from studylib.run import metrics_file, provenance
 from studylib.run.dirlock import dir_lock
 from studylib.run.layout import (CHECKPOINT_DIR, CONFIG_FILE, LOCK_FILE, LOG_FILE, METRICS_FILE, SUMMARY_FILE,
-                                 run_dir_for, variant_dir)
+                                 run_dir_for)
 from studylib.storage.files import write_atomic, write_json_atomic
 
 
@@ -64,15 +64,6 @@ class RunDir:
     def of(cls, preset: Preset, model: str, seed: int, root: str | os.PathLike | None = None,
            tag: Optional[str] = None) -> "RunDir":
         return cls(run_dir_for(preset, model, seed, root, tag))
-
-    @classmethod
-    def variant(cls, preset: Preset, model: str, seed: int, overrides=None, tag: Optional[str] = None,
-                root: str | os.PathLike | None = None) -> "RunDir":
-        """The run directory of ``model`` x ``seed`` trained under ``preset`` + ``overrides``: the base
-        run's own directory when the overrides leave that run's identity unchanged (the run is
-        reused, not retrained), else ``runs/<model>/<tag>/seed<seed>`` (``tag`` defaults to
-        :func:`studylib.config.variant_tag` of the overrides)."""
-        return cls(variant_dir(preset, override(preset, overrides), model, seed, overrides, tag, root))
 
     def __fspath__(self) -> str:
         return str(self.path)

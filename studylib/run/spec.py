@@ -58,24 +58,25 @@ class RunSpec:
 
 def epoch_steps(preset: Preset) -> int:
     """Optimizer steps of the preset's own schedule: ``train.max_steps`` when set, else one epoch
-    of its training windows (builds or loads the data cache to count them)."""
+    of its training windows (builds or loads the data cache to count them, once per process:
+    :func:`studylib.data.pipeline.shared_data`)."""
     if preset.train.max_steps is not None:
         return preset.train.max_steps
-    from studylib.data.pipeline import load_data
+    from studylib.data.pipeline import shared_data
     from studylib.run.optim import total_steps_for
 
-    return total_steps_for(preset.train, len(load_data(preset.data, progress=False).train_idx))
+    return total_steps_for(preset.train, len(shared_data(preset.data).train_idx))
 
 
-def budget_overrides(preset: Preset, epochs: float) -> dict:
-    """Overrides that train ``epochs`` times the preset's own schedule (:func:`epoch_steps`) as a
-    run of its own (its own warmup and cosine to its own end): ``{"train.max_steps": N}``, or
-    ``{}`` for ``epochs == 1`` (the preset's runs themselves, reused)."""
+def budget_overrides(preset: Preset, epochs: float, epoch: Optional[int] = None) -> dict:
+    """Overrides that train ``epochs`` times the preset's own schedule (``epoch`` steps; default
+    :func:`epoch_steps`) as a run of its own (its own warmup and cosine to its own end):
+    ``{"train.max_steps": N}``, or ``{}`` for ``epochs == 1`` (the preset's runs themselves, reused)."""
     if not epochs > 0:
         raise ConfigError(f"budget: epochs must be > 0, got {epochs!r}")
     if epochs == 1:
         return {}
-    return {"train.max_steps": max(1, round(epochs * epoch_steps(preset)))}
+    return {"train.max_steps": max(1, round(epochs * (epoch_steps(preset) if epoch is None else epoch)))}
 
 
 __all__ = ["RunSpec", "epoch_steps", "budget_overrides"]

@@ -6,7 +6,8 @@ itself (digest trailer, atomic save, which file to resume from) is :mod:`studyli
 A full checkpoint after optimizer step ``step``::
 
     {"kind": "full", "step", "total_steps", "config_hash", "provenance",
-     "model": state_dict (router biases and load counts are buffers in it),
+     "model": state_dict (the routers' selection biases are buffers in it; their load counts are
+              a step's tally, opened and closed inside the optimizer step, not state),
      "optimizer": state_dict, "scheduler": {"step", "total_steps", "lr"},
      "rng": this process's RNG, "rng_ranks": [RNG of each DDP rank],
      "data_position": :meth:`studylib.data.windows.BatchSampler.data_position`,

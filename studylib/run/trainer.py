@@ -24,7 +24,8 @@ DDP (``torchrun``, ``WORLD_SIZE`` > 1): gloo on CPU, NCCL on CUDA. The global ba
 ``batch_size * grad_accum`` windows: rank r takes windows ``r::world_size`` of every micro-batch,
 weights its loss by its share, skips the all-reduce on non-final micro-steps (``no_sync``); only
 rank 0 writes files. With dropout 0 the loss curve equals the single-process run up to rounding;
-dropout masks differ (one RNG stream per rank) and the MoE balance loss is per rank.
+dropout masks differ (one RNG stream per rank); the MoE balance loss is per rank with
+``balance_scope: micro`` and over every rank's loads of the step with ``global``.
 """
 from __future__ import annotations
 

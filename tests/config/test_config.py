@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from studylib.config import ConfigError, LrSweepConfig, load_preset, preset_from_dict
+from studylib.config import ConfigError, load_preset, preset_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,7 +159,8 @@ def test_extends_merges_mappings_and_replaces_the_rest(tmp_path):
         "study": {"lr_sweep": {"epochs": 1.0}, "notebooks": ["03"]}}))
     base, long = load_preset(params / "base.yaml"), load_preset(params / "more" / "long.yaml")
     assert (long.name, long.seeds, long.train.max_steps, long.train.lr) == ("long", (7, 8), 40, 1e-2)
-    assert long.study.lr_sweep == LrSweepConfig((1e-3, 1e-2, 1e-1), 2, 1.0) and long.study.notebooks == ("03",)
+    assert long.study.comparisons["lr_sweep"] == {"lrs": [1e-3, 1e-2, 1e-1], "seeds": 2, "epochs": 1.0}
+    assert long.study.notebooks == ("03",)
     assert long.models == base.models and base.train.max_steps == 10
 
 
@@ -175,23 +176,6 @@ def test_extends_errors_name_the_file_and_what_was_expected(tmp_path):
     (tmp_path / "d.yaml").write_text("extends: [a.yaml]\n")
     with pytest.raises(ConfigError, match=r"d\.yaml: extends: expected the path of another preset file"):
         load_preset(tmp_path / "d.yaml")
-
-
-def test_cpu_full_is_cpu_with_longer_study_budgets_only():
-    """params/cpu_full.yaml trains the same models with the same recipe, data and seeds as cpu; only
-    its name, the notebooks it runs and its study budgets differ (so its header's claim holds)."""
-    cpu, full = load_preset(ROOT / "params" / "cpu.yaml"), load_preset(ROOT / "params" / "cpu_full.yaml")
-    assert (full.data, full.train, full.model, full.models, full.seeds) == \
-        (cpu.data, cpu.train, cpu.model, cpu.models, cpu.seeds)
-    assert full.name == "cpu_full" != cpu.name
-    changed = {k for k, v in cpu.study.flat().items() if full.study.flat()[k] != v}
-    assert changed == {"ablation_epochs", "granularity_epochs", "iso_width_epochs", "lr_sweep", "token_budget",
-                       "notebooks", "downstream_seeds"}
-    assert full.study.downstream_seeds is None  # every seed
-    assert set(cpu.study.notebooks) < set(full.study.notebooks)
-    for k in ("ablation_epochs", "granularity_epochs", "iso_width_epochs"):
-        assert getattr(cpu.study, k) < getattr(full.study, k) == 1.0
-    assert full.study.lr_sweep == dataclasses.replace(cpu.study.lr_sweep, epochs=1.0)
 
 
 @pytest.mark.parametrize("text, key, lines", [
@@ -214,52 +198,3 @@ def test_a_bad_lr_is_reported_against_lr_itself(value):
     """issue #24: train.lr nan or -1 was reported against train.min_lr."""
     with pytest.raises(ConfigError, match=r"^train\.lr: must be a positive finite number"):
         load_preset(ROOT / "params" / "ci.yaml", [f"train.lr={value}"])
-
-
-def _with_study(study: dict):
-    from _tiny import tiny_raw
-
-    return preset_from_dict(tiny_raw(study=study))
-
-
-@pytest.mark.parametrize("study, match", [
-    ({"headlin": ["dense", "moe"]}, r"study: unknown key\(s\) \['headlin'\]; allowed: \['notebooks', 'headline'"),
-    ({"headline": ["dense", "mo"]}, r"study\.headline\[1\]: no model named 'mo' in the preset; allowed: \['dense', 'moe'\]"),
-    ({"reference_moe": "nope"}, r"study\.reference_moe: expected a model name of the preset, got 'nope'"),
-    ({"ablation_epochs": 0}, r"study\.ablation_epochs: expected a number of epochs > 0, got 0"),
-    ({"comparison_seeds": 1}, r"study\.comparison_seeds: expected how many of the preset's seeds to use"),
-    ({"jobs": 0}, r"study\.jobs: must be a positive integer, got 0"),
-    ({"scheduler": "nowhere"}, r"study\.scheduler: expected a Dask scheduler address"),
-    ({"power_target": -1}, r"study\.power_target: expected a CI half-width"),
-    ({"margin": 0}, r"study\.margin: expected an equivalence margin in nats \(a number > 0\), got 0$"),
-    ({"margin": "0.03"}, r"study\.margin: expected an equivalence margin in nats \(a number > 0\), got '0.03'"),
-    ({"margin": True}, r"study\.margin: expected an equivalence margin"),
-    ({"margin": float("inf")}, r"study\.margin: expected an equivalence margin"),
-    ({"lr_sweep": {"lrs": [1e-3, 1e-2], "seeds": 2, "epochs": 1}}, r"study\.lr_sweep\.lrs: need at least 3"),
-    ({"notebooks": "01"}, r"study\.notebooks: expected a non-empty list"),
-])
-def test_the_study_section_is_checked_when_the_preset_loads(study, match):
-    """issue #22: the study section is typed (config/study.py) and checked once, at load, naming the field."""
-    with pytest.raises(ConfigError, match=match):
-        _with_study(study)
-
-
-def test_the_study_section_reads_typed_and_survives_an_override():
-    from studylib.config import override
-
-    p = _with_study({"headline": ["dense", "moe"], "notebooks": ["01", 3], "noise_split": {"seeds": 2}, "jobs": 2})
-    s = p.study
-    assert s.headline == ("dense", "moe") and s.notebooks == ("01", "03") and s.noise_split.seeds == 2
-    assert s.jobs == 2 and s.reference() == "moe" and s.ablation_epochs == 1.0 and s.lr_sweep is None
-    assert override(p, {"train.max_steps": 3}).study == s  # the section round-trips through to_dict
-
-
-def test_the_equivalence_margin_is_read_from_the_preset():
-    """issue #31: study.margin (nats) is the TOST margin of every family; default the power target."""
-    assert _with_study({}).study.margin == 0.03
-    assert _with_study({"power_target": 0.05}).study.margin == 0.05  # follows the power target
-    assert _with_study({"power_target": 0.05, "margin": 0.01}).study.margin == 0.01
-    assert _with_study({"margin": None}).study.margin == 0.03
-    for name in ("cpu", "cpu_full", "ci", "paper"):
-        assert load_preset(ROOT / "params" / f"{name}.yaml").study.margin == 0.03, name
-    assert "margin" in yaml.safe_load((ROOT / "params" / "cpu.yaml").read_text())["study"]

@@ -454,13 +454,12 @@ def test_prepare_data_cli_json(tmp_path, monkeypatch, capsys):
     assert "data.vocab_size=40000" in capsys.readouterr().err
 
 
-def test_data_memo_loads_each_data_section_once(monkeypatch):
+def test_shared_data_loads_each_data_section_once_per_process(monkeypatch):
     import dataclasses
 
     loads = []
     monkeypatch.setattr(P, "load_data", lambda cfg, progress=True: loads.append(cfg) or object())
-    memo = P.DataMemo(progress=False)
     a, b = DataConfig(), dataclasses.replace(DataConfig(), context=65)
-    first = memo.get(a)
-    assert memo.get(dataclasses.replace(a)) is first  # an equal section: the same data, not reloaded
-    assert memo.get(b) is not first and loads == [a, b]
+    first = P.shared_data(a)
+    assert P.shared_data(dataclasses.replace(a)) is first  # an equal section: the same data, not reloaded
+    assert P.shared_data(b) is not first and loads == [a, b]

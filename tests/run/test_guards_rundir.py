@@ -14,7 +14,7 @@ from studylib.cli import main
 from studylib.config import load_preset, run_document
 from studylib.run.rundir import RunDir, RunDirConflict
 from studylib.study.analysis.frames import collect_runs
-from studylib.study.orchestration import sweep
+from studylib.study.orchestration import train as sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

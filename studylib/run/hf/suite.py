@@ -77,13 +77,13 @@ def validation_stories(run: os.PathLike, max_docs: Optional[int] = None) -> list
     """The run's validation stories (see the module doc), in corpus order, decoded to text."""
     import numpy as np
 
-    from studylib.data.pipeline import load_data
+    from studylib.data.pipeline import shared_data
 
     doc = RunDir(run).read_config() or {}
     raw = (doc.get("preset") or {}).get("data")
     if raw is None:
         raise ConfigError(f"{run}: config.yaml has no preset.data section (not a studylib run?)")
-    data = load_data(dataclass_from_dict(DataConfig, raw, "preset.data"), progress=False)
+    data = shared_data(dataclass_from_dict(DataConfig, raw, "preset.data"))
     sp = data.tokenizer()
     toks = np.asarray(data.side_tokens("val"))
     ends = np.flatnonzero(toks == sp.eos_id())

@@ -1,5 +1,6 @@
-"""L3 analysis: runs -> numbers, sentences and figures. ``frames`` is the one metrics parser,
-``stats`` the paired CIs and power, ``tables`` / ``plots`` / ``text`` the shared tables, figures and
-verdict sentences, ``paper`` the papers' numbers; one module per notebook's analysis
-(``budget_map``, ``lr_sweep``, ``noise``, ``routing``, ``shape``, ``downstream``, ``probes``).
-Nothing here trains: the runs come from :mod:`studylib.study.orchestration`."""
+"""L3 analysis, what several comparisons share: ``frames`` (the one reader of runs: summaries,
+metrics, router records, the pairing by seed), ``stats`` (paired CIs, power, Holm, TOST,
+verdicts), ``tables`` / ``text`` / ``plots`` (shared tables, verdict sentences, figures), ``paper``
+(the papers' numbers), ``routing`` (router tables of notebooks 02, 04 and 06) and ``probes``
+(measurements on trained models, notebooks 03 and 06). A comparison's own analysis lives in its
+package (:mod:`studylib.study.comparisons`). Nothing here trains."""

@@ -49,7 +49,7 @@ def collect_runs(preset: Preset, models: Optional[Iterable[str]] = None,
                  seeds: Optional[Iterable[int]] = None, root=None, overrides=None, tag=None):
     """One row per finished run (summary fields; ``params`` and ``data`` flattened to
     ``params_<key>`` / ``data_<key>``) of
-    ``preset`` + ``overrides`` (a variant: :meth:`RunDir.variant`).
+    ``preset`` + ``overrides`` (a variant: :meth:`~studylib.run.spec.RunSpec.resolve`).
 
     Missing or unfinished runs are left out; ``df.attrs["missing"]`` lists their (model, seed). A
     finished run is read only once its folder is known to hold that run (:meth:`RunDir.check`):
@@ -84,7 +84,7 @@ def summary_row(summ: Mapping, model: str, seed: int) -> dict:
 
 def runs_frame(specs: Iterable) -> pd.DataFrame:
     """:func:`collect_runs` of runs already resolved (:class:`~studylib.run.spec.RunSpec`, as
-    :func:`studylib.study.orchestration.sweep.ensure_grids` returns them), in their order: read
+    :func:`studylib.study.orchestration.plan.plan_runs` returns them), in their order: read
     from their run directories, nothing resolved again. An unfinished run is left out and listed in
     ``df.attrs["missing"]``."""
     rows, missing = [], []
@@ -100,23 +100,10 @@ def runs_frame(specs: Iterable) -> pd.DataFrame:
 
 
 def runs_metrics(specs: Iterable, kind: Optional[str] = "eval") -> pd.DataFrame:
-    """:func:`collect_metrics` of runs already resolved (:class:`~studylib.run.spec.RunSpec`)."""
+    """The ``metrics.jsonl`` records (``kind`` "train", "eval" or None: all) of runs already resolved
+    (:class:`~studylib.run.spec.RunSpec`), in one long frame with ``model`` and ``seed``."""
     frames = [df.assign(model=spec.model, seed=spec.seed) for spec in specs
               if len(df := load_metrics(spec.run_dir, kind=kind))]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def collect_metrics(preset: Preset, models: Optional[Iterable[str]] = None,
-                    seeds: Optional[Iterable[int]] = None, kind: Optional[str] = "eval", root=None,
-                    overrides=None, tag=None):
-    """All runs' ``metrics.jsonl`` rows in one long DataFrame with ``model`` and ``seed`` columns
-    (of ``preset`` + ``overrides``, as :func:`collect_runs`)."""
-    frames = []
-    for m in (models if models is not None else preset.model_names()):
-        for s in (seeds if seeds is not None else preset.seeds):
-            df = load_metrics(RunDir.variant(preset, m, s, overrides, tag, root), kind=kind)
-            if len(df):
-                frames.append(df.assign(model=m, seed=s))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -166,7 +153,7 @@ def paired_gaps(df, a: str, b: str, value: str = "best_val_loss") -> dict:
 
 
 def eval_curves(metrics: pd.DataFrame) -> pd.DataFrame:
-    """The eval rows of a :func:`collect_metrics` frame, split so that a curve joins one sample of
+    """The eval rows of a :func:`runs_metrics` frame, split so that a curve joins one sample of
     windows only: ``val_loss`` (and ``val_ppl``) is the loss on the fixed validation subset at
     every evaluation, ``full_val_loss`` the full split's loss at the run's last evaluation (NaN
     elsewhere).

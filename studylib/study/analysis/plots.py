@@ -258,7 +258,7 @@ def collapse_shares(shares_by_model: dict, threshold: float = 0.9, x: str = "ste
 def bias_trajectory(bias: pd.DataFrame, x: str = "tokens", title: str = "Selection bias over training",
                     outdir=None, name: str = "router_bias") -> plt.Figure:
     """Grid: one row per variant with a selection bias, one column per layer, one line per expert
-    (mean over seeds with its spread) of a :func:`studylib.study.analysis.variants.bias_frame`."""
+    (mean over seeds with its spread) of a :func:`studylib.study.comparisons.router_variants.variants.bias_frame`."""
     fig = _per_expert_grid(bias, list(dict.fromkeys(bias["model"])), "bias", x, (0.0, dict(color="grey", lw=0.8)),
                            title, errorbar=("pi", 100))
     return _finish(fig, name, outdir)

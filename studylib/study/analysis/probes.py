@@ -19,7 +19,7 @@ from studylib.config import preset_from_dict
 from studylib.nn.dispatch import expert_mlp
 from studylib.nn.precision import autocast
 from studylib.data.windows import eval_subset
-from studylib.data.pipeline import load_data
+from studylib.data.pipeline import shared_data
 from studylib.run.decode import generate
 from studylib.run.evaluation import evaluate
 from studylib.run.rundir import RunDir
@@ -40,7 +40,7 @@ def eval_windows(run_dir, n_windows: Optional[int] = None, data=None) -> tuple:
         raise FileNotFoundError(f"{run_dir}: not a run directory (no config.yaml)")
     preset = preset_from_dict(doc["preset"])
     if data is None:
-        data = load_data(preset.data, progress=False)
+        data = shared_data(preset.data)
     return data, eval_subset(data.val_idx, n_windows, preset.data.split_seed)
 
 

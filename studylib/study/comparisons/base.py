@@ -1,44 +1,53 @@
-"""A comparison: one notebook's question, the runs it needs from a preset, and those runs trained.
+"""A comparison: one notebook's question, its knobs, the runs it needs from a preset, the tables
+whose families the report words and what it adds to the report's answer.
 
-A :class:`Comparison` names its notebook and says which runs it reads (:meth:`Comparison.plan`:
-:class:`~studylib.study.orchestration.sweep.Grid` s built from the preset's knobs and the notebook's
-own ``-p`` parameters). ``studylib study`` trains the plans of every selected comparison in one
-queue before any notebook starts; a notebook then opens its comparison
-(:func:`studylib.study.runner.notebooks.open_comparison`), which finds the runs finished and hands
-back their :class:`Runs`: every run resolved once into a :class:`~studylib.run.spec.RunSpec` by the
-sweep, and every frame read from those handles (:func:`studylib.study.analysis.frames.runs_frame`),
-never resolved again.
+A :class:`Comparison` names its notebook, its :class:`~studylib.study.comparisons.knobs.Knobs` type
+(the flat ``study`` keys it owns) and its plan (``grids(study, knobs, **parameters)``:
+:class:`~studylib.study.orchestration.plan.Grid` s built from its typed knobs, the general knobs and
+the notebook's own ``-p`` parameters). ``studylib study`` plans every selected comparison once
+(:func:`studylib.study.orchestration.plan.plan_runs`), trains the missing runs in one queue and
+writes each comparison's plan under the preset's outputs; a notebook then opens its comparison
+(:func:`studylib.study.runner.notebooks.open_comparison`), reads that plan and hands back its
+:class:`Runs`: every run resolved once into a :class:`~studylib.run.spec.RunSpec`, every frame read
+from those handles (:func:`studylib.study.analysis.frames.runs_frame`), never resolved again.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from studylib.config import SECTIONS, ConfigError, Preset
+from studylib.config import Preset
 from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
 from studylib.study.analysis.frames import runs_frame, runs_metrics
-from studylib.study.orchestration.sweep import Grid, ensure_grids
+from studylib.study.comparisons.knobs import Knobs, Study
+from studylib.study.orchestration.plan import Grid, Plan, plan_runs
+from studylib.study.orchestration.train import train_plan
 
 
-def no_runs(preset: Preset, **parameters) -> list[Grid]:
+def no_runs(study: Study, knobs: Knobs, **parameters) -> list[Grid]:
     """The plan of a comparison that trains nothing (it reads configs, benchmarks or one run)."""
     return []
 
 
 @dataclass(frozen=True)
 class Runs:
-    """The finished runs of a comparison: per grid of its plan (in order), the runs as the sweep
+    """The finished runs of a comparison: per grid of its plan (in order), the runs as the plan
     resolved them (models x seeds order)."""
 
     preset: Preset
     grids: tuple[Grid, ...]
     specs: tuple[tuple[RunSpec, ...], ...]
 
+    @classmethod
+    def of(cls, plan: Plan) -> "Runs":
+        return cls(plan.preset, plan.grids, plan.specs)
+
     def frame(self, i: int = 0) -> pd.DataFrame:
-        """One row per run of grid ``i`` (the summaries of :func:`~studylib.study.analysis.frames.collect_runs`)."""
+        """One row per run of grid ``i`` (the summaries of :func:`~studylib.study.analysis.frames.runs_frame`)."""
         return runs_frame(self.specs[i])
 
     def metrics(self, i: int = 0, kind: Optional[str] = "eval") -> pd.DataFrame:
@@ -58,52 +67,67 @@ class Runs:
 
 
 @dataclass(frozen=True)
+class Answer:
+    """What a comparison adds to the report's answer (``## The answer``): its sentences in markdown
+    (or why it is not computed), its key figures, what it does not show, and the MoE whose runs the
+    report's facts list (the headline's)."""
+
+    markdown: str
+    figures: tuple[Path, ...] = ()
+    limits: tuple[str, ...] = ()
+    moe: Optional[str] = None
+
+
+def family_sentences(table: pd.DataFrame) -> list[str]:
+    """One sentence per family of a comparison table (its ``family`` column), in the notebooks'
+    words (:func:`studylib.study.analysis.text.comparison_sentences`)."""
+    from studylib.study.analysis import text
+
+    return [text.comparison_sentences(g.set_index(g.columns[0]))
+            for _, g in table.groupby("family", sort=False, dropna=False)]
+
+
+@dataclass(frozen=True)
 class Comparison:
-    """One notebook's comparison: ``name`` (its module), ``notebook`` (the file stem), ``grids``
-    (``(preset, **parameters) -> [Grid]``: the runs it reads), ``parameters`` (the notebook's own
-    ``-p`` parameters the plan depends on, e.g. notebook 04's ``model``), ``jobs`` (runs at a
-    time when the notebook trains them itself, whatever its ``jobs``; None: the notebook's) and
-    ``section``: the attribute of ``preset.study`` holding its own knobs (a key of
-    :data:`studylib.config.SECTIONS`; None: it reads the general knobs only). Another
-    comparison's section may be read too (notebook 04 reads 12's router variants), but each
-    section belongs to one comparison."""
+    """One notebook's comparison.
+
+    ``name`` (its package), ``notebook`` (the file stem), ``knobs`` (its :class:`Knobs` type: the
+    flat ``study`` keys it owns), ``grids`` (``(study, knobs, **parameters) -> [Grid]``: the runs
+    it reads), ``parameters`` (the notebook's own ``-p`` parameters the plan depends on, e.g.
+    notebook 04's ``model``), ``jobs`` (runs at a time when the notebook trains them itself; None:
+    the notebook's), ``tables`` (the CSV names, under ``tables/``, of its families of comparisons:
+    the report words each with ``words``, one sentence per family) and ``answer`` (``(outputs dir)
+    -> Answer``: what it adds to the report's answer, from its tables and figures; None: nothing)."""
 
     name: str
     notebook: str
+    knobs: type = Knobs
     grids: Callable[..., list[Grid]] = no_runs
     parameters: tuple[str, ...] = ()
     jobs: Optional[int] = None
-    section: Optional[str] = None
+    tables: tuple[str, ...] = ()
+    words: Callable[[pd.DataFrame], list[str]] = family_sentences
+    answer: Optional[Callable[[Path], Answer]] = None
 
-    def __post_init__(self):
-        if self.section is not None and self.section not in SECTIONS:
-            raise ConfigError(f"comparison {self.name!r}: section {self.section!r} is not one of {sorted(SECTIONS)}")
-
-    def knobs(self, preset: Preset):
-        """This comparison's section of ``preset.study`` (None if it has none, or the preset lacks a
-        whole-mapping section such as ``lr_sweep``)."""
-        return None if self.section is None else getattr(preset.study, self.section)
-
-    def plan(self, preset: Preset, parameters: Optional[Mapping[str, Any]] = None) -> list[Grid]:
-        """The grids of this comparison under ``preset`` and the notebook's ``parameters`` (those
+    def plan(self, study: Study, parameters: Optional[Mapping[str, Any]] = None) -> list[Grid]:
+        """The grids of this comparison under ``study`` and the notebook's ``parameters`` (those
         the plan does not take are ignored: they are the notebook's alone)."""
         given = {k: v for k, v in (parameters or {}).items() if k in self.parameters}
-        return self.grids(preset, **given)
+        return self.grids(study, study[self], **given)
 
-    def train(self, preset: Preset, jobs: Optional[int] = None, progress: bool = True,
+    def train(self, study: Study, jobs: Optional[int] = None, progress: bool = True,
               parameters: Optional[Mapping[str, Any]] = None) -> Runs:
-        """:meth:`plan` trained (the missing runs; finished ones are reused) and returned as :class:`Runs`."""
-        grids = self.plan(preset, parameters)
-        jobs = self.jobs if self.jobs is not None else jobs
-        specs = ensure_grids(preset, grids, jobs=jobs, progress=progress) if grids else []
-        return Runs(preset, tuple(grids), tuple(tuple(s) for s in specs))
+        """:meth:`plan` resolved, its missing runs trained (finished ones are reused), as :class:`Runs`."""
+        planned = plan_runs(study.preset, self.plan(study, parameters), f"notebook {self.notebook}", progress)
+        train_plan(planned, jobs=self.jobs if self.jobs is not None else jobs, progress=progress)
+        return Runs.of(planned)
 
 
-def grids_of(comparisons: Sequence[Comparison], preset: Preset,
+def grids_of(comparisons: Sequence[Comparison], study: Study,
              parameters: Optional[Mapping[str, Mapping[str, Any]]] = None) -> list[Grid]:
     """The grids of several comparisons, in order; ``parameters``: ``{notebook stem: {name: value}}``."""
     parameters = parameters or {}
-    return [g for c in comparisons for g in c.plan(preset, parameters.get(c.notebook))]
+    return [g for c in comparisons for g in c.plan(study, parameters.get(c.notebook))]
 
 
-__all__ = ["Comparison", "Runs", "grids_of", "no_runs"]
+__all__ = ["Answer", "Comparison", "Runs", "family_sentences", "grids_of", "no_runs"]

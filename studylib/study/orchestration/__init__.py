@@ -1,4 +1,5 @@
-"""L3 orchestration: which runs a study needs (``plan``: preset -> grids -> run specs) and getting
-them trained (``sweep``: the one queue; ``cluster``: Dask distributed, the sweep's side;
-``worker``: what runs on a worker; ``watch``: live progress). May read runs through
-:mod:`studylib.study.analysis`, never the other way round."""
+"""L3 orchestration: which runs a study needs and getting them trained. ``plan`` (grids -> run
+specs, resolved, checked, counted and ordered once), ``plan_file`` (a comparison's plan on disk,
+written by the study, read by its notebook), ``train`` (the plan's missing runs in one queue),
+``cluster`` (Dask distributed, the trainer's side), ``worker`` (what runs on a worker), ``watch``
+(live progress). Imports no analysis module."""

@@ -1,79 +1,188 @@
-"""What the comparisons ask of a preset: its ``study`` lists and budgets read with one clear
-error each, the seeds a comparison takes, the reference MoE, and one run's budget.
+"""The plan: which runs some grids need, each resolved once, checked, counted and ordered, before
+anything trains (:func:`plan_runs` -> :class:`Plan`). Training takes the plan's missing runs
+(:func:`studylib.study.orchestration.train.train_plan`); reading takes the plan
+(:class:`studylib.study.comparisons.base.Runs`).
 
-The runs of each notebook are planned by its comparison (:mod:`studylib.study.comparisons`);
-``studylib study`` trains the plans of the selected notebooks in ONE queue
-(:func:`studylib.study.orchestration.sweep.ensure_grids`, longest runs first) before it executes
-them; each notebook then finds its runs finished and reads them. Run alone (JupyterLab, plain
-papermill), a notebook trains its own runs as before.
+* Each run ``models x seeds`` of a :class:`Grid` is resolved once into a
+  :class:`~studylib.run.spec.RunSpec` (its own preset, model, seed and run directory); a run two
+  grids share (same model, seed, overrides and tag: :func:`run_key`) is one run.
+* A run directory holding a *different* configuration, or a finished run trained on other stories
+  than the preset reads now, is an error raised here, before anything trains.
+* A finished run (``summary.json`` with ``finished: true`` and the same config hash) is reused.
+* The missing runs form one queue, longest first (optimizer steps x training FLOPs per token), so
+  a job slot idles only at the very end. Their steps are ``train.max_steps`` or one epoch of their
+  data's training windows, counted from the data loaded once per process
+  (:func:`studylib.data.pipeline.shared_data`).
 
-Why: notebook by notebook, a job slot sat idle at the end of every sweep whose run count is odd
-(9 headline runs, 3 iso-width runs, ...). Measured on the 2-core AVX2 machine, ``cpu`` preset: the
-notebooks' training cells took about 1,590 s for 1,455 s of runs per slot; in one queue, 1,685 s for
-1,674 s (a slower hour of the same machine).
+``studylib study`` plans the selected notebooks' comparisons in ONE plan, trains it, and writes
+each comparison's part (:mod:`studylib.study.orchestration.plan_file`); each notebook then reads
+its part. Run alone (JupyterLab, plain papermill), a notebook plans and trains its own runs.
+
+Why one queue: notebook by notebook, a job slot sat idle at the end of every sweep whose run count
+is odd (9 headline runs, 3 iso-width runs, ...). Measured on the 2-core AVX2 machine, ``cpu``
+preset: the notebooks' training cells took about 1,590 s for 1,455 s of runs per slot; in one
+queue, 1,685 s for 1,674 s (a slower hour of the same machine).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
 
-import pandas as pd
-
-from studylib.config import ConfigError, Preset
-from studylib.data.pipeline import load_data
-from studylib.run.optim import total_steps_for
-
-
-def study_list(preset: Preset, key: str) -> list:
-    """``study.<key>``: a list of model names of the preset (checked when it loaded); absent: a
-    ConfigError naming the knob."""
-    v = preset.study.knob(key)
-    if not v:
-        raise ConfigError(f"study.{key}: missing from preset {preset.name!r}; expected a non-empty list of "
-                          f"model names of the preset")
-    return list(v)
-
-
-def study_epochs(preset: Preset, key: str) -> float:
-    """``study.<key>`` (a budget in units of the preset's schedule; default 1.0)."""
-    return preset.study.knob(key)
+from studylib.config import ConfigError, Preset, override, override_pairs
+from studylib.config.presets import Overrides
+from studylib.data.split import fingerprint_now
+from studylib.run.provenance import check_reuse, code_differs
+from studylib.run.spec import RunSpec, epoch_steps
 
 
 @dataclass(frozen=True)
-class RunBudget:
-    """What one run of the preset's own schedule trains on (notebook 01): the data split
-    (``split``: stories, tokens, windows and target tokens per side), its optimizer steps, the
-    windows per step and the target tokens it reads."""
+class Grid:
+    """One group of runs: ``models x seeds`` (default: the preset's seeds) of the preset +
+    ``overrides``, in ``runs/<model>/<tag>/`` (the tag defaults to
+    :func:`~studylib.config.variant_tag` of the overrides; overrides that leave a run's identity
+    unchanged give the preset's own run)."""
 
-    split: pd.DataFrame
-    steps: int
-    per_step: int
-    tokens: int
+    models: Sequence[str]
+    seeds: Optional[Sequence[int]] = None
+    overrides: Overrides = None
+    tag: Optional[str] = None
 
-
-def run_budget(preset: Preset) -> RunBudget:
-    """The preset's data (built or read from the cache) and one run's budget: one epoch of the
-    training windows (the last step partial), or ``train.max_steps`` full steps when set."""
-    data = load_data(preset.data, progress=False)
-    summ = data.summary()
-    split = pd.DataFrame({side: {"stories": summ[f"{side}_stories"], "tokens": summ[f"{side}_tokens"],
-                                 "windows": summ[f"{side}_windows"], "target tokens": summ[f"{side}_targets"]}
-                          for side in ("train", "val")}).T
-    steps = total_steps_for(preset.train, len(data.train_idx))
-    per_step = preset.train.batch_size * preset.train.grad_accum
-    windows = len(data.train_idx) if preset.train.max_steps is None else steps * per_step
-    return RunBudget(split, steps, per_step, windows * (data.context - 1))
+    def seeds_of(self, preset: Preset) -> list[int]:
+        """The grid's seeds (default: the preset's, or those the grid's overrides set), each once."""
+        if self.seeds is not None:
+            return list(dict.fromkeys(self.seeds))
+        sets_seeds = any(k == "seeds" for k, _, _ in override_pairs(self.overrides))
+        return list(dict.fromkeys(override(preset, self.overrides).seeds if sets_seeds else preset.seeds))
 
 
-def first_seeds(preset: Preset, key: str) -> list[int]:
-    """The first ``study.<key>`` of the preset's seeds (all of them when the knob is absent): the
-    comparisons that get fewer seeds than the headline."""
-    k = preset.study.knob(key)
-    return list(preset.seeds) if k is None else list(preset.seeds[:k])
+def run_key(model: str, seed: int, overrides=None, tag: Optional[str] = None) -> tuple:
+    """What names one run of a plan before it is resolved: model, seed, the overrides (as
+    written) and the tag; two grids that share a run give it the same key."""
+    return model, int(seed), tuple((k, repr(v)) for k, v, _ in override_pairs(overrides)), tag
 
 
-def reference_moe(preset: Preset) -> str:
-    """``study.reference_moe``, else the headline's MoE (its second model)."""
-    return preset.study.reference() or study_list(preset, "headline")[1]
+@dataclass(frozen=True)
+class Plan:
+    """Some grids' runs, resolved once: per grid its runs (models x seeds order, finished or not);
+    ``missing``: the runs to train, each once, longest first, with their optimizer ``steps``;
+    ``other_code``: the finished runs another code trained (``{run dir: recorded fingerprints}``,
+    for :func:`studylib.run.provenance.flag_reused`)."""
+
+    preset: Preset
+    grids: tuple[Grid, ...]
+    specs: tuple[tuple[RunSpec, ...], ...]
+    missing: tuple[RunSpec, ...] = ()
+    steps: Mapping[Path, int] = field(default_factory=dict)
+    other_code: Mapping[Path, dict] = field(default_factory=dict)
+
+    @property
+    def runs(self) -> int:
+        """How many distinct runs the plan holds."""
+        return len({spec.run_dir for specs in self.specs for spec in specs})
+
+    def unfinished(self) -> list[str]:
+        """The labels of the plan's runs that are not finished (read now)."""
+        return [spec.label for specs in self.specs for spec in specs if not spec.rundir.finished()]
 
 
-__all__ = ["RunBudget", "run_budget", "first_seeds", "reference_moe", "study_epochs", "study_list"]
+#: the most runs a study plans: 1,000 runs are already days of training on the CPU presets (more is
+#: a typo, e.g. seeds 1-100000, that would plan for minutes). Counted over the plan's runs
+#: (:func:`plan_size`: seeds x the models of every grid), before any run is resolved
+MAX_RUNS = 1000
+
+
+def plan_size(preset: Preset, grids: Sequence[Grid]) -> int:
+    """The runs of ``grids`` under ``preset``: each grid's models x its seeds, a run two grids share
+    (same model, seed, overrides and tag) counted once."""
+    return len({run_key(m, s, g.overrides, g.tag) for g in grids for m in g.models for s in g.seeds_of(preset)})
+
+
+def check_plan_size(preset: Preset, grids: Sequence[Grid], where: str) -> int:
+    """The number of runs of ``grids`` (:func:`plan_size`); more than :data:`MAX_RUNS` is a
+    :class:`ConfigError` with the count, raised before anything is resolved (``where``: whose plan
+    it is, e.g. "notebooks 03, 04")."""
+    n = plan_size(preset, grids)
+    if n > MAX_RUNS:
+        raise ConfigError(f"seeds: {len(preset.seeds):,} seeds give {n:,} runs in the plan of {where} (each seed trains "
+                          f"every model a notebook compares), more than the {MAX_RUNS:,} runs a study takes; give "
+                          f"fewer seeds (-p seeds) or fewer notebooks")
+    return n
+
+
+def plan_runs(preset: Preset, grids: Sequence[Grid], where: str = "the study", progress: bool = False) -> Plan:
+    """The :class:`Plan` of ``grids`` under ``preset`` (see the module docstring); nothing is
+    trained or written. More than :data:`MAX_RUNS` runs: one ConfigError line naming ``where``
+    (whose plan it is), before any run is resolved. ``progress``: show the data's progress if
+    counting steps loads it."""
+    check_plan_size(preset, grids, where)
+    resolved: dict = {}
+    specs, finished, missing, seen = [], [], [], set()
+    for g in grids:
+        models, seeds = list(dict.fromkeys(g.models)), g.seeds_of(preset)
+        if not models or not seeds:
+            raise ConfigError("plan: a grid needs at least one model and one seed")
+        row = []
+        for m in models:
+            for s in seeds:
+                key = run_key(m, s, g.overrides, g.tag)
+                if key not in resolved:
+                    spec = RunSpec.resolve(preset, m, s, g.overrides, g.tag)
+                    spec.rundir.check(spec.document())
+                    resolved[key] = spec
+                spec = resolved[key]
+                row.append(spec)
+                if spec.run_dir not in seen:  # a run two grids share is trained once
+                    seen.add(spec.run_dir)
+                    (finished if spec.rundir.finished() else missing).append(spec)
+        specs.append(tuple(row))
+    other_code = check_finished_data(finished)
+    steps = {spec.run_dir: run_steps(spec, progress) for spec in missing}
+    missing.sort(key=lambda spec: -steps[spec.run_dir] * _flops(spec))
+    return Plan(preset, tuple(grids), tuple(specs), tuple(missing), steps, other_code)
+
+
+def run_steps(spec: RunSpec, progress: bool = False) -> int:
+    """Optimizer steps of one run: ``train.max_steps``, else one epoch of its training windows
+    (:func:`studylib.run.spec.epoch_steps`: the data loaded once per process)."""
+    if spec.preset.train.max_steps is not None:
+        return spec.preset.train.max_steps
+    if progress:  # show the tokenizer / token cache being built, if it is
+        from studylib.data.pipeline import shared_data
+
+        shared_data(spec.preset.data, progress=True)
+    return epoch_steps(spec.preset)
+
+
+def _flops(spec: RunSpec) -> float:
+    from studylib.config.accounting import train_flops_per_token
+
+    return train_flops_per_token(spec.preset.model_config(spec.model), spec.preset.data.context)
+
+
+def check_finished_data(finished: Sequence[RunSpec]) -> dict:
+    """Refuse finished runs whose recorded corpus fingerprint is not the stories their preset
+    reads now (:func:`studylib.run.provenance.check_reuse`): a study never mixes runs of two
+    corpora. Checked when the stories are local files (read once per data config: ~0.03 s for
+    the shared subset); a hub corpus is not re-read (that needs the network), nor are runs trained
+    before fingerprints existed. Returns ``{run dir: recorded fingerprints}`` of the runs another
+    code trained (or before code fingerprints existed), for
+    :func:`studylib.run.provenance.flag_reused`."""
+    corpora: dict = {}
+    other_code = {}
+    for spec in finished:
+        recorded = (spec.rundir.summary() or {}).get("provenance") or {}
+        if code_differs(recorded):
+            other_code[spec.run_dir] = recorded
+        if not recorded.get("corpus_sha256"):
+            continue
+        cfg = spec.preset.data
+        if cfg not in corpora:
+            corpora[cfg] = fingerprint_now(cfg)
+        if corpora[cfg] is not None:
+            check_reuse(spec.run_dir, recorded, {"corpus_sha256": corpora[cfg]})
+    return other_code
+
+
+__all__ = ["Grid", "MAX_RUNS", "Plan", "check_finished_data", "check_plan_size", "plan_runs", "plan_size", "run_key",
+           "run_steps"]

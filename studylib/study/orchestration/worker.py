@@ -47,7 +47,6 @@ class StudyPlugin(WorkerPlugin):
 
     def __init__(self, threads: Optional[int] = None, per_host: Optional[dict] = None, gpus: int = 0):
         self.threads, self.per_host, self.gpus = threads, per_host or {}, gpus
-        self.datas = None
         self.fingerprint: Optional[dict] = None
 
     def setup(self, worker) -> None:
@@ -69,11 +68,9 @@ class StudyPlugin(WorkerPlugin):
             os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker.name) % self.gpus)
 
     def data(self, cfg):
-        if self.datas is None:
-            from studylib.data.pipeline import DataMemo
+        from studylib.data.pipeline import shared_data
 
-            self.datas = DataMemo(progress=False)
-        return self.datas.get(cfg)
+        return shared_data(cfg)
 
 
 def visibility_error(markers: dict, where: str = "") -> Optional[str]:

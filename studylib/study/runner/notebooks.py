@@ -50,9 +50,9 @@ from studylib.config import ConfigError, load_preset
 from studylib.run.layout import outputs_root
 from studylib.run.tensorboard import after_runs
 from studylib.study.runner.execute import StudyError, execute_all, notebook_parameters, run_alone
-from studylib.study.runner.parameters import apply_parameters, check_plan_size
+from studylib.study.orchestration.train import SCHEDULER_ENV, available_cores, default_jobs, scheduler_address
+from studylib.study.runner.parameters import apply_parameters
 from studylib.study.runner.report import write_report
-from studylib.study.orchestration.sweep import SCHEDULER_ENV, available_cores, default_jobs, scheduler_address
 
 NOTEBOOK_RE = re.compile(r"^(\d\d)_.+\.py$")
 
@@ -103,9 +103,11 @@ def notebook_context(params: str, jobs: Optional[int] = None, seeds=None, overri
     path relative to the root or absolute, with ``seeds`` and ``overrides`` applied by
     :func:`apply_parameters`), ``params`` (its absolute path), ``out`` (the absolute
     ``outputs/<preset>``), ``jobs`` (``jobs`` or ``study.jobs``), ``seeds``, ``first_seed``,
-    ``study`` and ``overrides`` (the parsed overrides, ``{}`` if none). Prints what the parameters
-    changed. Sets the seaborn style; the working directory is left as it is."""
+    ``study`` (the preset's study section typed: :func:`studylib.study.comparisons.study_of`) and
+    ``overrides`` (the parsed overrides, ``{}`` if none). Prints what the parameters changed. Sets
+    the seaborn style; the working directory is left as it is."""
     from studylib.study.analysis import plots  # matplotlib / seaborn: only once a notebook runs
+    from studylib.study.comparisons import study_of
 
     root = repo_root()
     path = root / params  # an absolute ``params`` stays as it is
@@ -118,28 +120,36 @@ def notebook_context(params: str, jobs: Optional[int] = None, seeds=None, overri
                  else " (nothing changed)"))
     if preset.seeds != base.seeds:
         print(f"seeds: {list(preset.seeds)} (the preset's: {list(base.seeds)})")
+    study = study_of(preset)
     plots.setup()
     out = root / outputs_root(preset) / preset.name  # a relative $STUDYLIB_OUTPUTS: from the root
     out.mkdir(parents=True, exist_ok=True)
     return SimpleNamespace(root=root, preset=preset, params=str(path), out=out,
                            jobs=default_jobs(preset) if jobs is None else int(jobs),
-                           seeds=list(preset.seeds), first_seed=preset.seeds[0],
-                           study=preset.study, overrides=ov)
+                           seeds=list(preset.seeds), first_seed=preset.seeds[0], study=study, overrides=ov)
 
 
 def open_comparison(name: str, params: str, jobs: Optional[int] = None, seeds=None, overrides=None,
                     **parameters) -> tuple[SimpleNamespace, Any]:
     """What a notebook opens with: (:func:`notebook_context`, the
     :class:`~studylib.study.comparisons.base.Runs` of comparison ``name`` under that context's
-    preset and the notebook's own ``parameters``, e.g. notebook 04's ``model``; trained where
-    missing). ``ctx.comparison`` is the :class:`~studylib.study.comparisons.base.Comparison`."""
-    from studylib.study.comparisons import comparison
+    study and the notebook's own ``parameters``, e.g. notebook 04's ``model``). The runs are the
+    plan ``studylib study`` wrote for this comparison when it matches (:mod:`.plan_file`: nothing
+    resolved, checked or counted again); run alone, the notebook plans them and trains the missing
+    ones. ``ctx.comparison`` is the :class:`~studylib.study.comparisons.base.Comparison`,
+    ``ctx.knobs`` its typed knobs."""
+    from studylib.study.comparisons import Runs, comparison
+    from studylib.study.orchestration.plan_file import plan_key, plan_path, read_plan
 
     found = comparison(name)
     ctx = notebook_context(params, jobs, seeds, overrides)
-    ctx.comparison = found
-    check_plan_size(ctx.preset, found.plan(ctx.preset, parameters), f"notebook {found.notebook}")
-    return ctx, found.train(ctx.preset, jobs=ctx.jobs, parameters=parameters)
+    ctx.comparison, ctx.knobs = found, ctx.study[found]
+    given = {k: v for k, v in parameters.items() if k in found.parameters}
+    planned = read_plan(plan_path(ctx.out, found.name), plan_key(ctx.preset, found.name, given))
+    if planned is not None:
+        grids, specs = planned
+        return ctx, Runs(ctx.preset, tuple(grids), tuple(tuple(s) for s in specs))
+    return ctx, found.train(ctx.study, jobs=ctx.jobs, parameters=parameters)
 
 
 def _study_params(params: str, root: Path) -> tuple:
@@ -271,27 +281,44 @@ def _environment(name: str, value: Optional[str]):
 
 def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Path, progress: bool, echo,
                      scheduler: Optional[str] = None, parameters: Optional[Mapping[Path, Mapping]] = None) -> float:
-    """Train the runs of the selected notebooks (:func:`studylib.study.comparisons.study_grids`,
-    given each notebook's parameters ``{notebook: {name: value}}``) in one queue before any
-    notebook executes (from the repository root, as the notebooks run), on the Dask scheduler at
-    ``scheduler`` or here; the seconds it took. A failed run is the sweep's
-    :class:`~studylib.study.orchestration.common.SweepError` naming the run and its log (a known
-    error: the CLI prints its one line and exits with 2, as for a cluster that cannot train it)."""
+    """Plan the selected notebooks' comparisons in one plan (given each notebook's parameters
+    ``{notebook: {name: value}}``), train its missing runs in one queue before any notebook
+    executes (from the repository root, as the notebooks run; on the Dask scheduler at
+    ``scheduler`` or here), and write each comparison's part under the preset's outputs
+    (:func:`~studylib.study.orchestration.plan_file.write_plan`) for its notebook to read; the
+    seconds it took. A failed run is the sweep's :class:`~studylib.study.orchestration.common.SweepError`
+    naming the run and its log (a known error: the CLI prints its one line and exits with 2, as
+    for a cluster that cannot train it)."""
     import contextlib
 
-    from studylib.study.comparisons import study_grids
-    from studylib.study.orchestration.sweep import ensure_grids
+    from studylib.study.comparisons import by_notebook, study_of
+    from studylib.study.orchestration.plan import plan_runs
+    from studylib.study.orchestration.plan_file import plan_key, plan_path, write_plan
+    from studylib.study.orchestration.train import train_plan
 
     t0 = time.perf_counter()
+    study, found = study_of(preset), by_notebook()
+    out = root / outputs_root(preset) / preset.name
     with contextlib.chdir(root):
-        grids = study_grids(preset, [py.stem for py in nbs], {py.stem: (parameters or {}).get(py) or {} for py in nbs})
+        parts = []  # (comparison, its plan parameters, its grids)
+        for py in nbs:
+            if py.stem in found:
+                c = found[py.stem]
+                given = {k: v for k, v in ((parameters or {}).get(py) or {}).items() if k in c.parameters}
+                parts.append((c, given, c.plan(study, given)))
+        grids = [g for _, _, gs in parts for g in gs]
         if not grids:
             return 0.0
-        check_plan_size(preset, grids, "notebook(s) " + ", ".join(py.name.split("_")[0] for py in nbs))
+        planned = plan_runs(preset, grids, "notebook(s) " + ", ".join(py.name.split("_")[0] for py in nbs), progress)
         echo(f"training the runs of {len(grids)} grid(s) in one queue, longest first, "
              + (f"on the Dask cluster at {scheduler}" if scheduler else f"{jobs or default_jobs(preset)} at a time")
              + "; the notebooks then read them")
-        ensure_grids(preset, grids, jobs=jobs, progress=progress, scheduler=scheduler)
+        train_plan(planned, jobs=jobs, progress=progress, scheduler=scheduler)
+        at = 0
+        for c, given, gs in parts:
+            if gs:
+                write_plan(plan_path(out, c.name), plan_key(preset, c.name, given), gs, planned.specs[at:at + len(gs)])
+            at += len(gs)
     took = time.perf_counter() - t0
     echo(f"runs ready in {took:.1f} s")
     return took

@@ -12,14 +12,9 @@ import yaml
 
 from studylib.config import ConfigError, Preset, config_hash, override, override_pairs, to_dict, value_at
 from studylib.config.args import seed_error
-from studylib.study.orchestration.sweep import run_key
+from studylib.study.orchestration.plan import MAX_RUNS
 
 _SEED_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
-#: the most runs a study plans: 1,000 runs are already days of training on the CPU presets (more is
-#: a typo, e.g. seeds 1-100000, that would plan for minutes). Counted over the plan's runs
-#: (:func:`check_plan_size`: seeds x the models of every grid); more seeds than this are refused
-#: before a range is even expanded (each seed is at least one run)
-MAX_RUNS = 1000
 
 
 def parse_seeds(value) -> Optional[list[int]]:
@@ -64,25 +59,6 @@ def _check_count(n: int, value) -> None:
         shown = repr(value) if isinstance(value, str) else f"a list of {n:,}"
         raise ConfigError(f"seeds: {shown} gives {n:,} seeds, at least {n:,} runs, more than the {MAX_RUNS:,} runs "
                           f"a study takes (each seed trains every model a notebook compares); give fewer seeds")
-
-
-def plan_size(preset: Preset, grids) -> int:
-    """The runs of ``grids`` (:class:`~studylib.study.orchestration.sweep.Grid` s) under ``preset``:
-    each grid's models x its seeds, a run two grids share (same model, seed, overrides and tag)
-    counted once."""
-    return len({run_key(m, s, g.overrides, g.tag) for g in grids for m in g.models for s in g.seeds_of(preset)})
-
-
-def check_plan_size(preset: Preset, grids, where: str) -> int:
-    """The number of runs of ``grids`` (:func:`plan_size`); more than :data:`MAX_RUNS` is a
-    :class:`ConfigError` with the count, raised before anything trains (``where``: whose plan it
-    is, e.g. "notebooks 03, 04")."""
-    n = plan_size(preset, grids)
-    if n > MAX_RUNS:
-        raise ConfigError(f"seeds: {len(preset.seeds):,} seeds give {n:,} runs in the plan of {where} (each seed trains "
-                          f"every model a notebook compares), more than the {MAX_RUNS:,} runs a study takes; give "
-                          f"fewer seeds (-p seeds) or fewer notebooks")
-    return n
 
 
 def parse_overrides(value) -> dict:

@@ -1,5 +1,6 @@
-"""The study's HTML report: the answer first (:func:`answer_cells`: the verdicts, their figures,
-what they do not show, the runs' facts, computed from the study's tables), then a
+"""The study's HTML report: the answer first (:func:`answer_cells`: what each comparison adds to it,
+from its tables and figures, then the families of every comparison, what they do not show, the
+runs' facts), then a
 contents list and the executed notebooks stitched into one notebook (parameters cells, stderr and
 widget views dropped; the parameter accounting of notebook 01 last, as an appendix), exported as
 one self-contained HTML file with nbconvert (code hidden, figures embedded).
@@ -37,14 +38,6 @@ def _clean_outputs(outputs: list) -> list:
 QUESTION = ("At a matched parameter budget, does a sparse mixture-of-experts decoder reach a lower validation "
             "loss than a dense one: ahead of the dense model with the same active parameters, behind the one "
             "with the same total parameters, as the paper finds?")
-HEADLINE, MAP = "headline_gaps", "token_budget_gaps"  # the tables (and figures) notebooks 03 and 09 write
-
-
-def _read_table(out_dir: Path, name: str):
-    import pandas as pd
-
-    path = out_dir / "tables" / f"{name}.csv"
-    return pd.read_csv(path) if path.is_file() else None
 
 
 def _figure_cell(path: Path):
@@ -57,60 +50,23 @@ def _figure_cell(path: Path):
     return c
 
 
-def headline_sentences(gaps, out_dir: Path) -> tuple[str, str]:
-    """(the headline verdict, what it does not show) from ``headline_gaps.csv``'s rows: the words
-    of :func:`studylib.study.analysis.text.headline_verdict`, as notebook 03 prints them."""
-    from studylib.study.analysis import text
-
-    g = gaps.copy()
-    g.index = ["active", "total"]  # notebook 03 writes the matched-active row, then the matched-total one
-    dense_active, moe, dense_total = g.loc["active", "a"], g.loc["active", "b"], g.loc["total", "b"]
-    summaries = _summaries(out_dir, moe)
-    tokens = summaries[0].get("tokens") if summaries else None
-    preset = summaries[0].get("preset", "") if summaries else ""
-    verdict, _, limits = text.headline_verdict(g, dense_active, moe, dense_total, preset, tokens).partition(
-        "What this does not show: ")
-    return verdict.strip(), limits.strip()
-
-
-def map_sentences(out_dir: Path, table) -> list[str]:
-    """The token-budget map's sentences, notebook 09's words rebuilt from its tables: each gap's
-    points by verdict, the fits (when their tables exist) and the paper's range."""
-    from studylib.study.analysis import budget_fits as bf
-    from studylib.study.analysis import budget_map as bm
-
-    out = [bm.point_sentences(table, gap) for gap in bm.GAPS]
-    fits = [_read_table(out_dir, f"token_budget_{n}") for n in ("fit", "crossing", "loo", "loss_law", "extrapolation")]
-    if all(f is not None for f in fits):
-        out += bf.fit_sentences(*fits, loss_loo=_read_table(out_dir, "token_budget_loss_loo"))
-    return out + [bm.paper_sentence(table)]
-
-
-#: the comparison tables the notebooks write, one or more families each (notebook 10's is
-#: :func:`studylib.study.analysis.downstream.metric_gaps`'s)
-FAMILY_TABLES = (("02", "table1_gaps_vs_reference"), ("06", "granularity_gaps"), ("07", "iso_width_gap"),
-                 ("10", "table10_downstream_gaps"), ("12", "router_variants_gaps"))
-
-
 def family_sentences(out_dir: Path) -> list[str]:
-    """One line per family table the study wrote (:data:`FAMILY_TABLES`), in the notebook's own
-    words: :func:`studylib.study.analysis.text.comparison_sentences` (notebook 10:
-    :func:`studylib.study.analysis.downstream.gap_sentences`). Tables without the family's columns
-    (written before the verdicts) are left out."""
-    from studylib.study.analysis import text
+    """One line per family of every comparison table the study wrote (each comparison's
+    ``tables``, in notebook order), in the notebook's own words (``Comparison.words``). Tables
+    without the family's columns (written before the verdicts) are left out."""
+    import pandas as pd
+
+    from studylib.study.comparisons import registry
 
     out = []
-    for nb, name in FAMILY_TABLES:
-        t = _read_table(out_dir, name)
-        if t is None or t.empty or "verdict" not in t or "p_holm" not in t:
-            continue
-        if nb == "10":
-            from studylib.study.analysis import downstream
-
-            out.append(f"Notebook {nb}: {downstream.gap_sentences(t)}")
-            continue
-        for fam, g in t.groupby("family", sort=False, dropna=False):
-            out.append(f"Notebook {nb}: {text.comparison_sentences(g.set_index(g.columns[0]))}")
+    for c in registry().values():
+        nb = c.notebook.split("_")[0]
+        for name in c.tables:
+            path = out_dir / "tables" / f"{name}.csv"
+            t = pd.read_csv(path) if path.is_file() else None
+            if t is None or t.empty or "verdict" not in t or "p_holm" not in t:
+                continue
+            out += [f"Notebook {nb}: {line}" for line in c.words(t)]
     return out
 
 
@@ -160,56 +116,31 @@ def _facts(out_dir: Path, moe: Optional[str], paths: Sequence[Path]) -> str:
 
 
 def answer_cells(out_dir: os.PathLike, paths: Sequence[Path] = ()) -> list:
-    """The report's first section, ``## The answer``: the question, each headline and map verdict
-    in the notebooks' own words (:func:`headline_sentences`, :func:`map_sentences`), the two gaps'
-    numbers and verdicts as ``headline_gaps.csv`` holds them, the headline and map figures, the
-    other notebooks' families of comparisons (:func:`family_sentences`), what the study does
-    not show, and the preset, seeds, machine and time. A table the study did not write is named."""
+    """The report's first section, ``## The answer``: the question, what each comparison adds to
+    the answer (``Comparison.answer``, in notebook order: the headline's verdicts and numbers, the
+    map's sentences, their figures; a table the study did not write is named), the other
+    notebooks' families of comparisons (:func:`family_sentences`), what the study does not show,
+    and the preset, seeds, machine and time."""
     from nbformat.v4 import new_markdown_cell
 
-    from studylib.study.analysis import text
+    from studylib.study.comparisons import registry
 
     out_dir = Path(out_dir)
-    cells, limits, moe = [], [], None
-    md = ["## The answer", "", f"**The question.** {QUESTION}", ""]
-    gaps = _read_table(out_dir, HEADLINE)
-    if gaps is not None and len(gaps) == 2:
-        verdict, lim = headline_sentences(gaps, out_dir)
-        moe = gaps.iloc[0]["b"]
-        judged = "verdict" in gaps and "p_tost" in gaps  # older tables: no TOST, no verdict
-        md += [f"**Headline (notebook 03).** {verdict}", "",
-               "| gap | mean | 95% CI | n | p | resolved |" + (" TOST p | verdict |" if judged else "") + " paper |",
-               "|---|---|---|---|---|---|" + ("---|---|" if judged else "") + "---|"]
-        md += [f"| {r.comparison} | {r.mean:+.4f} | [{r.ci_low:+.4f}, {r.ci_high:+.4f}] | {int(r.n)} | {r.p:.2g} "
-               f"| {'yes' if r.resolved else 'no'} |"
-               + (f" {r.p_tost:.2g} | {text.verdict_label(r._asdict(), r.a, r.b)} |" if judged else "")
-               + f" {r.paper_mean:+.4f} ± {r.paper_std:.4f} |" for r in gaps.itertuples()]
-        limits.append(lim)
-    else:
-        md.append(f"**Headline.** Not computed: no `tables/{HEADLINE}.csv` (notebook 03 did not run in this study).")
-    cells.append(new_markdown_cell("\n".join(md)))
-    if (out_dir / "figures" / f"{HEADLINE}.png").is_file():
-        cells.append(_figure_cell(out_dir / "figures" / f"{HEADLINE}.png"))
-    table = _read_table(out_dir, MAP)
-    if table is not None and len(table):
-        cells.append(new_markdown_cell("**The token-budget map (notebook 09).**\n\n"
-                                       + "\n".join(f"* {s}" for s in map_sentences(out_dir, table))))
-        for fig in (MAP, "token_budget_crossing"):
-            if (out_dir / "figures" / f"{fig}.png").is_file():
-                cells.append(_figure_cell(out_dir / "figures" / f"{fig}.png"))
-    else:
-        cells.append(new_markdown_cell(f"**The token-budget map.** Not computed: no `tables/{MAP}.csv` "
-                                       "(notebook 09 did not run in this study)."))
+    cells, limits, moe = [new_markdown_cell(f"## The answer\n\n**The question.** {QUESTION}")], [], None
+    for c in registry().values():
+        if c.answer is None:
+            continue
+        part = c.answer(out_dir)
+        cells.append(new_markdown_cell(part.markdown))
+        cells += [_figure_cell(p) for p in part.figures]
+        limits += part.limits
+        moe = moe or part.moe
     families = family_sentences(out_dir)
     if families:
         cells.append(new_markdown_cell(
             "**The other comparisons, one family per notebook** (Holm-corrected within each family; "
             "\"equivalent\": a TOST within the margin; docs/statistics.md).\n\n"
             + "\n".join(f"* {s}" for s in families)))
-    limits.append("The map's points are few sizes and budgets with a handful of seeds each; the gap model is a "
-                  "plane in log tokens/param and log size, and its crossing line is where that plane is zero. "
-                  "Nothing here is measured at the paper's scale (the fits' predictions there are extrapolations, "
-                  "compared in sign and ordering only); only the `paper` preset on a GPU measures its regime.")
     cells.append(new_markdown_cell("**What this does not show.**\n\n" + "\n".join(f"* {s}" for s in limits)
                                    + "\n\n**The runs.**\n\n" + _facts(out_dir, moe, paths)))
     return cells

@@ -13,6 +13,7 @@ from studylib.config import run_document
 from studylib.storage.files import write_json_atomic
 from studylib.run.layout import run_dir_for
 from studylib.run.rundir import RunDir
+from studylib.run.spec import RunSpec
 from studylib.study.analysis import frames
 from studylib.study.analysis.paper import PAPER_TABLE6
 from studylib.study.analysis.stats import paired
@@ -154,9 +155,10 @@ def test_collect_runs_and_metrics_over_a_preset(tmp_path, eval_record):
     runs = frames.collect_runs(p, ["dense", "moe"], [1, 2], root=tmp_path)
     assert list(runs["seed"]) == [1] and runs.loc[0, "params_total"] == 7 and runs.loc[0, "model"] == "dense"
     assert runs.attrs["missing"] == [("dense", 2), ("moe", 1), ("moe", 2)]
-    m = frames.collect_metrics(p, ["dense", "moe"], [1, 2], root=tmp_path)
+    specs = [RunSpec.resolve(p, "dense", seed, root=tmp_path) for seed in (1, 2)]
+    m = frames.runs_metrics(specs)
     assert list(zip(m["seed"], m["step"])) == [(1, 4), (2, 4)] and set(m["kind"]) == {"eval"}
-    assert len(frames.collect_metrics(p, ["dense"], [1], kind=None, root=tmp_path)) == 2
+    assert len(frames.runs_metrics(specs[:1], kind=None)) == 2
 
 
 def test_collect_aggregate_and_paired_gaps(tmp_path, monkeypatch):
@@ -180,7 +182,7 @@ def test_collect_aggregate_and_paired_gaps(tmp_path, monkeypatch):
     gap = frames.paired_gaps(df, "dense", "moe")
     diffs = np.subtract(losses["dense"], losses["moe"])
     assert gap["paired"] == paired(diffs) and list(gap["per_seed"].index) == [1, 2, 3]
-    curves = frames.collect_metrics(preset, ["dense", "moe"])
+    curves = frames.runs_metrics([RunSpec.resolve(preset, m, s) for m in ("dense", "moe") for s in (1, 2, 3)])
     assert len(curves) == 6 and set(curves.columns) >= {"model", "seed", "val_loss"}
     part = frames.collect_runs(preset, ["dense"], seeds=[1, 4])
     assert len(part) == 1 and part.attrs["missing"] == [("dense", 4)]

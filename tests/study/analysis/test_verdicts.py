@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studylib.study.analysis import downstream, stats, tables, text
-from studylib.study.analysis import variants as V
+from studylib.study.analysis import stats, tables, text
+from studylib.study.comparisons.downstream import evaluate as downstream
+from studylib.study.comparisons.router_variants import variants as V
 
 multipletests = pytest.importorskip("statsmodels.stats.multitest").multipletests
 ttost_paired = pytest.importorskip("statsmodels.stats.weightstats").ttost_paired

@@ -11,14 +11,15 @@ import pytest
 import yaml
 
 from _tiny import tiny_raw
-from studylib.config import ConfigError, load_preset, override, presets, run_document, to_dict
+from studylib.config import ConfigError, load_preset, override, presets, run_document
 from studylib.config.presets import override_pairs
 from studylib.run.rundir import RunDir
+from studylib.run.spec import RunSpec
 from studylib.study import comparisons as C
 from studylib.study.analysis.frames import runs_frame
-from studylib.study.comparisons import downstream, router_variants, routing
+from studylib.study.comparisons import router_variants, routing
 from studylib.study.runner import notebooks as study
-from studylib.study.orchestration import plan, sweep
+from studylib.study.orchestration import plan, train as sweep
 
 ROOT = Path(__file__).resolve().parents[3]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
@@ -30,7 +31,7 @@ def test_every_notebook_opens_its_own_comparison():
     opened = {p.stem: OPENS.findall(p.read_text()) for p in NOTEBOOKS}
     assert {stem: [C.comparison(n).notebook for n in names] for stem, names in opened.items()} == \
         {stem: [stem] for stem in opened}
-    assert set(C.BY_NOTEBOOK) == set(opened)
+    assert set(C.by_notebook()) == set(opened)
 
 
 def test_the_ci_plan_trains_each_run_once(tmp_path, monkeypatch):
@@ -41,9 +42,8 @@ def test_the_ci_plan_trains_each_run_once(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run(calls))
     monkeypatch.setattr("studylib.data.pipeline.load_data", lambda *a, **k: None)  # max_steps: no epoch to count
-    monkeypatch.setattr(sweep, "_steps", lambda spec, datas: 1)
     preset = load_preset("params/ci.yaml")
-    grids = C.study_grids(preset, [p.stem for p in NOTEBOOKS])
+    grids = C.study_grids(C.study_of(preset), [p.stem for p in NOTEBOOKS])
     specs = sweep.ensure_grids(preset, grids, jobs=1, progress=False)
     planned = {spec.run_dir for per_grid in specs for spec in per_grid}
     assert len(calls) == len(set(calls)) == len(planned)
@@ -62,10 +62,10 @@ def test_a_study_resolves_each_run_once(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run([]))
     monkeypatch.setattr("studylib.data.pipeline.load_data", lambda *a, **k: None)
-    monkeypatch.setattr(sweep, "_steps", lambda spec, datas: 1)
     preset = load_preset("params/ci.yaml")
     names = [p.stem for p in NOTEBOOKS]
-    sweep.ensure_grids(preset, C.study_grids(preset, names), jobs=1, progress=False)  # every run finished
+    study_ = C.study_of(preset)
+    sweep.ensure_grids(preset, C.study_grids(study_, names), jobs=1, progress=False)  # every run finished
     calls = []
     real = presets.override
 
@@ -77,7 +77,7 @@ def test_a_study_resolves_each_run_once(tmp_path, monkeypatch):
     for mod in [m for name, m in sys.modules.items() if name.startswith("studylib") and m is not None]:
         if getattr(mod, "override", None) is real:
             monkeypatch.setattr(mod, "override", counting)
-    grids = C.study_grids(preset, names)
+    grids = C.study_grids(study_, names)
     frames = [runs_frame(s) for s in sweep.ensure_grids(preset, grids, jobs=1, progress=False)]
     asked = {(m, s, tuple((k, repr(v)) for k, v, _ in override_pairs(g.overrides)))
              for g in grids for m in g.models for s in g.seeds_of(preset)}
@@ -137,7 +137,6 @@ def test_study_trains_the_plan_before_the_notebooks_which_open_it_finished(tmp_p
     calls = []
     monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run(calls))
     monkeypatch.setattr("studylib.data.pipeline.load_data", lambda *a, **k: None)
-    monkeypatch.setattr(sweep, "_steps", lambda spec, datas: 1)
     lines = []
     res = study.run_study("params/t.yaml", root=tmp_path, jobs=1, report=False, progress=False, echo=lines.append)
     assert sorted((m, s) for m, s, *_ in calls) == [("dense", 1), ("dense", 2), ("moe", 1), ("moe", 2)]
@@ -151,63 +150,50 @@ def test_study_trains_the_plan_before_the_notebooks_which_open_it_finished(tmp_p
 def test_fewer_seeds_for_the_comparisons_that_ask_for_them():
     p = load_preset(ROOT / "params" / "ci.yaml", ["seeds=[5,6,7,8]", "study.downstream_seeds=2",
                                                    "study.noise_split={seeds: 3}"])
-    assert plan.first_seeds(p, "downstream_seeds") == [5, 6] == list(downstream.grids(p)[0].seeds)
-    assert plan.first_seeds(p, "comparison_seeds") == [5, 6]  # ci: 2
-    assert plan.first_seeds(load_preset(ROOT / "params" / "cpu_full.yaml"), "downstream_seeds") == \
-        list(load_preset(ROOT / "params" / "cpu_full.yaml").seeds)  # absent: every seed
-    headline = C.study_grids(p, ["03_headline_sweep"])
+    s = C.study_of(p)
+    assert s.leading_seeds(s["downstream"].seeds) == [5, 6] == list(C.study_grids(s, ["10_downstream"])[0].seeds)
+    assert list(C.study_grids(s, ["02_routing_ablation"])[0].seeds) == [5, 6]  # ci: comparison_seeds 2
+    full = C.study_of(load_preset(ROOT / "params" / "cpu_full.yaml"))
+    assert list(C.study_grids(full, ["10_downstream"])[0].seeds) == list(full.preset.seeds)  # absent: every seed
+    headline = C.study_grids(s, ["03_headline_sweep"])
     # the headline over every seed, then the noise split: init only (3 seeds), order only (one grid per data seed)
     assert list(headline[0].seeds) == [5, 6, 7, 8] and list(headline[2].seeds) == [5, 6, 7]
     assert [g.overrides for g in headline[3:]] == [{"train.data_seed": s} for s in (5, 6, 7)]
-    with pytest.raises(ConfigError, match="study.downstream_seeds"):  # refused when the preset loads
-        load_preset(ROOT / "params" / "ci.yaml", ["study.downstream_seeds=1"])
+    with pytest.raises(ConfigError, match="study.downstream_seeds"):  # refused when the study loads the preset
+        C.study_of(load_preset(ROOT / "params" / "ci.yaml", ["study.downstream_seeds=1"]))
 
 
 def test_notebook_04_reads_any_sparse_moe_where_its_runs_are():
     """The default is the reference MoE's headline runs; a router variant of notebook 12 is read at
     study.router_variants_epochs (12's runs), any other MoE at the preset's budget; a model without
     a sparse router is refused with one line naming the routed models."""
-    p = load_preset(ROOT / "params" / "ci.yaml", ["study.router_variants_epochs=0.5"])
-    ref = routing.grid(p)
-    assert ref.models == [plan.reference_moe(p)] and not ref.overrides
-    variant = routing.grid(p, "moe_sigmoid_bias")
-    assert variant.models == ["moe_sigmoid_bias"] and variant.overrides == router_variants.grid(p).overrides
-    paths = [{s: RunDir.variant(p, "moe_sigmoid_bias", s, g.overrides).path for s in g.seeds_of(p)}
-             for g in (variant, router_variants.grid(p))]
+    s = C.study_of(load_preset(ROOT / "params" / "ci.yaml", ["study.router_variants_epochs=0.5"]))
+    p, variants = s.preset, router_variants.grid(s, s["router_variants"])
+    ref = routing.grid(s)
+    assert ref.models == [s.reference_moe] and not ref.overrides
+    variant = routing.grid(s, "moe_sigmoid_bias")
+    assert variant.models == ["moe_sigmoid_bias"] and variant.overrides == variants.overrides
+    paths = [{seed: RunSpec.resolve(p, "moe_sigmoid_bias", seed, g.overrides).run_dir for seed in g.seeds_of(p)}
+             for g in (variant, variants)]
     assert paths[0] == paths[1] and all("max_steps=6" in str(d) for d in paths[0].values())
-    other = routing.grid(p, "moe_top1")  # an ablation MoE: the preset's budget
+    other = routing.grid(s, "moe_top1")  # an ablation MoE: the preset's budget
     assert other.models == ["moe_top1"] and not other.overrides
     # `studylib study --notebooks 04 -p model X` trains X's runs up front, not the reference's
-    assert C.study_grids(p, ["04_routing_diagnostics"], {"04_routing_diagnostics": {"model": "moe_sigmoid_bias"}}) \
+    assert C.study_grids(s, ["04_routing_diagnostics"], {"04_routing_diagnostics": {"model": "moe_sigmoid_bias"}}) \
         == [variant]
-    assert C.study_grids(p, ["04_routing_diagnostics"]) == [ref]
+    assert C.study_grids(s, ["04_routing_diagnostics"]) == [ref]
     with pytest.raises(ConfigError, match=r"'dense_active' is 'dense', not a sparse MoE.*moe_top2_z"):
-        routing.grid(p, "dense_active")
+        routing.grid(s, "dense_active")
     with pytest.raises(ConfigError, match="nope"):
-        routing.grid(p, "nope")
+        routing.grid(s, "nope")
 
 
-def test_each_comparison_names_the_section_it_reads():
-    """One answer to "which knobs does notebook NN have": its comparison's ``section``; every
-    section belongs to exactly one comparison, and each shipped preset gives every comparison its
-    section typed."""
-    from studylib.config import SECTIONS
+def test_each_comparison_owns_its_knobs_and_the_registry_finds_every_package():
+    """One answer to "which knobs does notebook NN have": its comparison's knobs type; every
+    package of studylib/study/comparisons is a comparison, in notebook order."""
+    import pkgutil
 
-    named = [c.section for c in C.COMPARISONS.values() if c.section is not None]
-    assert sorted(named) == sorted(SECTIONS) and len(named) == len(set(named))
-    assert C.comparison("02_routing_ablation").section == "ablation"
-    for name in ("ci", "cpu", "cpu_full", "paper"):
-        p = load_preset(ROOT / "params" / f"{name}.yaml")
-        for c in C.COMPARISONS.values():
-            if c.section is not None:
-                cls = SECTIONS[c.section]
-                knobs = c.knobs(p)
-                if not cls.WHOLE:  # a whole-mapping section (lr_sweep, token_budget) may be absent: None
-                    assert isinstance(knobs, cls), (name, c.name)
-                assert cls.parse(to_dict(p.study), _ctx(p)) == knobs, (name, c.name)
-
-
-def _ctx(p):
-    from studylib.config.sections import Context
-
-    return Context(p.models, lambda m: p.model_config(m).ffn.kind)
+    packages = {m.name for m in pkgutil.iter_modules(C.__path__) if m.ispkg}
+    assert set(C.registry()) == packages
+    assert [c.notebook for c in C.registry().values()] == sorted(c.notebook for c in C.registry().values())
+    assert C.comparison("02_routing_ablation").knobs.keys() == ("ablation", "ablation_epochs")

@@ -23,11 +23,11 @@ from studylib.config import ConfigError, load_preset
 from studylib.run.dirlock import RunDirLocked, dir_lock
 from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
-from studylib.study.orchestration import sweep
+from studylib.study.orchestration import train as sweep
 from studylib.study.orchestration.cluster import SCHEDULER_TIMEOUT_S
 from studylib.study.orchestration.common import ClusterError
 from studylib.study.analysis.frames import runs_frame
-from studylib.study.comparisons import BY_NOTEBOOK, study_grids
+from studylib.study.comparisons import by_notebook, study_grids, study_of
 
 pytestmark = pytest.mark.slow
 
@@ -155,7 +155,7 @@ def _default_sigint() -> None:
 _SWEEP = r"""
 import sys
 from studylib.config import load_preset
-from studylib.study.orchestration import sweep
+from studylib.study.orchestration import train as sweep
 p = load_preset(sys.argv[1], sys.argv[2:])
 sweep.ensure_runs(p, ["dense_active", "moe_top2_z"], [1337], jobs=2, progress=False)
 """
@@ -251,7 +251,7 @@ def dask_dir(tmp_path) -> Path:
 
 
 def _ci_study_runs(p) -> list:
-    return study_grids(p, list(BY_NOTEBOOK))
+    return study_grids(study_of(p), list(by_notebook()))
 
 
 def _all_metrics(out: Path) -> dict:
@@ -458,7 +458,7 @@ def test_a_worker_running_other_code_or_other_threads_is_refused(dask_dir, cache
 _ENSURE = r"""
 import sys
 from studylib.config import load_preset
-from studylib.study.orchestration import sweep
+from studylib.study.orchestration import train as sweep
 p = load_preset(sys.argv[1], sys.argv[3:])
 sweep.ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=sys.argv[2])
 """

@@ -12,7 +12,7 @@ from studylib.config import ConfigError, DataConfig, load_preset
 from studylib.data.split import fingerprint_now
 from studylib.run.provenance import ProvenanceError
 from studylib.study.analysis.frames import runs_frame
-from studylib.study.orchestration import sweep
+from studylib.study.orchestration import train as sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,7 @@ from studylib.config import ConfigError, run_document
 from studylib.run import spec
 from studylib.run.rundir import RunDir, RunDirConflict
 from studylib.study.analysis.frames import runs_frame
-from studylib.study.orchestration import sweep
+from studylib.study.orchestration import train as sweep
 
 
 def _fake_finished_run(preset, model, seed, loss):
@@ -49,15 +49,19 @@ def test_variant_runs_live_apart_and_an_unchanged_identity_reuses_the_base_run(t
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     p = tiny_preset()
     base = RunDir.of(p, "dense", 1).path
-    assert RunDir.variant(p, "dense", 1, {"train.lr": p.train.lr}).path == base  # same identity
-    assert RunDir.variant(p, "dense", 1, {"train.eval_every": p.train.eval_every}).path == base
-    lr = RunDir.variant(p, "dense", 1, {"train.lr": 1e-3, "train.max_steps": 6}).path
+
+    def run_dir(overrides, tag=None):
+        return spec.RunSpec.resolve(p, "dense", 1, overrides, tag).run_dir
+
+    assert run_dir({"train.lr": p.train.lr}) == base  # same identity
+    assert run_dir({"train.eval_every": p.train.eval_every}) == base
+    lr = run_dir({"train.lr": 1e-3, "train.max_steps": 6})
     assert lr == base.parent / "train.lr=0.001,train.max_steps=6" / "seed1"
-    assert RunDir.variant(p, "dense", 1, ["train.max_steps=6", "train.lr=1e-3"]).path.parent.name == \
+    assert run_dir(["train.max_steps=6", "train.lr=1e-3"]).parent.name == \
         "train.lr=0.001,train.max_steps=6"  # the --set form names the same variant
-    assert RunDir.variant(p, "dense", 1, {"train.lr": 1e-3}, tag="lowlr").path == base.parent / "lowlr" / "seed1"
+    assert run_dir({"train.lr": 1e-3}, tag="lowlr") == base.parent / "lowlr" / "seed1"
     with pytest.raises(ConfigError, match="tag"):
-        RunDir.variant(p, "dense", 1, {"train.lr": 1e-3}, tag="a/b")
+        run_dir({"train.lr": 1e-3}, tag="a/b")
 
 
 def test_ensure_runs_trains_a_variant_into_its_own_dir_and_reuses_it(tmp_path, monkeypatch):
@@ -68,7 +72,7 @@ def test_ensure_runs_trains_a_variant_into_its_own_dir_and_reuses_it(tmp_path, m
     over = spec.budget_overrides(p, 0.5)
     assert over == {"train.max_steps": 2} and spec.budget_overrides(p, 1) == {}
     df = runs_frame(sweep.ensure_runs(p, ["dense"], [1], jobs=1, overrides=over, progress=False))
-    rd = RunDir.variant(p, "dense", 1, over)
+    rd = spec.RunSpec.resolve(p, "dense", 1, over).rundir
     assert rd.path != RunDir.of(p, "dense", 1).path and rd.finished()
     assert int(df.loc[0, "steps"]) == 2 and df.loc[0, "best_val_loss"] != 2.0
     assert RunDir.of(p, "dense", 1).summary()["best_val_loss"] == 2.0

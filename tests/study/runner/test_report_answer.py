@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from studylib.study.analysis import budget_fits as bf
-from studylib.study.analysis import budget_map as bm
+from studylib.study.comparisons.token_budget import report as bf
+from studylib.study.comparisons.token_budget import gaps as bm
 from studylib.study.analysis import tables, text
 from studylib.study.runner import report
 

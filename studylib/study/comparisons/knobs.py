@@ -1,0 +1,139 @@
+"""A comparison's knobs, typed: the flat ``study`` keys of a preset that one comparison owns
+(``ablation: [...]``, ``ablation_epochs: 0.25``), declared as the fields of a frozen dataclass
+(:func:`knob`: the flat key, its checker, the default), parsed and checked once when a study loads
+the preset (:func:`studylib.study.comparisons.study_of`), each bad value one
+:class:`~studylib.config.ConfigError` line naming its field (``study.ablation_epochs``).
+
+The general knobs every comparison may read (the headline trio, the reference MoE, the margin,
+...) are :class:`studylib.config.StudyConfig`'s; :class:`Study` holds both.
+"""
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Callable, Mapping, NamedTuple, Optional
+
+from studylib.config import ConfigError, Preset, StudyConfig
+from studylib.config import checks
+
+
+class Context(NamedTuple):
+    """What a knob is checked against: the preset's ``models`` and ``ffn_kind(name)``."""
+
+    models: Mapping
+    ffn_kind: Callable[[str], str]
+
+
+#: a checker ``(value, where, context) -> typed value`` (one ConfigError line naming ``where``)
+Checker = Callable[[Any, str, Context], Any]
+
+
+def knob(key: str, check: Checker, default: Any = None, *, models: bool = False):
+    """A field of a :class:`Knobs` class read from the flat ``study`` key ``key`` by ``check``;
+    absent or null: ``default`` (a dict or list default is copied per instance). ``models``: the
+    key lists model names of the preset (what :meth:`Knobs.model_lists` gives)."""
+    meta = {"key": key, "check": check, "models": models}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# the checkers of the knobs (studylib.config.checks bound to a knob's signature)
+def MODELS(v, where, ctx: Context) -> tuple[str, ...]:
+    return checks.model_names(v, where, ctx.models)
+
+
+def EPOCHS(v, where, ctx) -> float:
+    return checks.epochs(v, where)
+
+
+def SEEDS(v, where, ctx) -> int:
+    return checks.count(v, where)
+
+
+def POSITIVE_INT(v, where, ctx) -> int:
+    return checks.positive_int(v, where)
+
+
+def MAPPING(v, where, ctx) -> dict:
+    return checks.mapping(v, where)
+
+
+def STRINGS(v, where, ctx) -> tuple[str, ...]:
+    return checks.strings(v, where)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The knobs of a comparison (this base: none). A subclass declares each as a field made by
+    :func:`knob`."""
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The flat ``study`` keys this comparison owns."""
+        return tuple(f.metadata["key"] for f in fields(cls))
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: Context) -> "Knobs":
+        """The knobs from the flat ``study`` mapping (only their own keys are read), checked."""
+        return cls(**{f.name: f.metadata["check"](raw[f.metadata["key"]], f"study.{f.metadata['key']}", ctx)
+                      for f in fields(cls) if raw.get(f.metadata["key"]) is not None})
+
+    def model_lists(self) -> dict[str, tuple[str, ...]]:
+        """``{flat key: model names}`` of the knobs that list models (those set)."""
+        return {f.metadata["key"]: getattr(self, f.name) for f in fields(self)
+                if f.metadata["models"] and getattr(self, f.name)}
+
+
+def required(value, key: str, preset: Preset, expected: str):
+    """``value`` (a knob the reader needs); None or empty: one ConfigError line naming ``study.<key>``."""
+    if value is None or (hasattr(value, "__len__") and not len(value)):
+        raise ConfigError(f"study.{key}: missing from preset {preset.name!r}; expected {expected}")
+    return value
+
+
+@dataclass(frozen=True)
+class Study:
+    """A preset's ``study`` section, typed: the general knobs (:attr:`general`, the preset's
+    :class:`~studylib.config.StudyConfig`) and each comparison's :class:`Knobs` (``study[name]``,
+    by comparison or its name), checked once against the preset's models
+    (:func:`studylib.study.comparisons.study_of`)."""
+
+    preset: Preset
+    knobs: Mapping[str, Knobs]
+
+    def __getitem__(self, comparison) -> Knobs:
+        return self.knobs[getattr(comparison, "name", comparison)]
+
+    @property
+    def general(self) -> StudyConfig:
+        return self.preset.study
+
+    @property
+    def headline(self) -> tuple[str, str, str]:
+        """``study.headline`` (dense_active, MoE, dense_total); absent: one ConfigError line."""
+        return required(self.general.headline, "headline", self.preset, "a non-empty list of model names of "
+                                                                        "the preset")
+
+    @property
+    def reference_moe(self) -> str:
+        """``study.reference_moe``, else the headline's MoE (:meth:`StudyConfig.reference`)."""
+        return self.general.reference() or self.headline[1]
+
+    def leading_seeds(self, k: Optional[int]) -> list[int]:
+        """The first ``k`` of the preset's seeds (all of them for None)."""
+        return list(self.preset.seeds if k is None else self.preset.seeds[:k])
+
+    def lists_naming(self, model: str) -> list[str]:
+        """The flat ``study`` keys whose model lists name ``model`` (the headline first)."""
+        out = ["headline"] if model in (self.general.headline or ()) else []
+        return out + [k for knobs in self.knobs.values() for k, v in knobs.model_lists().items() if model in v]
+
+
+def default(cls: type, name: str) -> Any:
+    """The default of field ``name`` of a knobs class (what an absent key reads as)."""
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default if f.default is not MISSING else f.default_factory()
+
+
+__all__ = ["Checker", "Context", "EPOCHS", "Knobs", "MAPPING", "MODELS", "POSITIVE_INT", "SEEDS", "STRINGS",
+           "Study", "default", "knob", "required"]

@@ -1,0 +1,83 @@
+"""Notebook 09, the token-budget map: every trio of ``study.token_budget`` (:mod:`.knobs`) at each
+of its budgets, one grid per trio x budget (trio order, then epochs); the map's points and
+families (:mod:`.gaps`), its checks (:mod:`.checks`), the fits (:mod:`.fits`, :mod:`.loss_law`,
+:mod:`.report`) and figures (:mod:`.plots`). What it adds to the report's answer: each gap's points
+by verdict, the fits' sentences and the map's figures."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from studylib.study.comparisons.base import Answer, Comparison, Runs
+from studylib.study.comparisons.knobs import Study
+from studylib.study.comparisons.token_budget import gaps
+from studylib.study.comparisons.token_budget.knobs import TokenBudgetKnobs, TrioConfig
+from studylib.study.orchestration.plan import Grid
+
+#: the table (and figure) notebook 09 writes for the report's answer
+MAP = "token_budget_gaps"
+#: its fits' tables, in the order :func:`.report.fit_sentences` reads them
+FITS = ("fit", "crossing", "loo", "loss_law", "extrapolation")
+
+
+def budget_grids(trios: Sequence[TrioConfig], seeds: Sequence[int], budget_map: dict) -> list[Grid]:
+    """One :class:`~studylib.study.orchestration.plan.Grid` per trio x budget (trio order, then epochs)."""
+    return [Grid(list(t.models), t.seeds_of(seeds), budget_map[e]) for t in trios for e in t.epochs]
+
+
+def grids(study: Study, knobs: TokenBudgetKnobs) -> list[Grid]:
+    trios = gaps.budget_trios(study.preset, knobs)
+    return budget_grids(trios, study.preset.seeds, gaps.budgets(study.preset, trios))
+
+
+def summaries(runs: Runs, trios: Sequence[TrioConfig]) -> pd.DataFrame:
+    """Summaries (``runs_frame`` rows plus ``size``, ``epochs``, ``train_targets``) of every
+    trio x budget x seed of :func:`grids`."""
+    cells = [(t, e) for t in trios for e in t.epochs]
+    return pd.concat([gaps.budget_columns(runs.frame(i), t, e) for i, (t, e) in enumerate(cells)], ignore_index=True)
+
+
+def cell_metrics(runs: Runs, trios: Sequence[TrioConfig]) -> dict:
+    """``{(size, epochs): the eval records of that trio x budget's runs}`` (grid order)."""
+    cells = [(t.size, e) for t in trios for e in t.epochs]
+    return {cell: runs.metrics(i) for i, cell in enumerate(cells)}
+
+
+LIMITS = ("The map's points are few sizes and budgets with a handful of seeds each; the gap model is a plane in "
+          "log tokens/param and log size, and its crossing line is where that plane is zero. Nothing here is "
+          "measured at the paper's scale (the fits' predictions there are extrapolations, compared in sign and "
+          "ordering only); only the `paper` preset on a GPU measures its regime.")
+
+
+def _table(out_dir: Path, name: str):
+    path = out_dir / "tables" / f"{name}.csv"
+    return pd.read_csv(path) if path.is_file() else None
+
+
+def map_sentences(out_dir: Path, table: pd.DataFrame) -> list[str]:
+    """The map's sentences, notebook 09's words rebuilt from its tables: each gap's points by
+    verdict, the fits (when their tables exist) and the paper's range."""
+    from studylib.study.comparisons.token_budget import report
+
+    out = [gaps.point_sentences(table, gap) for gap in gaps.GAPS]
+    fits = [_table(out_dir, f"token_budget_{n}") for n in FITS]
+    if all(f is not None for f in fits):
+        out += report.fit_sentences(*fits, loss_loo=_table(out_dir, "token_budget_loss_loo"))
+    return out + [gaps.paper_sentence(table)]
+
+
+def answer(out_dir: Path) -> Answer:
+    table = _table(out_dir, MAP)
+    if table is None or not len(table):
+        return Answer(f"**The token-budget map.** Not computed: no `tables/{MAP}.csv` "
+                      "(notebook 09 did not run in this study).", limits=(LIMITS,))
+    figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (MAP, "token_budget_crossing"))
+                    if p.is_file())
+    return Answer("**The token-budget map (notebook 09).**\n\n" + "\n".join(f"* {s}" for s in
+                                                                          map_sentences(out_dir, table)),
+                  figures, (LIMITS,))
+
+
+COMPARISON = Comparison("token_budget", "09_token_budget", TokenBudgetKnobs, grids, answer=answer)

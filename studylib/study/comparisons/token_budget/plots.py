@@ -1,0 +1,110 @@
+"""The figure of notebook 09 (issue #11): both headline gaps against tokens per active parameter.
+
+Saved through :func:`studylib.study.analysis.plots.save_figure` (``<outdir>/figures/<name>.png``), in the
+look :func:`studylib.study.analysis.plots.setup` gives every figure.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.lines import Line2D
+
+from studylib.study.analysis.plots import save_figure
+from studylib.study.comparisons.token_budget.gaps import GAPS, PAPER_POINT
+
+TITLES = {"active": "matched active: dense_active - MoE", "total": "matched total: dense_total - MoE"}
+
+
+def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, paper_point: dict = PAPER_POINT,
+            title: str = "Gaps against tokens per active parameter", outdir=None,
+            name: str = "token_budget_gaps", models: Optional[Mapping] = None) -> plt.Figure:
+    """Two panels (matched active, matched total) of a :func:`studylib.study.comparisons.token_budget.gaps.gap_table`:
+    per model size the mean gap against tokens per active parameter (log x) with its 95% CI as a
+    band and as a bar at each point (paired t over seeds); hollow markers for budgets that pass over the data more than once; the
+    paper's headline point (star) and, given ``paper_table``, the ``paper`` preset's own points
+    (diamonds with their CIs). Given ``models`` (``{gap: GapModel}``,
+    :func:`studylib.study.comparisons.token_budget.report.gap_models`), each size's fitted line (dashed) over
+    the measured tokens/param range. Above zero: the MoE is better."""
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.3), sharex=True)
+    colors = sns.color_palette()
+    sizes = list(dict.fromkeys(table["size"]))
+    for ax, gap in zip(axes, GAPS):
+        for i, size in enumerate(sizes):
+            d = table[table["size"] == size].sort_values("tokens_per_param")
+            c = colors[i % len(colors)]
+            x = d["tokens_per_param"]
+            ax.plot(x, d[f"{gap}_mean"], color=c, lw=1.5, label=d["size_label"].iloc[0])
+            ax.fill_between(x, d[f"{gap}_ci_low"], d[f"{gap}_ci_high"], color=c, alpha=0.2, lw=0)
+            # the same CI as a bar at every point: a size with one budget has no band
+            ax.errorbar(x, d[f"{gap}_mean"], yerr=[d[f"{gap}_mean"] - d[f"{gap}_ci_low"],
+                                                   d[f"{gap}_ci_high"] - d[f"{gap}_mean"]],
+                        fmt="none", ecolor=c, elinewidth=1.2, capsize=3)
+            if models is not None and gap in models:
+                n = float(d["moe_active"].iloc[0])
+                grid = np.logspace(np.log10(table["tokens_per_param"].min()), np.log10(table["tokens_per_param"].max()), 50)
+                ax.plot(grid, models[gap].predict(np.full_like(grid, n), grid)["gap"], color=c, lw=1, ls="--")
+            for rep, face in ((False, c), (True, "white")):
+                r = d[d["repeats"] == rep]
+                ax.scatter(r["tokens_per_param"], r[f"{gap}_mean"], s=36, facecolors=face, edgecolors=c,
+                           linewidths=1.5, zorder=3)
+        if paper_table is not None and len(paper_table):
+            p = paper_table.sort_values("tokens_per_param")
+            ax.errorbar(p["tokens_per_param"], p[f"{gap}_mean"],
+                        yerr=[p[f"{gap}_mean"] - p[f"{gap}_ci_low"], p[f"{gap}_ci_high"] - p[f"{gap}_mean"]],
+                        fmt="D", color="0.25", ms=5, capsize=3, label="paper preset (own runs, 95% CI)")
+        ax.scatter([paper_point["tokens_per_param"]], [paper_point[gap]], marker="*", s=160, color="black",
+                   zorder=4, label=f"paper headline ({paper_point['tokens_per_param']:.1f} tok/param)")
+        ax.axhline(0.0, color="0.4", lw=1, ls="--")
+        ax.set_xscale("log")
+        ax.set(title=TITLES[gap], xlabel="target tokens per active parameter (MoE)",
+               ylabel="gap in best val loss (nats; > 0: MoE better)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if models is not None:
+        handles.append(Line2D([], [], color="0.3", lw=1, ls="--"))
+        labels.append("gap model (fitted over every point)")
+    if table["repeats"].any():
+        handles.append(Line2D([], [], ls="", marker="o", mfc="white", mec="0.3", mew=1.5))
+        labels.append("> 1 pass over the data (repeated windows)")
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False, fontsize=9)
+    fig.suptitle(f"{title} (mean, 95% CI band over seeds)")
+    fig.tight_layout()
+    save_figure(fig, name, outdir)
+    return fig
+
+
+def crossing_line(crossing: pd.DataFrame, table: pd.DataFrame, title: str = "Where each fitted gap is zero",
+                  outdir=None, name: str = "token_budget_crossing") -> plt.Figure:
+    """Two panels (matched active, matched total) of
+    :func:`studylib.study.comparisons.token_budget.report.crossing_table`: the fitted gap's zero as a line in
+    (tokens per active parameter, model size), with the band where its bootstrap 95% interval
+    includes zero, and the measured map points (filled: the MoE's mean is better there)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.0), sharey=True)
+    for ax, gap in zip(axes, GAPS):
+        c = crossing[crossing["gap"] == gap].sort_values("params") if len(crossing) else crossing
+        if len(c):
+            ax.fill_betweenx(c["params"], c["low"], c["high"], color="C0", alpha=0.2, lw=0,
+                             label="band: the gap's 95% interval includes zero")
+            ax.plot(c["tokens_per_param"], c["params"], color="C0", lw=1.8, label="fitted gap = 0")
+        if f"{gap}_mean" in table:
+            better = table[f"{gap}_mean"] > 0
+            for flag, face, lab in ((True, "C1", "MoE better (mean)"), (False, "white", "dense better (mean)")):
+                r = table[better == flag]
+                ax.scatter(r["tokens_per_param"], r["moe_active"], s=40, facecolors=face, edgecolors="C1",
+                           linewidths=1.5, zorder=3, label=lab)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set(title=TITLES[gap], xlabel="target tokens per active parameter (MoE)",
+               ylabel="MoE active parameters")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False, fontsize=9)
+    fig.suptitle(f"{title} (gap model; measured map points as markers)")
+    fig.tight_layout()
+    save_figure(fig, name, outdir)
+    return fig
+
+
+__all__ = ["gap_map", "crossing_line"]

@@ -1,0 +1,141 @@
+"""The fits over the token-budget map as notebook 09 shows them (studylib.study.analysis.budget_fits):
+coefficients recovered from a known plane with Holm over each gap's slopes (against statsmodels),
+what moves a gap, a size the grid cannot identify, the crossing line at the measured sizes, the
+loss frame's roles, and the extrapolation's sign comparison."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from studylib.study.comparisons.token_budget import report as bf
+from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_TOKENS_PER_PARAM
+
+SIZES = {"s": 1e4, "m": 3e4, "l": 1e5}
+
+
+def _per_seed(b_tok: float, b_size: float, b0: float = 0.01, sizes=SIZES, tpps=(1.0, 3.0, 10.0), seeds=4,
+              noise=0.002, seed=0) -> pd.DataFrame:
+    """Per-seed gaps ``b0 + b_tok log10(x / 3) + b_size log10(n / 3e4) + noise`` on a grid."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for gap in ("active", "total"):
+        for size, n in sizes.items():
+            for x in tpps:
+                for s in range(seeds):
+                    v = b0 + b_tok * math.log10(x / 3) + b_size * math.log10(n / 3e4) + rng.normal(0, noise)
+                    rows.append({"size": size, "gap": gap, "seed": s, "tokens": x * n, "tokens_per_param": x,
+                                 "value": v if gap == "active" else -v})
+    return pd.DataFrame(rows)
+
+
+def test_the_coefficients_of_a_known_plane_and_holm_over_each_gaps_slopes():
+    multitest = pytest.importorskip("statsmodels.stats.multitest")
+    coefs = bf.coefficient_table(bf.gap_models(_per_seed(0.02, 0.0), n_boot=1000))
+    a = coefs[coefs["gap"] == "active"].set_index("term")
+    assert a.loc["tokens_per_param", "estimate"] == pytest.approx(0.02, abs=0.002)
+    assert a.loc["size", "estimate"] == pytest.approx(0.0, abs=0.002)
+    assert a.loc["tokens_per_param", "verdict"] == "positive" and a.loc["size", "verdict"] == "not resolved"
+    slopes = a.loc[["tokens_per_param", "size", "interaction"]]
+    assert slopes["p_holm"].tolist() == pytest.approx(
+        multitest.multipletests(slopes["p_boot"], method="holm")[1].tolist())
+    t = coefs[coefs["gap"] == "total"].set_index("term")
+    assert t.loc["tokens_per_param", "verdict"] == "negative"  # the same plane, negated
+    assert bf.what_moves(coefs, "active") == "What moves the matched-active gap: tokens per parameter moves it."
+
+
+def test_both_or_neither_move_a_gap():
+    both = bf.coefficient_table(bf.gap_models(_per_seed(0.02, 0.03), n_boot=500))
+    assert bf.what_moves(both, "total") == ("What moves the matched-total gap: both tokens per parameter and model "
+                                            "size move it.")
+    flat = bf.coefficient_table(bf.gap_models(_per_seed(0.0, 0.0, noise=0.02), n_boot=500))
+    assert "neither coefficient is resolved" in bf.what_moves(flat, "active")
+
+
+def test_one_size_leaves_the_size_coefficient_not_identified_in_words():
+    coefs = bf.coefficient_table(bf.gap_models(_per_seed(0.02, 0.0, sizes={"s": 1e4}), n_boot=200))
+    assert bf.what_moves(coefs, "active").endswith("; model size not identified by this grid.")
+    row = coefs[(coefs["gap"] == "active") & (coefs["term"] == "size")].iloc[0]
+    assert row["verdict"] == "not identified" and math.isnan(row["estimate"])
+
+
+def test_the_crossing_line_holds_each_measured_size_once_and_the_fitted_zero():
+    # gap = 0.01 + 0.02 log10(x / 3): zero at x = 3 * 10**-0.5 ~ 0.949 at every size
+    models = bf.gap_models(_per_seed(0.02, 0.0, noise=0.0001), n_boot=200)
+    c = bf.crossing_table(models)
+    m = c[(c["gap"] == "active") & c["measured_size"]]
+    assert sorted(m["params"]) == pytest.approx(sorted(SIZES.values()))
+    assert m["tokens_per_param"].to_numpy() == pytest.approx(3 * 10 ** -0.5, rel=0.03)
+    assert m["extrapolated"].all()  # 0.95 lies below the measured 1-10 tokens/param
+    assert (~c["measured_size"]).sum() == 2 * 7  # the 9-point line's inner sizes, per gap
+
+
+def test_the_extrapolation_compares_signs_with_the_paper():
+    models = bf.gap_models(_per_seed(0.02, 0.0, noise=0.0005), n_boot=200)
+    ex = bf.extrapolation_table(models, {})
+    g = ex.set_index("what")
+    assert (ex["kind"] == "gap").all() and g["extrapolated"].all()
+    assert (g["params"] == PAPER_ACTIVE_PARAMS).all()
+    # 0.01 + 0.02 log10(28.9 / 3) > 0: the MoE better at matched active, as the paper; the
+    # matched-total plane is the negation, the paper's sign there too (-0.018)
+    assert g.loc["active", "predicted"] == pytest.approx(0.01 + 0.02 * math.log10(PAPER_TOKENS_PER_PARAM / 3),
+                                                         abs=0.002)
+    words = bf.fit_sentences(bf.coefficient_table(models), bf.crossing_table(models), pd.DataFrame(),
+                             pd.DataFrame(columns=["role"]), ex)
+    assert sum("the same sign as the paper's" in w for w in words) == 2
+
+
+def test_the_loss_frame_gives_each_run_its_role_and_active_parameters():
+    from _tiny import tiny_preset
+    from studylib.study.comparisons.token_budget.knobs import TrioConfig
+
+    p = tiny_preset(models={"dense2": {"ffn": {"kind": "dense", "hidden": 96}}})
+    trio = TrioConfig(("dense", "moe", "dense2"), (1.0,))
+    summ = pd.DataFrame([{"model": m, "seed": 1, "size": "moe", "tokens": 500.0, "best_val_loss": 3.0 + i}
+                         for i, m in enumerate(trio.models)])
+    f = bf.loss_frame(p, [trio], summ)
+    assert f["role"].tolist() == ["dense_active", "moe", "dense_total"]
+    assert f["params"].tolist() == [p.model_config(m).num_params.active for m in trio.models]
+    assert f["value"].tolist() == [3.0, 4.0, 5.0]
+
+
+def _law_losses(sizes=(1e5, 3e5, 1e6), tpps=(1.0, 3.5, 10.0), seeds=3, sd=0.003, seed=0) -> pd.DataFrame:
+    """Per-seed losses of one role from L = 1.8 + 50/N^0.35 + 30/D^0.3 with multiplicative noise."""
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame([{"role": "moe", "model": "m", "size": f"{n:g}", "seed": s, "params": n, "tokens": t * n,
+                          "value": (1.8 + 50 / n ** 0.35 + 30 / (t * n) ** 0.3) * math.exp(rng.normal(0, sd))}
+                         for n in sizes for t in tpps for s in range(seeds)])
+
+
+def test_each_point_left_out_of_the_loss_law_is_predicted_or_said_unchecked():
+    from studylib.study.comparisons.token_budget import loss_law as LL
+
+    losses = _law_losses()
+    laws = {"moe": LL.loss_law(losses, n_boot=20)}
+    loo = bf.loss_loo_table(losses, laws, n_boot=20)
+    assert len(loo) == 9 and set(zip(loo["params"], loo["tokens"])) == set(zip(losses["params"], losses["tokens"]))
+    # a refit on 8 of 9 points of a 3 x 3 grid still identifies the law; its predictions cover the truth's means
+    assert loo["checked"].all() and loo["inside"].mean() >= 0.75
+    # a point moved off the law is outside its interval
+    off = losses.copy()
+    off.loc[(off["params"] == 3e5) & (off["tokens"] == 3.5 * 3e5), "value"] *= 1.05
+    out = bf.loss_loo_table(off, {"moe": LL.loss_law(off, n_boot=20)}, n_boot=20).set_index(["params", "tokens"])
+    assert not out.loc[(3e5, 3.5 * 3e5), "inside"]
+    words = bf.fit_sentences(pd.DataFrame(columns=["gap"]), pd.DataFrame(), pd.DataFrame(),
+                             bf.loss_law_table(laws), pd.DataFrame(columns=["kind"]), loo)
+    assert f"Left out one at a time, {int(loo['inside'].sum())} of 9 checked points" in words[0]
+
+
+def test_a_law_that_leaves_a_parameter_unidentified_is_not_refitted():
+    from studylib.study.comparisons.token_budget import loss_law as LL
+
+    one = _law_losses(sizes=(3e5,), tpps=(1.0, 3.5, 10.0, 28.9))
+    laws = {"moe": LL.loss_law(one, n_boot=10)}
+    loo = bf.loss_loo_table(one, laws)
+    assert len(loo) == 4 and not loo["checked"].any() and loo["predicted"].isna().all()
+    assert loo["not_identified"].eq("E, A, alpha").all() and loo["note"].str.contains("not refitted").all()
+    words = bf.fit_sentences(pd.DataFrame(columns=["gap"]), pd.DataFrame(), pd.DataFrame(),
+                             bf.loss_law_table(laws), pd.DataFrame(columns=["kind"]), loo)
+    assert "no point can be checked (not refitted: on every point the law leaves E, A, alpha not identified)" in words[0]
