@@ -67,6 +67,19 @@ def test_bad_set_value_and_derive_cycle(box, capsys):
     assert "cycle" in line and "dense_active -> dense_total -> dense_active" in line
 
 
+@pytest.mark.parametrize("argv", [
+    ["train", "--params", CI, "--model", "dense_active"],
+    ["budget", CI],
+    ["prepare-data", "--params", CI],
+])
+def test_a_key_set_twice_is_refused_naming_both_values(box, capsys, argv):
+    """It trained with the last value (exit 0); the same key twice in a preset file is refused too."""
+    line = _call(argv + ["--set", "train.lr=0.002", "--set", "train.max_steps=3", "--set", " train.lr=0.004"],
+                 capsys, box)
+    assert line == ("error: --set train.lr: given twice ('train.lr=0.002' and ' train.lr=0.004'); "
+                    "give each key once"), line
+
+
 @pytest.mark.parametrize("value", ["0", "48", "32"])
 def test_set_on_a_shared_model_field_no_model_uses_is_refused(box, capsys, value):
     """Every ci model sets its own d_model or derives it: model.d_model changed nothing, not even
