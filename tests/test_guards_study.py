@@ -109,3 +109,13 @@ def test_a_finished_run_with_a_damaged_metrics_file_stops_the_study_before_anyth
     assert [p.parent.relative_to(box / "out") for p in (box / "out").rglob("config.yaml")] == \
         [run.relative_to(box / "out")]  # no other run started
     assert not list((box / "out").rglob("*.ipynb"))
+
+
+@pytest.mark.parametrize("notebook, name, value", [("04", "model", "5"), ("08", "run", "[a, b]"), ("08", "prompt", "5")])
+def test_a_notebook_parameter_of_the_wrong_type_is_one_line_before_anything_trains(box, capsys, notebook, name, value):
+    """-p run 5 trained notebook 08's default run, then failed in the notebook (exit 1)."""
+    rc, errors, err = _errors(["study", "--params", CI, "--notebooks", notebook, "-p", name, value, "--no-report",
+                               "--no-progress"], capsys)
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert re.match(rf"error: {name}: expected a string or None, got ", errors[0]), errors
+    assert not (box / "out").exists() and not (box / "cache").exists()

@@ -50,7 +50,7 @@ from studylib.config import ConfigError, load_preset
 from studylib.run.layout import outputs_root
 from studylib.run.tensorboard import after_runs
 from studylib.study.runner.execute import StudyError, execute_all, notebook_parameters, run_alone
-from studylib.study.runner.parameters import apply_parameters, check_plan_size
+from studylib.study.runner.parameters import apply_parameters, check_notebook, check_parameters, check_plan_size
 from studylib.study.runner.report import write_report
 from studylib.study.orchestration.sweep import SCHEDULER_ENV, available_cores, default_jobs, scheduler_address
 
@@ -108,6 +108,7 @@ def notebook_context(params: str, jobs: Optional[int] = None, seeds=None, overri
     from studylib.study.analysis import plots  # matplotlib / seaborn: only once a notebook runs
 
     root = repo_root()
+    check_notebook(root, params, jobs, seeds, overrides)  # an unknown injected name, a wrong type: nothing done yet
     path = root / params  # an absolute ``params`` stays as it is
     base = load_preset(path)
     preset, ov = apply_parameters(base, seeds, overrides)
@@ -138,6 +139,7 @@ def open_comparison(name: str, params: str, jobs: Optional[int] = None, seeds=No
     found = comparison(name)
     ctx = notebook_context(params, jobs, seeds, overrides)
     ctx.comparison = found
+    check_parameters(parameters)  # the notebook's own, e.g. model (in JupyterLab too)
     check_plan_size(ctx.preset, found.plan(ctx.preset, parameters), f"notebook {found.notebook}")
     return ctx, found.train(ctx.preset, jobs=ctx.jobs, parameters=parameters)
 
@@ -167,6 +169,7 @@ def _check_parameters(nbs: Sequence[Path], parameters: Mapping[str, Any], jobs) 
     unknown = sorted(set(parameters) - set(allowed))
     if unknown:
         raise ConfigError(f"-p {unknown[0]}: not a parameter of the selected notebooks; allowed: {allowed}")
+    check_parameters({k: v for k, v in parameters.items() if k != "jobs"})  # e.g. -p model 5: before anything trains
     if "jobs" in parameters:
         pj = parameters.pop("jobs")
         if jobs is not None and pj != jobs:
