@@ -278,3 +278,36 @@ def test_a_command_imports_only_its_own_module():
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]", out
+
+
+# ---- help texts ---------------------------------------------------------------------------------------
+def _help_texts(parser, name="python -m studylib") -> dict:
+    """{command path: its --help text} of ``parser`` and every sub-command below it."""
+    import argparse
+
+    out = {name: parser.format_help()}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, p in action.choices.items():
+                out.update(_help_texts(p, f"{name} {sub}"))
+    return out
+
+
+def test_every_preset_file_the_help_texts_cite_exists():
+    """`train --help` cited params/tiny.yaml, which does not exist (issue #41)."""
+    import argparse
+    import importlib
+
+    from studylib.cli import COMMANDS, Parser
+
+    texts = {}
+    for name, (mod, _) in COMMANDS.items():
+        p = Parser(prog=f"python -m studylib {name}", formatter_class=argparse.HelpFormatter)
+        importlib.import_module(mod).add_cli(p)
+        texts.update(_help_texts(p, f"python -m studylib {name}"))
+    cited = {(cmd, m) for cmd, text in texts.items()
+             for m in re.findall(r"params/[\w.-]+\.ya?ml", " ".join(text.split()))}
+    assert ("python -m studylib train", "params/ci.yaml") in cited, sorted(cited)
+    assert len(texts) > len(COMMANDS)  # bench's sub-commands too
+    missing = sorted((cmd, m) for cmd, m in cited if not (ROOT / m).is_file())
+    assert not missing, missing
