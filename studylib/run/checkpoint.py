@@ -230,11 +230,15 @@ def _read(path: Path, map_location: Any, mmap: bool = False) -> dict:
             warnings.filterwarnings("ignore", message=".*pickle protocol", category=UserWarning)
             state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # truncated zip, foreign pickle, not a torch file, ...
-        if "Weights only load failed" in str(e):  # torch's text advises the unsafe weights_only=False
-            raise CheckpointError(f"{path}: refused to execute code from this file: it holds pickled Python "
-                                  f"objects ({_refused_detail(str(e))}), and a studylib checkpoint holds only "
-                                  "tensors and plain values; not loaded (a foreign or tampered file)") from None
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "Weights only load failed" in str(e):  # torch's text advises the unsafe weights_only=False
+            named = re.search(r"GLOBAL ([\w.]+)", str(e))
+            if named:
+                raise CheckpointError(f"{path}: refused to execute code from this file: it names the Python "
+                                      f"global {named.group(1)}, and a studylib checkpoint holds only tensors and "
+                                      "plain values; not loaded (a foreign or tampered file)") from None
+            found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.\s|\n\n|$)", str(e), re.S)
+            reason = "the safe loader refused it" + (f" ({' '.join(found.group(1).split())})" if found else "")
         raise CheckpointError(f"{path}: not a readable studylib checkpoint (truncated, corrupt or "
                               f"foreign file): {type(e).__name__}: {reason[:300]}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -247,16 +251,6 @@ def _read(path: Path, map_location: Any, mmap: bool = False) -> dict:
         raise CheckpointError(f"{path}: its SHA-256 digest trailer is missing or unreadable, the "
                               f"file is damaged (a version-2 checkpoint ends with one)")
     return state
-
-
-def _refused_detail(message: str) -> str:
-    """What torch's weights-only unpickler refused (e.g. "global posix.system", "Unsupported operand
-    149"), without the advice around it."""
-    named = re.search(r"GLOBAL ([\w.]+)", message)
-    if named:
-        return f"global {named.group(1)}"
-    found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.\s|\n\n|$)", message, re.S)
-    return " ".join(found.group(1).split())[:200] if found else "what the safe loader does not allow"
 
 
 def load(path: str | os.PathLike, *, map_location: Any = "cpu", expect_hash: Optional[str] = None,

@@ -97,12 +97,14 @@ class _Payload:
         return os.system, (f"touch {self.marker}",)
 
 
-@pytest.mark.parametrize("kind, detail", [
-    ("code", r"global (posix|os|nt)\.system"),
-    ("object", r"global zipfile\.ZipInfo"),
-    ("protocol4", r"Unsupported operand 149"),
+@pytest.mark.parametrize("kind, line", [
+    ("code", r"refused to execute code from this file: it names the Python global (posix|os|nt)\.system, and a "
+             r"studylib checkpoint holds only tensors and plain values; not loaded \(a foreign or tampered file\)"),
+    ("object", r"refused to execute code from this file: it names the Python global zipfile\.ZipInfo, "),
+    ("protocol4", r"not a readable studylib checkpoint \(truncated, corrupt or foreign file\): UnpicklingError: "
+                  r"the safe loader refused it \(Unsupported operand 149\)$"),
 ])
-def test_a_refused_pickle_says_so_without_advising_the_unsafe_setting(tmp_path, kind, detail):
+def test_a_refused_pickle_says_so_without_advising_the_unsafe_setting(tmp_path, kind, line):
     """Its line was torch's: "Re-running torch.load with weights_only set to False will likely
     succeed" (issue #41): the setting that would run the code."""
     p = tmp_path / "latest.pt"
@@ -116,11 +118,9 @@ def test_a_refused_pickle_says_so_without_advising_the_unsafe_setting(tmp_path, 
             pickle.dump({"model": {}}, f, protocol=4)
     with pytest.raises(C.CheckpointError) as e:
         C.load(p)
-    line = str(e.value)
-    assert re.fullmatch(rf"{re.escape(str(p))}: refused to execute code from this file: it holds pickled Python "
-                        rf"objects \({detail}\), and a studylib checkpoint holds only tensors and plain values; not "
-                        r"loaded \(a foreign or tampered file\)", line), line
-    assert "weights_only" not in line and "False" not in line and "\n" not in line
+    got = str(e.value)
+    assert re.match(rf"{re.escape(str(p))}: {line}", got), got
+    assert "weights_only" not in got and "False" not in got and "\n" not in got
     assert not marker.exists()
 
 
