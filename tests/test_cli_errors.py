@@ -67,6 +67,19 @@ def test_bad_set_value_and_derive_cycle(box, capsys):
     assert "cycle" in line and "dense_active -> dense_total -> dense_active" in line
 
 
+@pytest.mark.parametrize("argv", [
+    ["train", "--params", CI, "--model", "dense_active"],
+    ["budget", CI],
+    ["prepare-data", "--params", CI],
+])
+def test_a_key_set_twice_is_refused_naming_both_values(box, capsys, argv):
+    """It trained with the last value (exit 0); the same key twice in a preset file is refused too."""
+    line = _call(argv + ["--set", "train.lr=0.002", "--set", "train.max_steps=3", "--set", " train.lr=0.004"],
+                 capsys, box)
+    assert line == ("error: --set train.lr: given twice ('train.lr=0.002' and ' train.lr=0.004'); "
+                    "give each key once"), line
+
+
 @pytest.mark.parametrize("value", ["0", "48", "32"])
 def test_set_on_a_shared_model_field_no_model_uses_is_refused(box, capsys, value):
     """Every ci model sets its own d_model or derives it: model.d_model changed nothing, not even
@@ -261,7 +274,40 @@ def test_a_command_imports_only_its_own_module():
     other commands' modules (pandas, scipy, the bench: seconds per run)."""
     code = ("import sys\nfrom studylib.cli import main\n"
             "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('pandas', 'scipy', 'studylib.study.orchestration.sweep', 'studylib.tools.bench')"
+            "print(sorted(m for m in ('pandas', 'scipy', 'studylib.study.orchestration.train', 'studylib.tools.bench')"
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]", out
+
+
+# ---- help texts ---------------------------------------------------------------------------------------
+def _help_texts(parser, name="python -m studylib") -> dict:
+    """{command path: its --help text} of ``parser`` and every sub-command below it."""
+    import argparse
+
+    out = {name: parser.format_help()}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, p in action.choices.items():
+                out.update(_help_texts(p, f"{name} {sub}"))
+    return out
+
+
+def test_every_preset_file_the_help_texts_cite_exists():
+    """`train --help` cited params/tiny.yaml, which does not exist (issue #41)."""
+    import argparse
+    import importlib
+
+    from studylib.cli import COMMANDS, Parser
+
+    texts = {}
+    for name, (mod, _) in COMMANDS.items():
+        p = Parser(prog=f"python -m studylib {name}", formatter_class=argparse.HelpFormatter)
+        importlib.import_module(mod).add_cli(p)
+        texts.update(_help_texts(p, f"python -m studylib {name}"))
+    cited = {(cmd, m) for cmd, text in texts.items()
+             for m in re.findall(r"params/[\w.-]+\.ya?ml", " ".join(text.split()))}
+    assert ("python -m studylib train", "params/ci.yaml") in cited, sorted(cited)
+    assert len(texts) > len(COMMANDS)  # bench's sub-commands too
+    missing = sorted((cmd, m) for cmd, m in cited if not (ROOT / m).is_file())
+    assert not missing, missing

@@ -87,3 +87,44 @@ def test_study_with_seeds_that_give_too_many_runs_is_one_line_before_anything_is
     # the same seeds on a notebook that trains nothing are fine: the limit is on runs
     q, _ = apply_parameters(load_preset(CI), f"1-{MAX_RUNS}")
     assert check_plan_size(q, _grids(q, "01_budget_matching"), "notebook 01") == 0
+
+
+# ---- a finished run's damaged metrics.jsonl (issue #41) ------------------------------------------
+def _nan_loss(lines: list[str]) -> tuple[list[str], str]:
+    at = next(i for i, line in enumerate(lines) if '"kind": "eval"' in line)
+    lines[at] = re.sub(r'"val_loss": [^,]+', '"val_loss": NaN', lines[at])
+    return lines, rf"line {at + 1}: val_loss is nan; expected a finite number"
+
+
+def _not_json(lines: list[str]) -> tuple[list[str], str]:
+    return lines[:2] + ["this is not json {\n"] + lines[2:], r"line 3 is not JSON \(Expecting value"
+
+
+@pytest.mark.parametrize("damage", [_nan_loss, _not_json])
+def test_a_finished_run_with_a_damaged_metrics_file_stops_the_study_before_anything_trains(box, capsys, monkeypatch,
+                                                                                            damage):
+    """It exited 0: the bad line dropped silently, the NaN kept in the curves."""
+    monkeypatch.setenv("STUDYLIB_DATA_DIR", str(require_subset()))
+    assert main(["train", "--params", CI, "--model", "moe_top2_z", "--seed", "1338"]) == 0
+    run = box / "out" / "ci" / "runs" / "moe_top2_z" / "seed1338"
+    metrics = run / "metrics.jsonl"
+    lines, match = damage(metrics.read_text().splitlines(keepends=True))
+    metrics.write_text("".join(lines))
+    capsys.readouterr()
+    rc, errors, err = _errors(["study", "--params", CI, "--notebooks", "04", "03", "--no-report", "--no-progress",
+                               "--jobs", "1"], capsys)
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert re.match(rf"error: {re.escape(str(metrics))}: {match}", errors[0]), errors
+    assert [p.parent.relative_to(box / "out") for p in (box / "out").rglob("config.yaml")] == \
+        [run.relative_to(box / "out")]  # no other run started
+    assert not list((box / "out").rglob("*.ipynb"))
+
+
+@pytest.mark.parametrize("notebook, name, value", [("04", "model", "5"), ("08", "run", "[a, b]"), ("08", "prompt", "5")])
+def test_a_notebook_parameter_of_the_wrong_type_is_one_line_before_anything_trains(box, capsys, notebook, name, value):
+    """-p run 5 trained notebook 08's default run, then failed in the notebook (exit 1)."""
+    rc, errors, err = _errors(["study", "--params", CI, "--notebooks", notebook, "-p", name, value, "--no-report",
+                               "--no-progress"], capsys)
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert re.match(rf"error: {name}: expected a string or None, got ", errors[0]), errors
+    assert not (box / "out").exists() and not (box / "cache").exists()

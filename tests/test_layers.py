@@ -102,7 +102,7 @@ def test_the_checker_finds_hidden_and_relative_upward_edges(tmp_path):
                    "def g():\n    from ..study import frames\n    return frames\n")
     assert [u.split(":")[0] for u in _upward(src, "studylib.nn.probe")] == ["line 3", "line 6"]
     assert _upward(src, "studylib.tools.probe") == []
-    src.write_text("from studylib.study.orchestration import sweep\n")  # a part of study/ above
+    src.write_text("from studylib.study.orchestration import train\n")  # a part of study/ above
     assert _upward(src, "studylib.study.analysis.probe") != []
     assert _upward(src, "studylib.study.runner.probe") == []
 

@@ -229,17 +229,23 @@ Overrides = Union[None, Sequence[str], Mapping[str, Any]]
 def override_pairs(overrides: Overrides, label: str = "--set") -> list[tuple[str, Any, str]]:
     """``overrides`` as ``(dotted key, value, where)`` triples: a mapping ``{"a.b.c": value}`` as it
     is, ``["a.b.c=value", ...]`` with each value parsed as YAML (as ``--set`` gives them); ``where``
-    names the item for errors (``label`` prefixes the string form's)."""
+    names the item for errors (``label`` prefixes the string form's). A key given twice in the
+    string form is a :class:`ConfigError` naming both items (as the same key twice in a preset
+    file is): which one was meant cannot be told."""
     if not overrides:
         return []
     if isinstance(overrides, Mapping):
         return [(str(k), v, f"override {k!r}") for k, v in overrides.items()]
-    items = []
+    items, seen = [], {}
     for item in overrides:
         if not isinstance(item, str) or "=" not in item:
             raise ConfigError(f"{label} {item!r}: not 'key.path=value'; expected key.path=value, "
                               "e.g. train.max_steps=100")
         key, value = item.split("=", 1)
+        if key.strip() in seen:
+            raise ConfigError(f"{label} {key.strip()}: given twice ({seen[key.strip()]!r} and {item!r}); "
+                              "give each key once")
+        seen[key.strip()] = item
         try:
             parsed = yaml.safe_load(value)
         except yaml.YAMLError as e:

@@ -231,6 +231,14 @@ def _read(path: Path, map_location: Any, mmap: bool = False) -> dict:
             state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # truncated zip, foreign pickle, not a torch file, ...
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "Weights only load failed" in str(e):  # torch's text advises the unsafe weights_only=False
+            named = re.search(r"GLOBAL ([\w.]+)", str(e))
+            if named:
+                raise CheckpointError(f"{path}: refused to execute code from this file: it names the Python "
+                                      f"global {named.group(1)}, and a studylib checkpoint holds only tensors and "
+                                      "plain values; not loaded (a foreign or tampered file)") from None
+            found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.\s|\n\n|$)", str(e), re.S)
+            reason = "the safe loader refused it" + (f" ({' '.join(found.group(1).split())})" if found else "")
         raise CheckpointError(f"{path}: not a readable studylib checkpoint (truncated, corrupt or "
                               f"foreign file): {type(e).__name__}: {reason[:300]}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:

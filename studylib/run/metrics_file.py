@@ -1,12 +1,19 @@
-"""``metrics.jsonl``, one JSON record per line, appended as a run trains: reading it (a torn last
-line, from a crash, is skipped), appending to it (a full disk is one line naming it) and making it
-hold exactly the records up to a checkpoint on resume. Used through
-:class:`studylib.run.rundir.RunDir`, the one owner of a run directory."""
+"""``metrics.jsonl``, one JSON record per line, appended as a run trains: reading it, appending to it
+(a full disk is one line naming it) and making it hold exactly the records up to a checkpoint on
+resume. Used through :class:`studylib.run.rundir.RunDir`, the one owner of a run directory.
+
+Reading is strict (:func:`read`): a torn last line, what a kill or a full disk leaves mid-write,
+is dropped with a warning naming the file; any other line that is not a JSON object, or a loss
+field (``train_loss``, ``val_loss``, ``aux_loss``, ...) that is not a finite number, is
+:class:`MetricsDamaged` naming the file and the line. Resuming (:func:`resume`) keeps the
+parsable lines up to the checkpoint and rewrites the file from the checkpoint's copy of them."""
 from __future__ import annotations
 
 import errno
 import json
+import math
 import os
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -18,8 +25,18 @@ class MetricsGap(ConfigError):
     """``metrics.jsonl`` lacks records written before the checkpoint and nothing can rebuild them."""
 
 
+class MetricsDamaged(ConfigError):
+    """``metrics.jsonl`` holds a line that is not a record a trainer writes (not the torn last one)."""
+
+
+class TornLineWarning(UserWarning):
+    """``metrics.jsonl`` ends in a torn line (a kill or a full disk mid-write); it was left out."""
+
+
 def lines(path: Path) -> list[str]:
-    """The well-formed lines of the file (no newlines; a torn line is left out)."""
+    """The lines of the file that are JSON objects (no newlines; any other line is left out): what
+    a resume keeps before it restores the records from the checkpoint's copy, and what the
+    progress display counts. Analysis reads :func:`read`."""
     if not path.is_file():
         return []
     out = []
@@ -34,9 +51,51 @@ def lines(path: Path) -> list[str]:
 
 
 def read(path: Path, kind: Optional[str] = None) -> list[dict]:
-    """The records (optionally only ``kind`` "train" or "eval")."""
-    recs = [json.loads(line) for line in lines(path)]
-    return [r for r in recs if kind is None or r.get("kind") == kind]
+    """The records (optionally only ``kind`` "train" or "eval"), read strictly: a torn last line is
+    left out with a :class:`TornLineWarning`; a line that is not a JSON object elsewhere, a record
+    that is not an object, or a loss field that is not a finite number is :class:`MetricsDamaged`
+    naming the file and the line number. No file: no records."""
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    last = max((i for i, line in enumerate(text) if line.strip()), default=-1)
+    recs = []
+    for i, line in enumerate(text):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == last:
+                warnings.warn(f"{path}: line {i + 1} is torn (a kill or a full disk mid-write, {_shown(line)}); "
+                              "left out", TornLineWarning, stacklevel=2)
+                continue
+            raise MetricsDamaged(f"{path}: line {i + 1} is not JSON ({e.msg}: {_shown(line)}); expected one "
+                                 f"record per line as the trainer writes them; restore the file or delete the "
+                                 f"run's folder to rerun it") from None
+        problem = record_problem(rec)
+        if problem:
+            raise MetricsDamaged(f"{path}: line {i + 1}: {problem}; restore the file or delete the run's folder "
+                                 "to rerun it")
+        if kind is None or rec.get("kind") == kind:
+            recs.append(rec)
+    return recs
+
+
+def record_problem(rec) -> Optional[str]:
+    """What keeps ``rec`` from being a record a trainer writes (None: nothing): not a JSON object,
+    or a loss field (a key ending in ``loss``) that is not a finite number."""
+    if not isinstance(rec, dict):
+        return f"expected a JSON object (a record), got {_shown(json.dumps(rec))}"
+    for key, value in rec.items():
+        if key.endswith("loss") and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                         and math.isfinite(value)):
+            return f"{key} is {value!r}; expected a finite number"
+    return None
+
+
+def _shown(line: str, most: int = 60) -> str:
+    return repr(line if len(line) <= most else line[:most] + "...")
 
 
 def append(path: Path, rec: dict) -> str:

@@ -136,7 +136,8 @@ class RunDir:
         it), else ``doc``'s. Identity is compared by :func:`studylib.config.same_run`, so runs
         written before a schema field was added stay valid. A folder that holds a summary or a
         checkpoint but no ``config.yaml``, or whose summary was written under another config
-        hash than its ``config.yaml`` holds, is refused too (:meth:`check_files`).
+        hash than its ``config.yaml`` holds, is refused too (:meth:`check_files`), and so is a
+        finished run whose ``metrics.jsonl`` is damaged (:meth:`read_metrics`).
         """
         old = self.check_files()
         if old is None:
@@ -154,6 +155,8 @@ class RunDir:
                 f"{self.path}: holds a run with a different configuration ({'; '.join(diff[:4])}"
                 f"{f'; and {len(diff) - 4} more' if len(diff) > 4 else ''}; stored -> this run). "
                 f"Use another --run-dir, restore the settings, or delete that folder.")
+        if self.finished():  # reused as it is: its records must be whole (a resume restores an unfinished one's)
+            self.read_metrics()
         return (old.get("run") or {}).get("config_hash") or doc["run"]["config_hash"]
 
     def check_files(self) -> Optional[dict]:
@@ -194,8 +197,9 @@ class RunDir:
 
     # ---- metrics (the file's logic: studylib.run.metrics_file) ----------------------------
     def read_metrics(self, kind: Optional[str] = None) -> list[dict]:
-        """The records of ``metrics.jsonl`` (optionally only ``kind`` "train" or "eval"); a torn
-        last line, from a crash, is skipped."""
+        """The records of ``metrics.jsonl`` (optionally only ``kind`` "train" or "eval"), read
+        strictly (:func:`studylib.run.metrics_file.read`): a torn last line, from a crash, is left
+        out with a warning; any other damage is a ConfigError naming the file and the line."""
         return metrics_file.read(self.metrics_path, kind)
 
     def append_metrics(self, rec: dict) -> str:
@@ -208,7 +212,8 @@ class RunDir:
         return metrics_file.resume(self.metrics_path, self.path, step, written, expected)
 
     def metric_lines(self) -> list[str]:
-        """The well-formed lines of ``metrics.jsonl`` (no newlines; a torn line is left out)."""
+        """The lines of ``metrics.jsonl`` that are JSON objects (no newlines; others are left out:
+        :func:`studylib.run.metrics_file.lines`), for a resume and the progress display."""
         return metrics_file.lines(self.metrics_path)
 
     def forget_unsaved(self) -> None:

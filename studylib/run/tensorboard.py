@@ -159,12 +159,16 @@ def after_runs(root: os.PathLike, echo=print) -> None:
     """The hook of the study and of the ``train`` command once runs finished: the event files of
     the runs under ``root``, and one line saying so (nothing without tensorboard installed). A
     run directory it cannot write (read-only, a full disk) is said in that line: the runs are
-    fine, only their curves are missing (``python -m studylib tensorboard`` writes them later)."""
+    fine, only their curves are missing (``python -m studylib tensorboard`` writes them later); so
+    is a damaged ``metrics.jsonl`` (a run the study reuses was refused before, when it was planned)."""
     if available() and Path(root).is_dir():
         try:
             written, kept = write_all(root)
         except OSError as e:
             echo(f"tensorboard: event files not written under {root}: {e.filename}: {e.strerror}")
+            return
+        except ConfigError as e:  # a damaged metrics.jsonl (of a run no study reuses): said, not fatal
+            echo(f"tensorboard: event files not written under {root}: {e}")
             return
         echo(f"tensorboard: {len(written)} event file(s) written, {len(kept)} up to date: "
              f"tensorboard --logdir {root}")

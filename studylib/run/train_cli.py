@@ -14,7 +14,7 @@ from studylib.run.trainer import NonFiniteLossError, train_run
 
 
 def add_cli(parser) -> None:
-    parser.add_argument("--params", required=True, help="preset YAML, e.g. params/tiny.yaml")
+    parser.add_argument("--params", required=True, help="preset YAML, e.g. params/ci.yaml")
     parser.add_argument("--model", required=True, help="model name from the preset's models")
     parser.add_argument("--seed", type=argtypes.seed, default=None, help="seed (default: the preset's first)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

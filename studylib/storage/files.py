@@ -1,13 +1,16 @@
 """Atomic file writes (the one implementation): write a temporary file in the same folder,
 flush and fsync it, rename it over the target (``os.replace`` is atomic) and fsync the folder.
-A crash at any point leaves either the old file or the new one, never a torn one. A write that
-runs out of space (ENOSPC/EDQUOT) raises :class:`DiskFullError` naming the file and the space
-it needed; the temporary file is removed and the old file is untouched.
+A crash at any point leaves either the old file or the new one, never a torn one (a kill leaves
+the temporary file ``.tmp-<name>.<pid>`` too: the next write of that file removes it once its
+writer is gone). A write that runs out of space (ENOSPC/EDQUOT) raises :class:`DiskFullError`
+naming the file and the space it needed; the temporary file is removed and the old file is
+untouched.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import json
 import os
@@ -85,6 +88,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", *,
     bytes, quoted by the :class:`DiskFullError` raised when the disk fills."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(path)  # what a killed writer of this file left
     tmp = tmp_path_for(path)
     try:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
@@ -140,6 +144,19 @@ def _writer_alive(tmp: Path) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def clean_stale_temps(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of ``path`` (``.tmp-<name>.<pid>``) whose writer is gone: a
+    write of it killed before its rename (the file itself is whole, old or new). A temporary file
+    of a process still running is left alone: it may be writing now. Returns what was removed."""
+    path = Path(path)
+    removed = []
+    for p in path.parent.glob(glob.escape(f"{TMP_PREFIX}{path.name}.") + "*"):
+        if p.name.rsplit(".", 1)[-1].isdigit() and not _writer_alive(p):
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
 
 
 def clean_temp_files(folder: str | os.PathLike, stale_only: bool = False) -> list[Path]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import random
 import subprocess
 import sys
@@ -82,6 +83,45 @@ def test_foreign_files_are_clear_errors(tmp_path, kind):
             z.writestr("a.txt", "zip but not torch")
     with pytest.raises(C.CheckpointError, match=f"foreign_{kind}.pt"):
         C.load(p)
+
+
+class _Payload:
+    """Unpickled, it would run a shell command (weights_only refuses it)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("kind, line", [
+    ("code", r"refused to execute code from this file: it names the Python global (posix|os|nt)\.system, and a "
+             r"studylib checkpoint holds only tensors and plain values; not loaded \(a foreign or tampered file\)"),
+    ("object", r"refused to execute code from this file: it names the Python global zipfile\.ZipInfo, "),
+    ("protocol4", r"not a readable studylib checkpoint \(truncated, corrupt or foreign file\): UnpicklingError: "
+                  r"the safe loader refused it \(Unsupported operand 149\)$"),
+])
+def test_a_refused_pickle_says_so_without_advising_the_unsafe_setting(tmp_path, kind, line):
+    """Its line was torch's: "Re-running torch.load with weights_only set to False will likely
+    succeed" (issue #41): the setting that would run the code."""
+    p = tmp_path / "latest.pt"
+    marker = tmp_path / "pwned"
+    if kind == "code":
+        torch.save({"model": _Payload(marker)}, p)
+    elif kind == "object":
+        torch.save({"model": {}, "info": zipfile.ZipInfo("x")}, p)
+    else:
+        with open(p, "wb") as f:
+            pickle.dump({"model": {}}, f, protocol=4)
+    with pytest.raises(C.CheckpointError) as e:
+        C.load(p)
+    got = str(e.value)
+    assert re.match(rf"{re.escape(str(p))}: {line}", got), got
+    assert "weights_only" not in got and "False" not in got and "\n" not in got
+    assert not marker.exists()
 
 
 def test_wrong_version_and_hash(tmp_path):

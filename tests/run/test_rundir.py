@@ -17,7 +17,7 @@ from studylib.nn.model import Decoder
 from studylib.run import checkpoint as C
 from studylib.run.decode import generate
 from studylib.run.dirlock import RunDirLocked
-from studylib.run.metrics_file import MetricsGap
+from studylib.run.metrics_file import MetricsDamaged, MetricsGap, TornLineWarning
 from studylib.run.rundir import RunDir, RunDirConflict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,8 +73,49 @@ def test_metrics_skip_a_torn_line_and_truncate(tmp_path):
     rd.append_metrics({"kind": "eval", "step": 3, "val_loss": 2.5})
     with open(rd.metrics_path, "a") as f:
         f.write('{"kind": "train", "st')  # a crash mid-line
-    assert [r["step"] for r in rd.read_metrics()] == [1, 2, 3, 3]
-    assert [r["val_loss"] for r in rd.read_metrics("eval")] == [2.5]
+    with pytest.warns(TornLineWarning, match=rf"{rd.metrics_path}: line 5 is torn .*left out"):
+        assert [r["step"] for r in rd.read_metrics()] == [1, 2, 3, 3]
+    with pytest.warns(TornLineWarning):
+        assert [r["val_loss"] for r in rd.read_metrics("eval")] == [2.5]
+
+
+def _four_records(rd):
+    for step in (1, 2, 3):
+        rd.append_metrics({"kind": "train", "step": step, "train_loss": 5.0 - step})
+    rd.append_metrics({"kind": "eval", "step": 3, "val_loss": 2.5, "val_ppl": 12.2})
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda ls: ls[:2] + ["this is not json {"] + ls[2:], r"line 3 is not JSON \(Expecting value: 'this is not json \{'\)"),
+    (lambda ls: ls[:3] + [ls[3].replace("2.5", "NaN")], r"line 4: val_loss is nan; expected a finite number"),
+    (lambda ls: [ls[0].replace("4.0", "Infinity")] + ls[1:], r"line 1: train_loss is inf; expected a finite number"),
+    (lambda ls: ls[:1] + ['"a string"'] + ls[1:], r"line 2: expected a JSON object \(a record\), got '\"a string\"'"),
+    (lambda ls: ls[:1] + ["[1, 2]"] + ls[1:], r"line 2: expected a JSON object"),
+    (lambda ls: ls[:3] + [ls[3].replace("2.5", '"2.5"')], r"line 4: val_loss is '2.5'; expected a finite number"),
+    (lambda ls: ls[:-1] + ["[1, 2]"], r"line 4: expected a JSON object"),  # last, but whole: not torn
+])
+def test_damaged_metrics_are_refused_naming_the_file_and_line(tmp_path, damage, match):
+    rd = RunDir(tmp_path)
+    _four_records(rd)
+    rd.metrics_path.write_text("\n".join(damage(_lines(rd))) + "\n")
+    with pytest.raises(MetricsDamaged, match=rf"^{rd.metrics_path}: {match}"):
+        rd.read_metrics()
+    with pytest.raises(MetricsDamaged):
+        rd.read_metrics("train")  # whichever kind is asked for
+
+
+def test_a_finished_run_with_damaged_metrics_is_refused_when_checked(tmp_path):
+    p = load_preset(ROOT / "params" / "ci.yaml")
+    doc = run_document(p, p.model_config("moe_top1"), "moe_top1", 1)
+    rd = RunDir(tmp_path / "r")
+    rd.write_config(doc)
+    _four_records(rd)
+    lines = _lines(rd)
+    rd.metrics_path.write_text("\n".join(lines[:2] + ["this is not json {"] + lines[2:]) + "\n")
+    assert rd.check(doc) == doc["run"]["config_hash"]  # unfinished: its resume restores the records
+    rd.write_summary({"finished": True, "best_val_loss": 2.5, "config_hash": doc["run"]["config_hash"]})
+    with pytest.raises(MetricsDamaged, match=rf"{rd.metrics_path}: line 3 is not JSON"):
+        rd.check(doc)  # finished: reused as it is, so refused
 
 
 def test_summary_and_finished(tmp_path):

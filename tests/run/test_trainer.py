@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,7 @@ from studylib.run import checkpoint as C
 from studylib.run import optim as O
 from studylib.run import trainer as T
 from studylib.run.layout import run_dir_for
-from studylib.run.metrics_file import MetricsGap
+from studylib.run.metrics_file import MetricsDamaged, MetricsGap
 from studylib.run.rundir import RunDir, RunDirConflict
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny shapes: threads only contend
@@ -346,6 +348,28 @@ def test_lost_metrics_are_restored_from_the_checkpoint(tmp_path, data, monkeypat
     T.train_run(preset, "moe", 1, run_dir=res.path, progress=False, data=data)
     assert "restored its 8 records up to step 6 from the checkpoint" in capsys.readouterr().err
     assert comparable(res.read_metrics()) == comparable(ref.read_metrics())
+
+
+def test_a_torn_last_line_resumes_and_a_damaged_record_is_restored(tmp_path, data, monkeypatch, capsys):
+    """What a kill mid-write leaves (a torn last line) is read with a warning and dropped on resume;
+    a record damaged in place (a NaN loss) is refused when read, and restored from the checkpoint."""
+    preset = tiny_preset(train={"max_steps": 10, "eval_every": 3})
+    ref = RunDir(tmp_path / "ref")
+    T.train_run(preset, "moe", 1, run_dir=ref.path, progress=False, data=data)
+    res = _crashed_at_step_8(tmp_path, data, monkeypatch, preset)
+    lines = res.metrics_path.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if '"kind": "eval"' in line)
+    lines[at] = re.sub(r'"val_loss": [^,]+', '"val_loss": NaN', lines[at])
+    res.metrics_path.write_text("".join(lines) + '{"kind": "train", "step": 8, "tok')  # killed mid-line
+    with pytest.raises(MetricsDamaged, match=rf"{res.metrics_path}: line {at + 1}: val_loss is nan; expected a "
+                                             "finite number"):
+        res.read_metrics()
+    capsys.readouterr()
+    T.train_run(preset, "moe", 1, run_dir=res.path, progress=False, data=data)
+    assert "restored its 8 records up to step 6 from the checkpoint" in capsys.readouterr().err
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no torn line left, nothing damaged
+        assert comparable(res.read_metrics()) == comparable(ref.read_metrics())
 
 
 def test_lost_metrics_without_a_copy_in_the_checkpoint_are_an_error(tmp_path, data, monkeypatch):

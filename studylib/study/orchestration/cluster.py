@@ -19,8 +19,10 @@ fingerprint, :func:`studylib.study.orchestration.worker.fingerprint`): a worker 
 code or torch differs from this process's is refused, and so are workers of mixed torch thread
 counts (the study's runs would differ in their last fp32 digits by worker; the study does not
 mix them). The runs' tasks carry the fingerprint, so a worker that joins later is refused the same
-way. A task's key is the run's identity (:func:`task_key`: preset, variant tag, model, seed and a
-digest of its run directory and config hash), so two studies on one scheduler never share a task.
+way, alone: one warning line names it and the runs it refused go to the other workers
+(:mod:`studylib.study.orchestration.refusals`; none left: the study's one error line). A task's
+key is the run's identity (:func:`task_key`: preset, variant tag, model, seed and a digest of its
+run directory and config hash), so two studies on one scheduler never share a task.
 Whatever goes wrong on the way (the scheduler killed, a lost connection) is a
 :class:`~studylib.study.orchestration.common.ClusterError`: one line, exit 2 from the CLI;
 a run that fails is a :class:`~studylib.study.orchestration.common.SweepError` naming it and its log.
@@ -52,6 +54,7 @@ from studylib.run.dirlock import RunDirLocked
 from studylib.run.layout import LOG_FILE
 from studylib.run.spec import RunSpec
 from studylib.study.orchestration.common import ClusterError, SweepError, available_cores
+from studylib.study.orchestration.refusals import LeftOut
 from studylib.study.orchestration.scheduler import SCHEDULER_TIMEOUT_S, one_line as _one_line, probe_scheduler
 from studylib.study.orchestration.worker import (PLUGIN, THREADS_ENV, StudyPlugin, fingerprint, fingerprint_error,
                                                  train_task, worker_visibility)
@@ -257,15 +260,28 @@ class Cluster:
         from distributed import wait
 
         expect = self.expect if self.expect is not None else self.check_fingerprints()
-        futures = {}
-        for i, spec in enumerate(specs):
-            shipped = spec.portable() if self.address else spec
-            fut = self.client.submit(train_task, shipped, markers, expect, key=task_key(spec), pure=False,
-                                     priority=len(specs) - i, retries=0,
+        left, futures, attempts = LeftOut(self.client), {}, {}
+        priority = {spec.run_dir: len(specs) - i for i, spec in enumerate(specs)}
+
+        def submit(spec: RunSpec, why: str = ""):  # why: a task queued again (refused, or its workers gone)
+            workers = None
+            if why:
+                attempts[spec.run_dir] = attempts.get(spec.run_dir, 0) + 1
+                workers = left.choice()
+                if workers is None:
+                    raise ClusterError(why)
+            fut = self.client.submit(train_task, spec.portable() if self.address else spec, markers, expect,
+                                     key=task_key(spec) + (f"-again{attempts[spec.run_dir]}" if why else ""),
+                                     pure=False, priority=priority[spec.run_dir], retries=0, workers=workers,
                                      resources={"GPU": 1} if needs_gpu(spec, self.gpus) else None)
-            futures[fut] = spec
-        by_key = {f.key: s for f, s in futures.items()}
-        pending = set(futures)
+            futures[fut], by_key[fut.key] = spec, spec
+            if workers:
+                left.allowed[fut.key] = set(workers)
+            pending.add(fut)
+
+        by_key, pending = {}, set()
+        for spec in specs:
+            submit(spec)
         try:
             while pending:
                 try:
@@ -278,8 +294,19 @@ class Cluster:
                 pending -= done
                 for fut in sorted(done, key=list(futures).index):
                     spec = futures[fut]
+                    reply = fut.result() if fut.status == "finished" else {}
+                    if reply.get("refused"):  # a worker that joined later and differs: left out alone
+                        left.add(reply)
+                        submit(spec, reply["refused"])
+                        continue
                     self._check(spec, fut, self.where)
                     on_done(spec)
+                gone = set(left.stale([f.key for f in pending]))
+                for fut in [f for f in pending if f.key in gone]:  # queued again, and its workers all gone
+                    pending.discard(fut)
+                    self.client.cancel([fut])
+                    submit(futures[fut], f"{self.where}: no worker left to train {futures[fut].label} (those that "
+                                         f"joined later were left out: other code, threads or folders)")
                 if pending:
                     on_tick(self._in_flight(by_key))
         finally:
@@ -311,8 +338,6 @@ class Cluster:
                                  f"up after `distributed.scheduler.allowed-failures` worker deaths); its log is {log}")
             raise SweepError(f"training {spec.label} failed ({_one_line(exc, 400)}); its log is {log}")
         reply = fut.result()
-        if reply.get("refused"):
-            raise ClusterError(reply["refused"])
         if reply.get("locked"):  # another process trains this run: one line, exit 2 (a known error)
             raise RunDirLocked(reply["locked"])
         if reply.get("config"):  # other data or code than the run's checkpoint, ...: the same, its own line

@@ -1,4 +1,4 @@
-"""What the sweep (:mod:`.sweep`), its Dask client (:mod:`.cluster`) and the workers
+"""What the trainer of a plan (:mod:`.train`), its Dask client (:mod:`.cluster`) and the workers
 (:mod:`.worker`) share: the errors a sweep stops with and the cores this process may use. A leaf:
 it imports none of them, so they import one way (sweep -> cluster -> worker / scheduler -> here)."""
 from __future__ import annotations

@@ -3,7 +3,8 @@
 :class:`RunWatcher` polls the run directories of a preset (``<outputs>/<preset>/runs/<model>/
 seed<N>/`` and variants' ``runs/<model>/<tag>/seed<N>/``) from a background thread while papermill executes a notebook. A run is *in flight*
 when its ``metrics.jsonl`` changed since the watcher started and it has no finished summary; its
-step is the last record's (read with :meth:`studylib.run.rundir.RunDir.read_metrics`), its total
+step is the last record's (of :meth:`studylib.run.rundir.RunDir.metric_lines`: a line being written
+now is no warning here), its total
 ``train.max_steps`` of its ``config.yaml``, its ETA the step rate seen so far.
 
 On a terminal it prints a compact status line at most every ``interval`` seconds (when it
@@ -11,6 +12,7 @@ changed); elsewhere (CI, a log file) one line each time the *set* of runs in fli
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -51,8 +53,8 @@ class RunWatcher:
                 continue
             if rd.finished():
                 continue
-            recs = rd.read_metrics()
-            step = max((int(r.get("step") or 0) for r in recs), default=0)
+            recs = [json.loads(line) for line in rd.metric_lines()]
+            step = max((int(r.get("step") or 0) for r in recs if isinstance(r.get("step"), (int, float))), default=0)
             name = " ".join(metrics.parent.relative_to(self.root).parts)
             t_first, s_first = self.first.setdefault(name, (now, step))
             total = self._total(rd)

@@ -11,7 +11,8 @@
   cache (:func:`visibility_error`) and runs the study's code, torch and threads (a worker that
   joined after the sweep's check), then trains the run with everything it prints appended to the
   run's ``train.log`` (:func:`train_logged`) and answers ``{"ok": True}`` or
-  ``{"ok": False, "error": ...}`` (``"refused"``: one line, nothing trained).
+  ``{"ok": False, "error": ...}`` (``"refused"``: one line, nothing trained, and ``"worker"``: its
+  address, which the sweep then leaves out).
 """
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def train_task(spec: RunSpec, markers: dict, expect: dict) -> dict:
     refused = visibility_error(markers, worker.address) or fingerprint_error(worker.address, plugin.fingerprint,
                                                                              expect)
     if refused:
-        return {"ok": False, "refused": refused}
+        return {"ok": False, "refused": refused, "worker": worker.address}
     import torch
 
     torch.set_num_threads(plugin.threads)

@@ -9,7 +9,6 @@ the notebook, the failing cell and the error. Ctrl+C ends the running kernels.
 """
 from __future__ import annotations
 
-import ast
 import os
 import re
 import signal
@@ -22,6 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from studylib.config import ConfigError
 from studylib.storage.files import write_atomic
+from studylib.study.runner.injected import assigned_names
 from studylib.study.runner.report import KERNEL
 
 
@@ -52,12 +52,7 @@ def notebook_parameters(py_path: os.PathLike) -> list[str]:
     nb = jupytext.read(str(py_path))
     for cell in nb.cells:
         if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
-            names = []
-            for node in ast.parse(cell.source).body:
-                targets = node.targets if isinstance(node, ast.Assign) else \
-                    [node.target] if isinstance(node, ast.AnnAssign) else []
-                names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
-            return names
+            return assigned_names(cell.source)
     return []
 
 

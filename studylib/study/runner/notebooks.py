@@ -51,7 +51,7 @@ from studylib.run.layout import outputs_root
 from studylib.run.tensorboard import after_runs
 from studylib.study.runner.execute import StudyError, execute_all, notebook_parameters, run_alone
 from studylib.study.orchestration.train import SCHEDULER_ENV, available_cores, default_jobs, scheduler_address
-from studylib.study.runner.parameters import apply_parameters
+from studylib.study.runner.parameters import apply_parameters, check_notebook, check_parameters
 from studylib.study.runner.report import write_report
 
 NOTEBOOK_RE = re.compile(r"^(\d\d)_.+\.py$")
@@ -110,6 +110,7 @@ def notebook_context(params: str, jobs: Optional[int] = None, seeds=None, overri
     from studylib.study.comparisons import study_of
 
     root = repo_root()
+    check_notebook(root, params, jobs, seeds, overrides)  # an unknown injected name, a wrong type: nothing done yet
     path = root / params  # an absolute ``params`` stays as it is
     base = load_preset(path)
     preset, ov = apply_parameters(base, seeds, overrides)
@@ -144,6 +145,7 @@ def open_comparison(name: str, params: str, jobs: Optional[int] = None, seeds=No
     found = comparison(name)
     ctx = notebook_context(params, jobs, seeds, overrides)
     ctx.comparison, ctx.knobs = found, ctx.study[found]
+    check_parameters(parameters)  # the notebook's own, e.g. model (in JupyterLab too)
     given = {k: v for k, v in parameters.items() if k in found.parameters}
     planned = read_plan(plan_path(ctx.out, found.name), plan_key(ctx.preset, found.name, given))
     if planned is not None:
@@ -177,6 +179,7 @@ def _check_parameters(nbs: Sequence[Path], parameters: Mapping[str, Any], jobs) 
     unknown = sorted(set(parameters) - set(allowed))
     if unknown:
         raise ConfigError(f"-p {unknown[0]}: not a parameter of the selected notebooks; allowed: {allowed}")
+    check_parameters({k: v for k, v in parameters.items() if k != "jobs"})  # e.g. -p model 5: before anything trains
     if "jobs" in parameters:
         pj = parameters.pop("jobs")
         if jobs is not None and pj != jobs:

@@ -1,12 +1,19 @@
 """The notebook parameters ``seeds`` and ``overrides`` (a seed sweep, or a variant preset under a
 name of its own), as :func:`studylib.study.runner.notebooks.notebook_context` applies them: the same
 values reach a notebook from ``studylib study -p`` and from plain ``papermill -p``.
+
+Every parameter's value is checked where it is read (:func:`check_parameters`: ``params`` a preset
+file, ``jobs`` a positive integer or None, ``seeds`` and ``overrides`` as parsed below, any other
+one, e.g. notebook 04's ``model``, a string or None), and a name papermill injected that the
+notebook does not declare is refused (:func:`check_notebook`, :mod:`studylib.study.runner.injected`).
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
-from typing import Mapping, Optional
+from pathlib import Path
+from typing import Any, Mapping, Optional
 
 import yaml
 
@@ -111,3 +118,43 @@ def apply_parameters(preset: Preset, seeds=None, overrides=None) -> tuple[Preset
     if chosen is not None:
         out = dataclasses.replace(out, seeds=tuple(chosen))
     return out, ov
+
+
+def check_parameter(name: str, value: Any, root: Optional[os.PathLike] = None) -> None:
+    """A :class:`ConfigError` naming notebook parameter ``name`` and what it expects, unless
+    ``value`` is one: ``params`` the path of a preset file (from ``root``, the repository, when
+    given and the path is relative), ``jobs`` a positive integer or None, ``seeds`` and
+    ``overrides`` what :func:`parse_seeds` / :func:`parse_overrides` take, any other (a notebook's
+    own, e.g. ``model``, ``run``, ``prompt``) a string or None."""
+    if name == "params":
+        if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+            raise ConfigError(f"params: expected the path of a preset file, e.g. 'params/ci.yaml'; got {value!r}")
+        if root is not None and not (Path(root) / value).is_file():
+            raise ConfigError(f"params: {str(value)!r} is not a preset file (a path from the repository root "
+                              f"{root}, or absolute; e.g. 'params/ci.yaml')")
+    elif name == "jobs":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"jobs: expected a positive integer or None, got {value!r}")
+    elif name == "seeds":
+        parse_seeds(value)
+    elif name == "overrides":
+        parse_overrides(value)
+    elif value is not None and not isinstance(value, str):
+        raise ConfigError(f"{name}: expected a string or None, got {value!r}")
+
+
+def check_parameters(values: Mapping[str, Any], root: Optional[os.PathLike] = None) -> None:
+    """:func:`check_parameter` of each ``{name: value}``."""
+    for name, value in values.items():
+        check_parameter(name, value, root)
+
+
+def check_notebook(root: os.PathLike, params, jobs=None, seeds=None, overrides=None) -> None:
+    """What a notebook checks first, before it loads, trains or writes anything: the names
+    papermill injected (:func:`studylib.study.runner.injected.check_injected`: one the
+    notebook does not declare is refused), then every parameter's value (:func:`check_parameters`:
+    these four, and the notebook's own ones papermill injected)."""
+    from studylib.study.runner.injected import check_injected
+
+    injected = check_injected()
+    check_parameters({**injected, "params": params, "jobs": jobs, "seeds": seeds, "overrides": overrides}, root)

@@ -455,6 +455,44 @@ def test_a_worker_running_other_code_or_other_threads_is_refused(dask_dir, cache
     assert not RunDir.of(p, "dense_active", 1337).path.exists()  # nothing trained
 
 
+def test_a_worker_with_other_code_that_joins_later_is_left_out_alone(dask_dir, cache, monkeypatch, capfd):
+    """Before: the first run it refused stopped the whole study (ClusterError, exit 2)."""
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(dask_dir / "out"))
+    p = ci_preset(cache, *(f"{k}={v}" for k, v in LONG.items()))
+    seeds = [1337, 1338, 1339, 1340, 1341]
+    other = _other_checkout(dask_dir / "other")
+    d = DaskProcesses(dask_dir / "dask")
+    outcome: dict = {}
+
+    def study():
+        try:
+            outcome["specs"] = sweep.ensure_runs(p, ["dense_active"], seeds, progress=False, scheduler=d.address)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            outcome["error"] = e
+
+    try:
+        good = d.worker("good", env={"STUDYLIB_THREADS": "1"})
+        d.wait_for_workers(1)
+        thread = threading.Thread(target=study)
+        thread.start()
+        first = RunDir.of(p, "dense_active", seeds[0])
+        _wait_for(lambda: first.log_path.exists() and _headers(first), "the first run trains on the good worker", 120)
+        d.worker("stranger", env={"PYTHONPATH": str(other), "STUDYLIB_THREADS": "1"})
+        thread.join(timeout=600)
+        assert not thread.is_alive(), "the sweep did not end"
+    finally:
+        d.stop()
+    assert "error" not in outcome, outcome.get("error")
+    warnings = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("warning: worker")]
+    assert len(warnings) == 1, warnings  # it refused at least one run, said once
+    assert re.match(r"warning: worker tcp://127\.0\.0\.1:\d+ runs other code than this study \(.*; that worker is "
+                    r"left out, the other workers train its runs$", warnings[0]), warnings
+    for seed in seeds:  # every run finished, trained on the good worker only
+        rd = RunDir.of(p, "dense_active", seed)
+        assert rd.finished() and {_pid(h) for h in _headers(rd)} <= {_pid(_headers(first)[0])}, _headers(rd)
+    assert good.poll() is not None  # stopped with the cluster
+
+
 _ENSURE = r"""
 import sys
 from studylib.config import load_preset

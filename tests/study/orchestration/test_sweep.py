@@ -1,4 +1,4 @@
-"""The sweep the notebooks call (studylib.study.orchestration.sweep.ensure_runs): finished runs are reused, a run
+"""Training a plan (studylib.study.orchestration.train.ensure_runs): finished runs are reused, a run
 directory holding another config is refused, grids share one queue (in this process; the Dask
 engine's tests are test_cluster.py)."""
 from __future__ import annotations

@@ -135,7 +135,8 @@ def test_a_failing_cell_still_leaves_the_partly_executed_notebook(tmp_path):
 @pytest.mark.slow
 def test_a_kill_while_the_report_is_written_leaves_the_previous_report(tmp_path):
     """SIGKILL between writing the new report and putting it in place (the rename is held back
-    in the child): the previous report stays whole (it was left at 0 bytes)."""
+    in the child): the previous report stays whole (it was left at 0 bytes), and the temporary
+    file the kill left goes with the next report."""
     import os
     import signal
     import sys
@@ -163,3 +164,7 @@ def test_a_kill_while_the_report_is_written_leaves_the_previous_report(tmp_path)
             child.kill()
         child.wait()
     assert report.read_text() == "the previous report"
+    left = tmp_path / f".tmp-report.html.{child.pid}"
+    assert left.is_file()  # what the kill left; the next report removes it (issue #41: it stayed for good)
+    write_report([src], report)
+    assert not left.exists() and _no_temporaries(tmp_path) and "x" * 1000 in report.read_text()
