@@ -43,7 +43,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from studylib.storage.files import DiskFullError, atomic_open
+from studylib.storage.files import DiskFullError, atomic_open, move_into_place
 
 FORMAT = "studylib-ckpt"
 VERSION = 2  # written; version 1 (no digest trailer) is still read
@@ -169,7 +169,7 @@ def save(path: str | os.PathLike, state: dict, *, keep_prev: bool = False) -> Pa
             torch.save(state, w)
             f.write(DIGEST_TAG + w.sha.hexdigest().encode("ascii") + b"\n")
             if keep_prev and path.exists() and _readable(path):
-                os.replace(path, path.parent / PREV)
+                move_into_place(path, path.parent / PREV)
     except DiskFullError as e:
         raise CheckpointError(str(e)) from None
     return path

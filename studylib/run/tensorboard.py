@@ -36,6 +36,7 @@ from typing import Iterator, Optional
 from studylib.config import ConfigError
 from studylib.run import metrics_file
 from studylib.run.layout import METRICS_FILE, run_dirs
+from studylib.storage.files import move_into_place
 
 EVENT_FILE = "events.out.tfevents.metrics"
 _SKIP = ("kind", "step")
@@ -128,7 +129,7 @@ def write_run(run_dir: os.PathLike, force: bool = False) -> Optional[Path]:
         w.close()
         (written,) = list(tmp.glob("events.out.tfevents.*"))
         os.utime(written, ns=(stamp_ns, stamp_ns))
-        os.replace(written, d / EVENT_FILE)
+        move_into_place(written, d / EVENT_FILE)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return d / EVENT_FILE

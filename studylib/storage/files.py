@@ -4,7 +4,8 @@ A crash at any point leaves either the old file or the new one, never a torn one
 the temporary file ``.tmp-<name>.<pid>`` too: the next write of that file removes it once its
 writer is gone). A write that runs out of space (ENOSPC/EDQUOT) raises :class:`DiskFullError`
 naming the file and the space it needed; the temporary file is removed and the old file is
-untouched.
+untouched. A file or folder finished elsewhere is put in place the same way
+(:func:`move_into_place`), and a whole folder is written atomically by :func:`atomic_folder`.
 """
 from __future__ import annotations
 
@@ -172,3 +173,41 @@ def clean_temp_files(folder: str | os.PathLike, stale_only: bool = False) -> lis
             p.unlink(missing_ok=True)
             removed.append(p)
     return removed
+
+
+def move_into_place(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Rename the finished file (or folder) ``src`` to ``dst`` in one atomic step (``os.replace``:
+    same filesystem; a file at ``dst`` is replaced) and fsync the folder, so ``dst`` is the old or
+    the new one after a crash, never a part: a file written by a library into a scratch folder
+    (TensorBoard's event file), a checkpoint set aside as the previous one."""
+    dst = Path(dst)
+    os.replace(src, dst)
+    fsync_dir(dst.parent)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """``with atomic_folder(p) as tmp: write files into tmp``: at the end of the block ``tmp``
+    becomes ``p`` (a folder already at ``p`` is renamed aside first and removed after; each rename
+    is atomic), or, on any error, ``tmp`` is removed and ``p`` is untouched. ``tmp`` has the
+    permissions of a normal new folder."""
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent))
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes it 0700
+        yield tmp
+        old = None
+        if path.exists():
+            old = path.with_name(f".old-{path.name}.{os.getpid()}")
+            os.replace(path, old)
+        move_into_place(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -12,7 +12,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -20,7 +19,7 @@ from typing import Optional
 from studylib.config import ConfigError, count_params
 from studylib.run.hf import format as hf_format
 from studylib.run.rundir import RunDir
-from studylib.storage.files import write_atomic, write_json_atomic
+from studylib.storage.files import atomic_folder, write_atomic, write_json_atomic
 
 # strings whose ids the export checks against SentencePiece before writing the tokenizer
 PROBES = ("Once upon a time, Lily said: \"Let's go!\"\nThey ran.", "  two  spaces ", "123 + 4.5 = 127.5",
@@ -173,34 +172,9 @@ def export(run: os.PathLike, out: os.PathLike, step: Optional[int] = None,
         raise ConfigError(f"{rd.path}: the run's SentencePiece tokenizer was not found; pass --tokenizer PATH")
     tok = build_tokenizer(sp_path)
     ids = dict(bos_id=tok.bos_token_id, eos_id=tok.eos_token_id, pad_id=tok.eos_token_id)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    final, out = out, Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}.", dir=out.parent))
-    try:
-        _write(out, rd, cfg, loaded, tok, sp_path, ids)
-        os.chmod(out, 0o777 & ~_umask())  # mkdtemp makes it 0700; the export is a normal folder
-        _swap(out, final)
-    except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
-        raise
-    return final
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _swap(new: Path, final: Path) -> None:
-    """Put folder ``new`` at ``final``: a previous folder there is renamed aside first and removed
-    after (each rename is atomic)."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".old-{final.name}.{os.getpid()}")
-        os.replace(final, old)
-    os.replace(new, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    with atomic_folder(out) as tmp:  # whole or not at all; a previous export there is replaced
+        _write(tmp, rd, cfg, loaded, tok, sp_path, ids)
+    return out
 
 
 def _write(out: Path, rd: RunDir, cfg, loaded, tok, sp_path: Path, ids: dict) -> None:

@@ -7,13 +7,17 @@ Adding a comparison: a package in this folder whose ``__init__`` defines ``COMPA
 :class:`~studylib.study.comparisons.knobs.Knobs` type, its plan, its family tables and what it adds
 to the report's answer), found by :func:`registry`; its notebook (``notebooks/NN_name.py``, opening
 with :func:`studylib.study.runner.notebooks.open_comparison`); its preset entries. Nothing else
-lists it.
+lists it. A folder ``studylib/study/comparisons/`` under another entry of ``sys.path`` (e.g. on
+``PYTHONPATH``, after the repository's own folder) adds its packages too
+(:func:`_folders_on_the_path`): a comparison kept outside this repository.
 """
 from __future__ import annotations
 
 import functools
 import importlib
+import os
 import pkgutil
+import sys
 from typing import Any, Mapping, Optional, Sequence
 
 from studylib.config import ConfigError, Preset
@@ -21,6 +25,17 @@ from studylib.config.study import GENERAL_KEYS
 from studylib.study.comparisons.base import Comparison, Runs, grids_of
 from studylib.study.comparisons.knobs import Context, Study
 from studylib.study.orchestration.plan import Grid
+
+def _folders_on_the_path() -> list[str]:
+    """Folders ``studylib/study/comparisons`` under other entries of ``sys.path`` than this one."""
+    rel = os.path.join(*__name__.split("."))
+    mine = {os.path.realpath(p) for p in __path__}
+    found = [os.path.join(e or ".", rel) for e in sys.path if isinstance(e, str)]
+    return list(dict.fromkeys(d for d in found if os.path.isdir(d) and os.path.realpath(d) not in mine))
+
+
+__path__ = [*__path__, *_folders_on_the_path()]
+
 
 def registry() -> dict[str, Comparison]:
     """``{name: Comparison}`` of every package of this folder (every folder of its ``__path__``), in

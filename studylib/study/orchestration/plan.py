@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from studylib.config import ConfigError, Preset, override, override_pairs
+from studylib.config import ConfigError, Preset, override_pairs
 from studylib.config.presets import Overrides
 from studylib.data.split import fingerprint_now
 from studylib.run.provenance import check_reuse, code_differs
@@ -52,8 +52,8 @@ class Grid:
         """The grid's seeds (default: the preset's, or those the grid's overrides set), each once."""
         if self.seeds is not None:
             return list(dict.fromkeys(self.seeds))
-        sets_seeds = any(k == "seeds" for k, _, _ in override_pairs(self.overrides))
-        return list(dict.fromkeys(override(preset, self.overrides).seeds if sets_seeds else preset.seeds))
+        given = [v for k, v, _ in override_pairs(self.overrides) if k == "seeds"]
+        return list(dict.fromkeys(given[-1] if given else preset.seeds))
 
 
 def run_key(model: str, seed: int, overrides=None, tag: Optional[str] = None) -> tuple:

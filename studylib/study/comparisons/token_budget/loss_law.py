@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
+from scipy.special import huber
 
 from studylib.study.comparisons.token_budget.fits import Coef, bootstrap_values, cell_frame, coef_table, percentile_ci
 
@@ -57,11 +58,6 @@ def _terms(theta: np.ndarray, lnN: np.ndarray, lnD: np.ndarray) -> np.ndarray:
     return np.stack([a - al * lnN, b - be * lnD, np.broadcast_to(e, (a - al * lnN).shape)], axis=-1)
 
 
-def _huber(r: np.ndarray, delta: float) -> np.ndarray:
-    ar = np.abs(r)
-    return np.where(ar <= delta, 0.5 * r ** 2, delta * (ar - 0.5 * delta))
-
-
 def _objective(theta, lnN, lnD, lnL, delta):
     t = _terms(theta, lnN, lnD)
     lse = logsumexp(t, axis=-1)
@@ -69,13 +65,13 @@ def _objective(theta, lnN, lnD, lnL, delta):
     w = np.exp(t - lse[:, None])  # d lse / d term
     g = np.clip(r, -delta, delta) / delta  # the loss is scaled by 1/delta: gradients of order one
     grad = np.array([g @ w[:, 2], g @ w[:, 0], g @ w[:, 1], -(g * lnN) @ w[:, 0], -(g * lnD) @ w[:, 1]])
-    return float(_huber(r, delta).sum()) / delta, grad
+    return float(huber(delta, r).sum()) / delta, grad
 
 
 def _fit(lnN, lnD, lnL, delta, starts=None) -> np.ndarray:
     """The best L-BFGS-B optimum from ``starts`` (default: the grid's best :data:`STARTS` points)."""
     if starts is None:
-        screen = _huber(logsumexp(_terms(_GRID, lnN, lnD), axis=-1) - lnL, delta).sum(axis=-1)
+        screen = huber(delta, logsumexp(_terms(_GRID, lnN, lnD), axis=-1) - lnL).sum(axis=-1)
         starts = _GRID[np.argsort(screen, kind="stable")[:STARTS]]
     bounds = [(None, None)] * 3 + [EXPONENT_BOUNDS] * 2
     best = None

@@ -1,4 +1,5 @@
-"""The router variants (issue #21): sigmoid scores, the aux-loss-free selection bias, the route
+"""studylib.nn.router: the Router module (its weight, selection bias and load counts, one routing
+record per forward) and the router variants (issue #21): sigmoid scores, the aux-loss-free selection bias, the route
 scale, shared experts and the sequence-wise balance loss. Every dispatch path of a whole MoE layer
 equals a per-token reference written out here (outputs and every gradient, fp32), and the bias
 follows its rules: selection only, one update per optimizer step from the whole step's loads,

@@ -1,0 +1,162 @@
+"""Adding a comparison is its package, its notebook and its preset entries: a toy comparison kept
+in a temporary folder (knobs, plan, one family table) runs through the registry, the study's
+plan and training, its notebook kernel and the report, with no other module touched. And a
+notebook kernel that finds the study's plan loads the data at most once."""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from _tiny import tiny_raw
+from studylib.run.rundir import RunDir
+from studylib.study import comparisons as C
+from studylib.study.runner import notebooks as study
+from studylib.study.runner.report import answer_cells
+
+TOY = textwrap.dedent('''\
+    """A toy comparison: two models of the preset at a budget of their own."""
+    from dataclasses import dataclass
+    from typing import Optional
+
+    from studylib.run.spec import budget_overrides
+    from studylib.study.comparisons.base import Comparison
+    from studylib.study.comparisons.knobs import EPOCHS, MODELS, Knobs, knob
+    from studylib.study.orchestration.plan import Grid
+
+
+    @dataclass(frozen=True)
+    class ToyKnobs(Knobs):
+        models: Optional[tuple] = knob("toy_models", MODELS, models=True)
+        epochs: float = knob("toy_epochs", EPOCHS, 1.0)
+
+
+    def grids(study, knobs):
+        return [Grid(list(knobs.models), list(study.preset.seeds), budget_overrides(study.preset, knobs.epochs))]
+
+
+    COMPARISON = Comparison("toy", "13_toy", ToyKnobs, grids, tables=("toy_gaps",))
+    ''')
+
+NOTEBOOK = textwrap.dedent('''\
+    # ---
+    # jupyter:
+    #   jupytext:
+    #     formats: py:percent
+    #     text_representation:
+    #       extension: .py
+    #       format_name: percent
+    #   kernelspec:
+    #     display_name: Python 3
+    #     language: python
+    #     name: python3
+    # ---
+
+    # %% tags=["parameters"]
+    params = "params/t.yaml"
+    jobs = None
+    seeds = None
+    overrides = None
+
+    # %%
+    from studylib.study.analysis import plots, tables
+    from studylib.study.runner.notebooks import open_comparison
+
+    ctx, runs = open_comparison("toy", params, jobs, seeds, overrides)
+    a, b = ctx.knobs.models
+    t = tables.comparison_table(runs.frame(), {f"{a} - {b}": (a, b)}, margin=ctx.study.general.margin,
+                                family="13 toy: dense - moe")
+    plots.save_table(t, "toy_gaps", ctx.out)
+    print("STEPS", sorted(set(runs.frame()["steps"])))
+    ''')
+
+
+def _fake_train_run(calls):
+    def train_run(preset, model, seed, run_dir=None, progress=True, data=None):
+        calls.append((model, seed, preset.train.max_steps))
+        rd = RunDir(run_dir)
+        rd.path.mkdir(parents=True, exist_ok=True)
+        from studylib.config import run_document
+
+        rd.write_config(run_document(preset, preset.model_config(model), model, seed))
+        rd.write_summary({"model": model, "seed": seed, "finished": True, "steps": preset.train.max_steps,
+                          "best_val_loss": 3.0 + 0.1 * (model == "dense") + 0.01 * seed})
+    return train_run
+
+
+def test_a_toy_comparison_in_its_own_folder_runs_through_the_registry_the_study_and_the_report(tmp_path, monkeypatch):
+    monkeypatch.delenv("STUDYLIB_OUTPUTS", raising=False)
+    monkeypatch.delenv("STUDYLIB_ROOT", raising=False)
+    extra = tmp_path / "plugins"
+    pkg = extra / "studylib" / "study" / "comparisons" / "toy"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(TOY)
+    # this process finds it as a kernel will: the folder on the path extends the comparisons' package
+    monkeypatch.setattr(C, "__path__", [*C.__path__, str(extra / "studylib" / "study" / "comparisons")])
+    repo = Path(__file__).resolve().parents[3]  # studylib first, then the folder that extends it
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo), str(extra), os.environ.get("PYTHONPATH")])))
+    root = tmp_path / "repo"
+    (root / "params").mkdir(parents=True)
+    (root / "notebooks").mkdir()
+    raw = tiny_raw(name="t", study={"headline": ["dense", "moe"], "toy_models": ["dense", "moe"], "toy_epochs": 0.5})
+    (root / "params" / "t.yaml").write_text(yaml.safe_dump(raw))
+    (root / "notebooks" / "13_toy.py").write_text(NOTEBOOK)
+    assert "toy" in C.registry() and C.comparison("13_toy").knobs.keys() == ("toy_models", "toy_epochs")
+    calls = []
+    monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run(calls))
+    monkeypatch.setattr("studylib.data.pipeline.load_data", lambda *a, **k: None)  # nothing trains for real
+    res = study.run_study("params/t.yaml", root=root, jobs=1, report=True, progress=False, echo=lambda m: None)
+    half = raw["train"]["max_steps"] // 2
+    assert sorted(calls) == [(m, s, half) for m in ("dense", "moe") for s in (1, 2)]  # the toy's own budget
+    out = root / "outputs" / "t"
+    assert json.loads((out / "plans" / "toy.json").read_text())["grids"][0]["models"] == ["dense", "moe"]
+    executed = (out / "notebooks" / "13_toy.ipynb").read_text()
+    assert f"STEPS [{half}]" in executed
+    assert (out / "tables" / "toy_gaps.csv").is_file()
+    html = Path(res["report"]).read_text()
+    assert "Notebook 13: " in html and "13 toy: dense - moe" in html
+    md = "\n".join(c.source for c in answer_cells(out) if c.cell_type == "markdown")
+    assert "Notebook 13: " in md
+
+
+STARTUP = textwrap.dedent('''\
+    import os
+    from studylib.data import pipeline
+
+    _load = pipeline.load_data
+
+
+    def load_data(cfg, progress=True):
+        with open(os.environ["STUDYLIB_TEST_LOADS"], "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        return _load(cfg, progress)
+
+
+    pipeline.load_data = load_data
+    ''')
+
+
+@pytest.mark.slow
+def test_a_kernel_that_finds_the_studys_plan_loads_the_data_at_most_once(scratch, monkeypatch, subset):
+    """Notebook 09 of the ci preset (its budgets in tokens per parameter need one epoch's steps)
+    and 03: each kernel counts its loads of the data (an IPython startup file wraps load_data)."""
+    monkeypatch.setenv("STUDYLIB_DATA_DIR", str(subset))
+    monkeypatch.delenv("STUDYLIB_SCHEDULER", raising=False)
+    ipython = scratch / "ipython"
+    (ipython / "profile_default" / "startup").mkdir(parents=True)
+    (ipython / "profile_default" / "startup" / "00-count.py").write_text(STARTUP)
+    monkeypatch.setenv("IPYTHONDIR", str(ipython))
+    loads = scratch / "loads.txt"
+    monkeypatch.setenv("STUDYLIB_TEST_LOADS", str(loads))
+    ci = Path(__file__).resolve().parents[3] / "params" / "ci.yaml"
+    study.run_study(str(ci), notebooks=["03", "09"], jobs=1, report=False, progress=False, notebook_jobs=1,
+                    echo=lambda m: None)
+    assert (scratch / "out" / "ci" / "plans" / "token_budget.json").is_file()
+    per_kernel = {}
+    for pid in (loads.read_text().split() if loads.exists() else []):
+        per_kernel[pid] = per_kernel.get(pid, 0) + 1
+    assert all(n <= 1 for n in per_kernel.values()), per_kernel
