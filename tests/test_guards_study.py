@@ -128,3 +128,26 @@ def test_a_notebook_parameter_of_the_wrong_type_is_one_line_before_anything_trai
     assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
     assert re.match(rf"error: {name}: expected a string or None, got ", errors[0]), errors
     assert not (box / "out").exists() and not (box / "cache").exists()
+
+
+# ---- the map's budgets (issue #41) ------------------------------------------------------------------
+@pytest.mark.parametrize("budgets, line", [
+    ([1e9], r"study\.token_budget\.trios\[1\]\.tokens_per_param: 1e\+09 tokens per active parameter is [\d,]+ optimizer "
+            r"steps, [\d,]+ times the preset's train\.max_steps = 12; at most 100"),
+    ([0.001, 0.002, 0.003], r"study\.token_budget\.trios\[1\]\.tokens_per_param: 0\.001 tokens per active parameter is "
+                            r"[\d.e-]+ optimizer steps, fewer than the preset's warm-up of 1"),
+])
+def test_a_map_budget_out_of_range_is_one_line_before_anything_trains(box, capsys, budgets, line):
+    """A budget of 1e9 tokens/param queued runs of 41,709,677,419 steps (a hang); 0.001-0.003 became
+    one map point of one step, silently."""
+    raw = yaml.safe_load((ROOT / "params" / "ci.yaml").read_text())
+    raw["study"]["token_budget"]["trios"][1]["tokens_per_param"] = budgets
+    raw["name"] = "ci"
+    params = box / "params" / "ci_budget.yaml"
+    params.parent.mkdir()
+    params.write_text(yaml.safe_dump(raw))
+    rc, errors, err = _errors(["study", "--params", str(params), "--notebooks", "09", "--no-report", "--no-progress"],
+                              capsys)
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert re.match("error: " + line, errors[0]), errors
+    assert not (box / "out" / "ci" / "runs").exists()

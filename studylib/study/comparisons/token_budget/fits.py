@@ -57,6 +57,20 @@ def cell_frame(per_seed: pd.DataFrame, keys: Sequence[str], value: str, who: str
     return df
 
 
+#: the seeds a cell needs for a fit over the cells to carry an interval (a bootstrap that resamples
+#: one seed resamples nothing: its interval would have no width)
+MIN_SEEDS = 2
+
+
+def no_interval(df: pd.DataFrame) -> str:
+    """Why a fit over the cells of ``df`` (:func:`cell_frame`) has no interval ("" when every cell
+    has :data:`MIN_SEEDS` seeds or more)."""
+    n = df.groupby("cell").size()
+    few = int((n < MIN_SEEDS).sum())
+    return ("" if not few else f"no interval: {few} of {len(n)} map points have one seed (a point needs at least "
+                               f"{MIN_SEEDS} seeds to carry an interval)")
+
+
 def resample_cells(cell: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """``(n_boot, len(cell))`` row indices: each replicate draws, within every cell, as many rows
     (seeds) as the cell has, with replacement. ``cell`` must be sorted."""
@@ -80,15 +94,19 @@ def bootstrap_values(y: np.ndarray, cell: np.ndarray, n_boot: int, rng: np.rando
 
 
 def percentile_ci(draws: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
-    """The bootstrap's percentile interval along axis 0 (NaN draws ignored)."""
+    """The bootstrap's percentile interval along axis 0 (NaN draws ignored; no draw: NaN)."""
     q = 100 * (1 - level) / 2
+    if np.isnan(draws).all():
+        nan = np.full(draws.shape[1:], math.nan)
+        return nan, nan.copy()
     return np.nanpercentile(draws, q, axis=0), np.nanpercentile(draws, 100 - q, axis=0)
 
 
 @dataclass(frozen=True)
 class Coef:
     """One fitted parameter: its estimate and bootstrap percentile interval, or, where the grid
-    does not identify it, ``identified=False`` with the reason (and NaN numbers)."""
+    does not identify it, ``identified=False`` with the reason (and NaN numbers); where the seeds
+    carry no interval (:func:`no_interval`), the estimate with NaN bounds and that reason."""
 
     name: str
     estimate: float
@@ -103,10 +121,17 @@ class Coef:
         return self.identified and (self.ci_low > 0 or self.ci_high < 0)
 
     @property
+    def has_interval(self) -> bool:
+        return not (math.isnan(self.ci_low) or math.isnan(self.ci_high))
+
+    @property
     def verdict(self) -> str:
-        """"positive", "negative", "not resolved" (the interval includes 0) or "not identified"."""
+        """"positive", "negative", "not resolved" (the interval includes 0), "not identified" or
+        "no interval"."""
         if not self.identified:
             return "not identified"
+        if not self.has_interval:
+            return "no interval"
         return ("positive" if self.estimate > 0 else "negative") if self.resolved else "not resolved"
 
     def words(self, what: str, unit: str = "", digits: int = 4) -> str:
@@ -115,6 +140,8 @@ class Coef:
         if not self.identified:
             return f"{what}: not identified ({self.reason})"
         sf = f"{{:+.{digits}f}}"
+        if not self.has_interval:
+            return f"{what}: {sf.format(self.estimate)}{f' {unit}' if unit else ''}, {self.reason}"
         u = f" {unit}" if unit else ""
         return (f"{what}: {sf.format(self.estimate)}{u} [{sf.format(self.ci_low)}, {sf.format(self.ci_high)}] "
                 f"(bootstrap CI), {self.verdict}")
@@ -264,10 +291,15 @@ def gap_model(per_seed: pd.DataFrame, value: str = "value", interaction="auto", 
     pinv = np.linalg.pinv(X)
     y = df[value].to_numpy()
     beta = pinv @ y
-    rng = np.random.default_rng(seed)
-    draws = bootstrap_values(y, df["cell"].to_numpy(), n_boot, rng) @ pinv.T
-    lo, hi = percentile_ci(draws, level)
-    coefs = {t: Coef(t, float(beta[terms.index(t)]), float(lo[terms.index(t)]), float(hi[terms.index(t)]))
+    lonely = no_interval(df)
+    if lonely:  # no replicates: every interval, p value and prediction band is NaN
+        draws = np.full((n_boot, len(terms)), math.nan)
+        lo = hi = np.full(len(terms), math.nan)
+    else:
+        draws = bootstrap_values(y, df["cell"].to_numpy(), n_boot, np.random.default_rng(seed)) @ pinv.T
+        lo, hi = percentile_ci(draws, level)
+    coefs = {t: Coef(t, float(beta[terms.index(t)]), float(lo[terms.index(t)]), float(hi[terms.index(t)]),
+                     reason=lonely)
              if t in terms else Coef(t, math.nan, math.nan, math.nan, False, why[t]) for t in TERMS}
     t, n = df["tokens_per_param"], df["params"]
     return GapModel(coefs, tuple(terms), beta, draws, centre, (float(t.min()), float(t.max())),
@@ -332,12 +364,13 @@ def leave_one_out(per_seed: pd.DataFrame, fit: Callable = gap_model, keys: Seque
         mean, draws = m.predict_draws(*[[v] for v in x])
         sim = draws[:, 0] + rng.normal(0.0, s / math.sqrt(len(y)), len(draws))
         lo, hi = percentile_ci(sim, level)
+        lonely = next((c.reason for c in m.coefs.values() if c.identified and not c.has_interval), "")
         row.update(predicted=float(mean[0]), pi_low=float(lo), pi_high=float(hi),
                    inside=bool(lo <= y.mean() <= hi), extrapolated=bool(m.extrapolated(*[[v] for v in x])[0]),
-                   not_identified=", ".join(k for k, c in m.coefs.items() if not c.identified))
+                   not_identified=", ".join(k for k, c in m.coefs.items() if not c.identified), note=lonely)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-__all__ = ["GAP_KEYS", "TERMS", "Coef", "coef_table", "cell_frame", "resample_cells", "bootstrap_values", "percentile_ci",
+__all__ = ["GAP_KEYS", "MIN_SEEDS", "TERMS", "Coef", "no_interval", "coef_table", "cell_frame", "resample_cells", "bootstrap_values", "percentile_ci",
            "GapModel", "gap_model", "gap_model_words", "leave_one_out"]

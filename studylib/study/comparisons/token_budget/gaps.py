@@ -63,6 +63,12 @@ PAPER_POINT = {"tokens_per_param": PAPER_TOKENS_PER_PARAM,
 # --------------------------------------------------------------------------------------------
 # the knob
 # --------------------------------------------------------------------------------------------
+#: the longest budget, in units of the preset's own schedule (one pass over the training windows,
+#: or ``train.max_steps`` when set): past ~40 passes, repeated data is worth almost nothing
+#: (Muennighoff et al. 2023); more is a typo that would queue a run of billions of steps
+MAX_EPOCHS = 100
+
+
 def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] = None) -> list[TrioConfig]:
     """The trios of ``study.token_budget`` (:class:`TrioConfig`, checked when the study loaded the
     preset) with every budget in epochs: a ``tokens_per_param`` budget ``x`` becomes
@@ -70,13 +76,16 @@ def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] =
     :func:`tokens_per_step`), i.e. that many steps over one epoch's ``S`` steps (``epoch``; default
     :func:`studylib.run.spec.epoch_steps` of the preset, which may load the data), and ``1.0``
     exactly when the steps are ``S`` (the preset's own run). Absent: one ConfigError line naming
-    the knob."""
+    the knob. Each budget is checked (:func:`check_budgets`) unless ``epoch`` is given (the
+    ``paper`` preset's runs read without its data)."""
     if knobs.trios is None:
         raise ConfigError(f"{KEY}: missing from preset {preset.name!r}; expected {TOKEN_BUDGET_SHAPE}")
     trios = list(knobs.trios)
+    s, per_step = (epoch_steps(preset) if epoch is None else epoch), tokens_per_step(preset)
+    if epoch is None:
+        check_budgets(preset, trios, s)
     if not any(t.tokens_per_param for t in trios):
         return trios
-    s, per_step = (epoch_steps(preset) if epoch is None else epoch), tokens_per_step(preset)
     out = []
     for t in trios:
         a = int(preset.model_config(t.moe).num_params.active)
@@ -86,6 +95,37 @@ def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] =
             by_steps.setdefault(n, 1.0 if n == s else n / s)
         out.append(replace(t, epochs=tuple(sorted(by_steps.values())), tokens_per_param=()))
     return out
+
+
+def check_budgets(preset: Preset, trios: Sequence[TrioConfig], epoch: int) -> None:
+    """Every budget of every trio, in optimizer steps, must be at least one step and at least the
+    warm-up of the preset's own schedule (``epoch`` steps; a shorter run only ramps its learning
+    rate), differ from the trio's other budgets (two that round to one step count would be one map
+    point, silently) and be at most :data:`MAX_EPOCHS` times the preset's schedule; else one
+    ConfigError line naming the budget, what it comes to and the limit."""
+    from studylib.run.optim import warmup_steps
+
+    per_step, warmup = tokens_per_step(preset), max(1, warmup_steps(epoch, preset.train))
+    unit = ("passes over the training windows" if preset.train.max_steps is None else
+            f"times the preset's train.max_steps = {epoch:,}")
+    for i, t in enumerate(trios):
+        a = int(preset.model_config(t.moe).num_params.active)
+        seen: dict[int, str] = {}
+        given = [("epochs", e * epoch, f"{e:g} epochs") for e in t.epochs]
+        given += [("tokens_per_param", x * a / per_step, f"{x:g} tokens per active parameter")
+                  for x in t.tokens_per_param]
+        for key, exact, what in given:
+            where, n = f"{KEY}.trios[{i}].{key}", round(exact)
+            if n > MAX_EPOCHS * epoch:
+                raise ConfigError(f"{where}: {what} is {n:,} optimizer steps, {n / epoch:,.0f} {unit}; at most "
+                                  f"{MAX_EPOCHS} (repeated data is worth almost nothing long before that)")
+            if n < warmup:
+                raise ConfigError(f"{where}: {what} is {exact:.3g} optimizer steps, fewer than the preset's warm-up "
+                                  f"of {warmup} (a shorter run only ramps its learning rate); give a larger budget")
+            if n in seen:
+                raise ConfigError(f"{where}: {what} rounds to {n:,} optimizer steps, as {seen[n]} does; "
+                                  f"two budgets of one trio must differ by at least one step")
+            seen[n] = what
 
 
 def tokens_per_step(preset: Preset) -> int:

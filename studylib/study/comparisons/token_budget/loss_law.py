@@ -29,7 +29,8 @@ import pandas as pd
 from scipy.optimize import minimize
 from scipy.special import huber
 
-from studylib.study.comparisons.token_budget.fits import Coef, bootstrap_values, cell_frame, coef_table, percentile_ci
+from studylib.study.comparisons.token_budget.fits import (Coef, bootstrap_values, cell_frame, coef_table, no_interval,
+                                                          percentile_ci)
 
 #: a per-model frame's map point: parameters (N) and training tokens (D)
 LAW_KEYS = ("params", "tokens")
@@ -158,6 +159,7 @@ class LossLaw:
         for k in NAMES:
             c = self.coefs[k]
             parts.append(f"{k} not identified ({c.reason})" if not c.identified else
+                         f"{k} = {c.estimate:.4g}, {c.reason}" if not c.has_interval else
                          f"{k} = {c.estimate:.4g} [{c.ci_low:.4g}, {c.ci_high:.4g}]")
         (n0, n1), (d0, d1) = self.params_range, self.tokens_range
         return (f"{label}, L = E + A/N^alpha + B/D^beta over {self.n_cells} points "
@@ -176,16 +178,19 @@ def loss_law(per_seed: pd.DataFrame, value: str = "value", n_boot: int = 200, le
         raise ValueError(f"loss_law: column {value!r} must be positive (a loss; the fit is on log L)")
     lnN, lnD, y = np.log(df["params"].to_numpy()), np.log(df["tokens"].to_numpy()), df[value].to_numpy()
     theta = _fit(lnN, lnD, np.log(y), huber_delta, starts=None if start is None else (np.asarray(start, float),))
-    rng = np.random.default_rng(seed)
-    reps = bootstrap_values(y, df["cell"].to_numpy(), n_boot, rng)
-    if (reps <= 0).any():
-        raise ValueError(f"loss_law: a bootstrap replicate of {value!r} is not positive (noise larger than the loss)")
-    draws = np.array([_fit(lnN, lnD, np.log(r), huber_delta, starts=(theta,)) for r in reps]).reshape(-1, 5)
+    lonely = no_interval(df)
+    if lonely:  # one seed somewhere: no replicates, every interval NaN
+        draws = np.full((n_boot, 5), math.nan)
+    else:
+        reps = bootstrap_values(y, df["cell"].to_numpy(), n_boot, np.random.default_rng(seed))
+        if (reps <= 0).any():
+            raise ValueError(f"loss_law: a bootstrap replicate of {value!r} is not positive (noise larger than the loss)")
+        draws = np.array([_fit(lnN, lnD, np.log(r), huber_delta, starts=(theta,)) for r in reps]).reshape(-1, 5)
     cells = df.groupby("cell")[list(LAW_KEYS)].first()
     bad = _not_identified(theta, np.log(cells["params"].to_numpy()), np.log(cells["tokens"].to_numpy()))
     est, (lo, hi) = _natural(theta), percentile_ci(_natural(draws), level)
     coefs = {k: (Coef(k, math.nan, math.nan, math.nan, False, bad[j]) if j in bad else  # NAMES: theta's order
-                 Coef(k, float(est[j]), float(lo[j]), float(hi[j]))) for j, k in enumerate(NAMES)}
+                 Coef(k, float(est[j]), float(lo[j]), float(hi[j]), reason=lonely)) for j, k in enumerate(NAMES)}
     n, d = df["params"], df["tokens"]
     return LossLaw(coefs, theta, draws, (float(n.min()), float(n.max())), (float(d.min()), float(d.max())),
                    len(cells), len(df), level)

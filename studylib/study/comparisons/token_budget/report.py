@@ -54,7 +54,10 @@ def gap_models(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dic
 
 def _p_boot(draws: np.ndarray) -> float:
     """Two-sided bootstrap p of "the coefficient is zero": twice the smaller tail at zero, at
-    least one replicate's worth (``1 / len(draws)``: no replicate beyond zero is not p = 0)."""
+    least one replicate's worth (``1 / len(draws)``: no replicate beyond zero is not p = 0); NaN
+    without replicates (:func:`~studylib.study.comparisons.token_budget.fits.no_interval`)."""
+    if np.isnan(draws).all():
+        return math.nan
     return float(min(1.0, max(2 * min(np.mean(draws <= 0), np.mean(draws >= 0)), 1 / len(draws))))
 
 
@@ -62,16 +65,19 @@ def coefficient_table(models: Mapping[str, GapModel], alpha: float = ALPHA) -> p
     """One row per gap and term (intercept, tokens_per_param, size, interaction): estimate and
     bootstrap CI per decade, ``p_boot``, ``p_holm`` (over the gap's identified slope terms: its
     family) and ``verdict`` ("positive": more of it favours the MoE, "negative", "not resolved",
-    "not identified" with ``reason``); ``centre_*``: where the other coefficient is held."""
+    "not identified" or "no interval", with ``reason``); ``centre_*``: where the other
+    coefficient is held."""
     rows = []
     for gap, m in models.items():
         t = m.table()
         p = {term: _p_boot(m.draws[:, m.terms.index(term)]) for term in m.terms if term != "intercept"}
+        p = {term: v for term, v in p.items() if not math.isnan(v)}
         adj = dict(zip(p, holm(list(p.values())))) if p else {}
         for term, r in t.iterrows():
             ok = bool(r["identified"])
             q = adj.get(term, math.nan)
             verdict = ("not identified" if not ok else "" if term == "intercept" else
+                       "no interval" if term not in p else
                        ("positive" if r["estimate"] > 0 else "negative") if q < alpha else "not resolved")
             rows.append({"gap": gap, "term": term, "estimate": r["estimate"], "ci_low": r["ci_low"],
                          "ci_high": r["ci_high"], "identified": ok, "p_boot": p.get(term, math.nan), "p_holm": q,
@@ -88,6 +94,8 @@ def what_moves(coefs: pd.DataFrame, gap: str) -> str:
     moves = [n for t, n in names.items() if v[t] in ("positive", "negative")]
     unknown = [n for t, n in names.items() if v[t] == "not identified"]
     label = GAPS[gap][1].split(" (")[0]
+    if all(v[t] in ("no interval", "not identified") for t in names) and "no interval" in set(v[list(names)]):
+        return f"What moves the {label}: not judged (a point needs at least two seeds to carry an interval)."
     head = ("both tokens per parameter and model size move it" if len(moves) == 2 else
             f"{moves[0]} moves it" if moves else "neither coefficient is resolved")
     tail = f"; {' and '.join(unknown)} not identified by this grid" if unknown else ""
@@ -97,6 +105,8 @@ def what_moves(coefs: pd.DataFrame, gap: str) -> str:
 def _coef_words(r, what: str, unit: str) -> str:
     if not r["identified"]:
         return f"{what}: not identified ({r['reason']})"
+    if r["verdict"] == "no interval":
+        return f"{what}: {r['estimate']:+.4f} {unit}, {r['reason']}"
     way = {"positive": ", more of it favours the MoE", "negative": ", more of it favours the dense model"}.get(
         r["verdict"], "")
     return (f"{what}: {r['estimate']:+.4f} {unit} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] (bootstrap 95% CI; "
@@ -189,7 +199,7 @@ def loss_loo_table(losses: pd.DataFrame, laws: Mapping, n_boot: int = 40, seed: 
             t = leave_one_out(d[[*LAW_KEYS, "seed", "value"]], fit=loss_law, keys=LAW_KEYS, n_boot=n_boot, seed=seed,
                               start=law.theta)
         t.insert(0, "role", role)
-        t["checked"] = t["predicted"].notna() & (t["not_identified"] == "")
+        t["checked"] = t["predicted"].notna() & t["pi_low"].notna() & (t["not_identified"] == "")
         out.append(t)
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
@@ -218,9 +228,13 @@ def extrapolation_table(models: Mapping[str, GapModel], laws: Mapping) -> pd.Dat
     rows = []
     for gap, m in models.items():
         p = m.predict([PAPER_ACTIVE_PARAMS], [PAPER_TOKENS_PER_PARAM]).iloc[0]
+        missing = [t for t in ("tokens_per_param", "size") if not m.coefs[t].identified]
+        ok = not missing  # a term the grid does not identify is never carried outside it
         rows.append({"kind": "gap", "what": gap, "params": PAPER_ACTIVE_PARAMS, "tokens": PAPER_HEADLINE_TOKENS,
-                     "predicted": p["gap"], "ci_low": p["ci_low"], "ci_high": p["ci_high"],
-                     "paper": PAPER_POINT[gap], "identified": True, "extrapolated": bool(p["extrapolated"])})
+                     "predicted": p["gap"] if ok else math.nan, "ci_low": p["ci_low"] if ok else math.nan,
+                     "ci_high": p["ci_high"] if ok else math.nan, "paper": PAPER_POINT[gap], "identified": ok,
+                     "extrapolated": bool(p["extrapolated"]),
+                     "reason": "" if ok else f"{' and '.join(missing)} not identified by this grid"})
     paper_loss = dict(zip(ROLES, PAPER_TABLE6.mean().to_numpy()))
     for role, law in laws.items():
         n = _paper_params(role)
@@ -229,7 +243,9 @@ def extrapolation_table(models: Mapping[str, GapModel], laws: Mapping) -> pd.Dat
         rows.append({"kind": "loss", "what": role, "params": n, "tokens": PAPER_HEADLINE_TOKENS,
                      "predicted": p["loss"] if ok else math.nan, "ci_low": p["ci_low"] if ok else math.nan,
                      "ci_high": p["ci_high"] if ok else math.nan, "paper": paper_loss[role], "identified": ok,
-                     "extrapolated": bool(p["extrapolated"])})
+                     "extrapolated": bool(p["extrapolated"]),
+                     "reason": "" if ok else ", ".join(k for k in NAMES if not law.coefs[k].identified)
+                     + " not identified by this grid"})
     return pd.DataFrame(rows)
 
 
@@ -243,6 +259,13 @@ def _extrapolation_words(ex: pd.DataFrame) -> list[str]:
            "corpus size and context), and nothing between the sizes here and the paper's was measured")
     for r in ex[ex["kind"] == "gap"].itertuples():
         label = GAPS[r.what][1].split(" (")[0]
+        if not r.identified:
+            out.append(f"The gap model's {label} is not carried to the paper's point: {r.reason}.")
+            continue
+        if r.ci_low != r.ci_low:
+            out.append(f"Extrapolated to the paper's point, the gap model's {label} is {r.predicted:+.3f} with no "
+                       f"interval (a map point needs at least two seeds): no sign is predicted.")
+            continue
         same = (r.ci_low > 0 and r.paper > 0) or (r.ci_high < 0 and r.paper < 0)
         unclear = r.ci_low <= 0 <= r.ci_high
         verdict = ("its interval includes zero, so no sign is predicted" if unclear else
@@ -298,15 +321,19 @@ def fit_sentences(coefs: pd.DataFrame, crossing: pd.DataFrame, loo: pd.DataFrame
             s += " Fitted zero (the crossing line at the measured sizes): " + "; ".join(zs) + "."
         lo = loo[loo["gap"] == gap] if len(loo) else loo
         if len(lo):
-            ok = lo[lo["predicted"].notna()]
-            s += (f" Left out one at a time, {int(ok['inside'].sum())} of {len(lo)} points lie inside their "
-                  f"predicted 95% interval" + (f" ({len(lo) - len(ok)} could not be predicted)" if len(ok) < len(lo)
-                                               else "") + ".")
+            ok = lo[lo["predicted"].notna() & lo["pi_low"].notna()]
+            if len(ok):
+                s += (f" Left out one at a time, {int(ok['inside'].sum())} of {len(lo)} points lie inside their "
+                      f"predicted 95% interval" + (f" ({len(lo) - len(ok)} could not be predicted or carry no "
+                                                   f"interval)" if len(ok) < len(lo) else "") + ".")
+            else:
+                s += " Left out one at a time, no point's prediction carries an interval."
         out.append(s)
     for role in dict.fromkeys(laws["role"]) if len(laws) else ():
         r = laws[laws["role"] == role].set_index("parameter")
         parts = [f"{k} not identified ({r.loc[k, 'reason']})" if not r.loc[k, "identified"] else
-                 f"{k} = {r.loc[k, 'estimate']:.4g} [{r.loc[k, 'ci_low']:.4g}, {r.loc[k, 'ci_high']:.4g}]"
+                 f"{k} = {r.loc[k, 'estimate']:.4g}, {r.loc[k, 'reason']}" if r.loc[k, "ci_low"] != r.loc[k, "ci_low"]
+                 else f"{k} = {r.loc[k, 'estimate']:.4g} [{r.loc[k, 'ci_low']:.4g}, {r.loc[k, 'ci_high']:.4g}]"
                  for k in NAMES]
         out.append(f"Loss law of {role} (N: {N_OF_ROLE}; {int(r['cells'].iloc[0])} points): " + "; ".join(parts) + "."
                    + (_loss_loo_words(loss_loo, role) if loss_loo is not None and len(loss_loo) else ""))

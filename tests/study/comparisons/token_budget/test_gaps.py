@@ -25,7 +25,7 @@ from studylib.study.orchestration.plan import plan_runs
 T975_2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2): the 95% paired-t factor for n = 3
 
 MODELS = {"dense2": {"ffn": {"kind": "dense", "hidden": 96}}}
-TB = {"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [0.5, 1.0, 1.01, 2.0]}]}
+TB = {"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [0.5, 1.0, 2.0]}]}
 
 
 def _study(seeds=(1, 2), **study):
@@ -107,12 +107,11 @@ def test_run_plan_reuses_the_presets_own_runs_and_trains_the_other_budgets(tmp_p
     study = _study(token_budget=TB)  # train.max_steps 12: the "epoch" is 12 steps
     p, trios = study.preset, _trios(study)
     budget_map = bm.budgets(p, trios)
-    assert budget_map == {0.5: {"train.max_steps": 6}, 1.0: {}, 1.01: {"train.max_steps": 12},
-                          2.0: {"train.max_steps": 24}}
+    assert budget_map == {0.5: {"train.max_steps": 6}, 1.0: {}, 2.0: {"train.max_steps": 24}}
     _fake_run(p, "moe", 1, {}, 2.0)
     plan = bm.run_plan(study, trios, _specs(p, trios, [1, 2], budget_map)).set_index(["epochs", "model"])
-    # 1.0 epoch is the preset's own run; 1.01 rounds to the same 12 steps, so it is that run too
-    for e in (1.0, 1.01):
+    # 1.0 epoch is the preset's own run
+    for e in (1.0,):
         assert plan.loc[(e, "moe"), "preset_run"] and plan.loc[(e, "moe"), "also_in"] == "headline"
         assert plan.loc[(e, "moe"), "run_dir"] == str(tmp_path / "tiny/runs/moe/seed*")
         assert plan.loc[(e, "moe"), "finished"] == 1 and plan.loc[(e, "dense"), "finished"] == 0
@@ -223,6 +222,22 @@ def test_a_bad_tokens_per_param_budget_is_one_line(trio, where):
     with pytest.raises(ConfigError) as e:
         _study(token_budget={"trios": [trio]})
     assert str(e.value).startswith(where) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("trio, match", [
+    # issue #41: queued at 41,709,677,419 steps (a hang)
+    ({"tokens_per_param": [1e9]}, r"trios\[0\]\.tokens_per_param: 1e\+09 tokens per active parameter is [\d,]+ "
+                                  r"optimizer steps, [\d,]+ times the preset's train\.max_steps = 12; at most 100"),
+    ({"epochs": [101.0]}, r"trios\[0\]\.epochs: 101 epochs is 1,212 optimizer steps, 101 times"),
+    # issue #41: three budgets silently became one map point of one step
+    ({"tokens_per_param": [0.001, 0.002, 0.003]}, r"trios\[0\]\.tokens_per_param: 0\.001 tokens per active parameter "
+                                                  r"is [\d.e-]+ optimizer steps, fewer than the preset's warm-up of 1"),
+    ({"epochs": [1.0, 1.01]}, r"trios\[0\]\.epochs: 1\.01 epochs rounds to 12 optimizer steps, as 1 epochs does"),
+])
+def test_a_budget_out_of_range_or_equal_to_another_is_one_line(trio, match):
+    study = _study(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], **trio}]})
+    with pytest.raises(ConfigError, match=r"^study\.token_budget\." + match):
+        _trios(study)
 
 
 def test_sizes_that_share_a_tokens_per_param_are_found_within_two_percent():

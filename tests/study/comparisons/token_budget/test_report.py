@@ -1,4 +1,4 @@
-"""The fits over the token-budget map as notebook 09 shows them (studylib.study.analysis.budget_fits):
+"""The fits over the token-budget map as notebook 09 shows them (studylib.study.comparisons.token_budget.report):
 coefficients recovered from a known plane with Holm over each gap's slopes (against statsmodels),
 what moves a gap, a size the grid cannot identify, the crossing line at the measured sizes, the
 loss frame's roles, and the extrapolation's sign comparison."""
@@ -139,3 +139,34 @@ def test_a_law_that_leaves_a_parameter_unidentified_is_not_refitted():
     words = bf.fit_sentences(pd.DataFrame(columns=["gap"]), pd.DataFrame(), pd.DataFrame(),
                              bf.loss_law_table(laws), pd.DataFrame(columns=["kind"]), loo)
     assert "no point can be checked (not refitted: on every point the law leaves E, A, alpha not identified)" in words[0]
+
+
+def test_a_map_of_one_size_is_never_carried_to_the_papers_point():
+    """issue #41: the fit said "size not identified", yet the extrapolation was marked identified
+    with an interval (-0.430 [-0.518, -0.343])."""
+    models = bf.gap_models(_per_seed(0.02, 0.0, sizes={"s": 1e4}), n_boot=200)
+    ex = bf.extrapolation_table(models, {}).set_index("what")
+    assert not ex["identified"].any() and ex["predicted"].isna().all() and ex["ci_low"].isna().all()
+    assert ex.loc["active", "reason"] == "size not identified by this grid"
+    words = bf._extrapolation_words(ex.reset_index())
+    assert words[0].startswith("The gap model's matched-active gap is not carried to the paper's point: size not "
+                               "identified")
+
+
+def test_one_seed_per_point_gives_no_interval_and_no_verdict():
+    """issue #41: with one seed per point the bootstrap resampled nothing: an interval of zero
+    width, [-0.0093, -0.0093], and "Holm-adjusted p=0.001"."""
+    models = bf.gap_models(_per_seed(0.02, 0.01, seeds=1), n_boot=200)
+    coefs = bf.coefficient_table(models)
+    slopes = coefs[coefs["term"] != "intercept"]
+    assert slopes[slopes["verdict"] != "not identified"]["verdict"].eq("no interval").all()
+    assert coefs["ci_low"].isna().all() and coefs["p_boot"].isna().all() and coefs["p_holm"].isna().all()
+    assert coefs.loc[coefs["term"] == "size", "reason"].iloc[0].startswith("no interval: 9 of 9 map points have one seed")
+    assert bf.what_moves(coefs, "active").endswith("not judged (a point needs at least two seeds to carry an interval).")
+    ex = bf.extrapolation_table(models, {})
+    assert ex["ci_low"].isna().all()
+    assert "no interval" in bf._extrapolation_words(ex)[0]
+    loo = bf.loo_table(_per_seed(0.02, 0.01, seeds=1), n_boot=50)
+    assert loo["pi_low"].isna().all() and loo["note"].str.startswith("no interval").all()
+    words = " ".join(bf.fit_sentences(coefs, bf.crossing_table(models), loo, pd.DataFrame(), ex))
+    assert "[" not in words.split("Extrapolated")[0] and "Holm-adjusted p=" not in words
