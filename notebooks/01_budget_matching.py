@@ -150,6 +150,23 @@ display(Markdown(
     "difference from the paper and its reason."))
 
 # %% [markdown]
+# ### Every trio of the token-budget map (notebook 09) beside the paper's
+#
+# Each size of the map is its own scaled copy of the paper's trio: its vocabulary per unit of the
+# MoE's width, its dense baselines' widths and FFN / width, its embedding shares (the paper's from
+# its Tables 3 and 5). A preset whose trio leaves the paper's family is refused when a study loads
+# it (`token_budget: {shape: paper}`, the default).
+
+# %%
+trios = study["token_budget"].trios or ()
+if trios:
+    trio_shapes = shape.trio_frame(preset, [t.models for t in trios])
+    plots.save_table(trio_shapes, "shape_trios", out)
+    display(shape.display_frame(trio_shapes))
+else:
+    print(f"preset {preset.name!r} has no token-budget map (study.token_budget)")
+
+# %% [markdown]
 # ## The data: a split by story
 #
 # The stories are shuffled with `data.split_seed` and 5 % of them are held out; the tokenizer is

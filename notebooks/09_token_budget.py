@@ -68,26 +68,42 @@ from IPython.display import Markdown, display
 
 from studylib.study.analysis import plots, text
 from studylib.study.comparisons import token_budget
-from studylib.study.comparisons.token_budget import checks as budget_checks, gaps as bm, plots as budget_plots
-from studylib.study.comparisons.token_budget import report as bf
+from studylib.study.comparisons.budget_matching import shape
+from studylib.study.comparisons.token_budget import budgets, checks as budget_checks, gaps as bm
+from studylib.study.comparisons.token_budget import plots as budget_plots, report as bf
 from studylib.study.runner.notebooks import open_comparison
 
-ctx, runs = open_comparison("token_budget", params, jobs, seeds, overrides)  # every trio x budget x seed
-trios = bm.budget_trios(ctx.preset, ctx.knobs)
+ctx, runs = open_comparison("token_budget", params, jobs, seeds, overrides)  # every trio x cell x seed
+trios = budgets.budget_trios(ctx.preset, ctx.knobs)
 preset, study, out, seeds = ctx.preset, ctx.study, ctx.out, ctx.seeds
-active = bm.active_params(preset, trios)
+active = budgets.active_params(preset, trios)
 epoch_unit = (f"train.max_steps = {preset.train.max_steps} steps (not a pass over the data)"
               if preset.train.max_steps is not None else "one pass over the training windows")
 print(f"preset {preset.name!r}, seeds {seeds}; one epoch = {epoch_unit}")
 for t in trios:
-    print(f"  size {bm.size_label(t.size, active[t.size])}: {t.models}, epochs "
-          f"{[float(f'{e:.4g}') for e in t.epochs]}, seeds {t.seeds_of(seeds)}")
+    print(f"  size {budgets.size_label(t.size, active[t.size])}: {t.models}, vocabulary "
+          f"{preset.model_config(t.moe).vocab_size:,}, epochs {[float(f'{e:.4g}') for e in t.epochs]}"
+          + (f", repeated {[float(f'{e:.4g}') for e in t.repeat]} from {list(t.stories)} of the stories" if t.repeat else "")
+          + f", seeds {t.seeds_of(seeds)}")
+
+# %% [markdown]
+# ## Every trio a scaled copy of the paper's
+#
+# Each trio's shape beside the paper's (Tables 3 and 5): the vocabulary per unit of the MoE's
+# width, the expert shape, the dense baselines' widths and FFN / width, and the embedding shares
+# that decide what a wider dense model pays for again. With `shape: paper` (the default) a preset
+# whose trio leaves the paper's family is refused when the study loads it.
+
+# %%
+trio_shapes = shape.trio_frame(preset, [t.models for t in trios])
+plots.save_table(trio_shapes, "token_budget_shapes", out)
+display(shape.display_frame(trio_shapes))
 
 # %% [markdown]
 # ## The runs: which are the preset's own (reused), which are budgets of their own
 
 # %%
-runs_table = bm.run_plan(study, trios, runs.specs)
+runs_table = budgets.run_plan(study, trios, runs.specs)
 plots.save_table(runs_table, "token_budget_plan", out, index=False)
 display(runs_table)
 own, shared = runs_table["preset_run"], runs_table["also_in"] != ""
@@ -98,11 +114,16 @@ print(f"{len(runs_table)} (model, budget) pairs, {int(runs_table['seeds'].sum())
 
 # %%
 summaries = token_budget.summaries(runs, trios)
-assert len(summaries) == sum(len(t.epochs) * 3 * len(t.seeds_of(seeds)) for t in trios)
+assert len(summaries) == sum(len(t.cells()) * 3 * len(t.seeds_of(seeds)) for t in trios)
 print(f"{len(summaries)} runs ready")
 
 # %% [markdown]
-# ## The table: every size x budget, both gaps with their 95% CIs and verdicts
+# ## The table: every size x budget, both gaps with their 95% CIs and verdicts, the MoE's position
+#
+# Gaps in nats within a trio (one tokenizer); each model's loss in bits per byte of the validation
+# text (one scale across the trios' tokenizers); the position `p = (L_active - L_MoE) / (L_active -
+# L_total)` with its bootstrap CI over seeds, or "not defined" where the two dense baselines are not
+# resolved apart. Each point's passes over its training data and unique tokens beside its budget.
 
 # %%
 margin = study.general.margin
@@ -114,8 +135,8 @@ display(bm.display_table(table))
 repeated = table[table["repeats"]]
 if len(repeated):
     print("Data repetition: " + "; ".join(
-        f"{r.size_label} at {r.epochs:g} epochs passes {r.data_passes:.2f} times over the training windows "
-        f"(each window seen up to {r.max_views} times)" for r in repeated.itertuples()) + ".")
+        f"{r.size_label} at {r.tokens_per_param:.3g} tokens/param passes {r.data_passes:.2f} times over its "
+        f"{r.unique:,.0f} unique training tokens" for r in repeated.itertuples()) + ".")
 else:
     print("No budget passes over the training data more than once (no repeated windows).")
 shared = bm.shared_budgets(table)
@@ -123,20 +144,37 @@ print("Sizes that share a tokens/param: " + ("; ".join(f"{x:.3g}: {', '.join(s)}
       + ".")
 for gap in bm.GAPS:
     print(bm.point_sentences(table, gap))
+print(bm.position_sentence(table))
 
 # %% [markdown]
-# ### What repetition does
+# ### What repetition does, measured
 #
-# Per size, budget and model: the last training loss (the mean since the previous evaluation) and
-# the final full-split validation loss, means over seeds. In one pass every training window is
-# new, so the two estimate the same thing; once windows repeat, validation minus training grows with
-# memorisation. Budgets under one pass are left out (their last training loss averages over the
-# steep start of a short run).
+# A budget trained again from only a fraction of the training stories (the same size, the same
+# tokens, the validation split and the tokenizer unchanged): the passes vary and nothing else.
+# Per cell each model's loss and each gap with their 95% CIs; per gap the slope in log passes with
+# its bootstrap CI (Holm over the two gaps), and per model the slope of its loss.
 
 # %%
-repetition = budget_checks.repetition_table(trios, summaries, token_budget.cell_metrics(runs, trios))
+repetition = budget_checks.repetition_table(per_seed, active)
+repetition_fit = budget_checks.repetition_fit(per_seed)
 plots.save_table(repetition, "token_budget_repetition", out, index=False)
+plots.save_table(repetition_fit, "token_budget_repetition_fit", out, index=False)
 display(repetition)
+display(repetition_fit)
+for line in budget_checks.repetition_sentences(repetition_fit, repetition):
+    print(line)
+
+# %% [markdown]
+# Per cell and model: the last training loss (the mean since the previous evaluation) and the final
+# full-split validation loss, means over seeds. In one pass every training window is new, so the two
+# estimate the same thing; once windows repeat, validation minus training grows with memorisation.
+# Cells under one pass are left out (their last training loss averages over the steep start of a
+# short run).
+
+# %%
+memorisation = budget_checks.memorisation_table(trios, summaries, token_budget.cell_metrics(runs, trios))
+plots.save_table(memorisation, "token_budget_memorisation", out, index=False)
+display(memorisation)
 
 # %% [markdown]
 # ### What each point takes to resolve: the power table
@@ -149,7 +187,7 @@ display(repetition)
 # %%
 power = budget_checks.power_frame(per_seed, active, target=ctx.knobs.power_target)
 plots.save_table(power, "token_budget_power", out, index=False)
-display(power[["size", "epochs", "tokens_per_param", "gap", "n", "std", "half_width", "hw@10",
+display(power[["size", "epochs", "stories", "tokens_per_param", "gap", "n", "std", "half_width", "hw@10",
                "seeds_target", "seeds_effect", "seeds_effect_high"]])
 print(text.power_sentences(power.set_index("comparison")))
 
@@ -199,7 +237,7 @@ display(extrapolation)
 # `paper` preset's own runs when they exist on this machine (a GPU study).
 
 # %%
-paper_table, paper_note = bm.paper_preset_points(ctx.root, preset)
+paper_table, paper_note = budgets.paper_preset_points(ctx.root, preset)
 print(paper_note)
 if paper_table is not None:
     plots.save_table(paper_table, "token_budget_gaps_paper_preset", out, index=False)
@@ -213,7 +251,8 @@ fig2 = budget_plots.crossing_line(crossing, table, outdir=out, name="token_budge
 # ## In words
 
 # %%
-lines = [bm.point_sentences(table, gap) for gap in bm.GAPS]
+lines = [bm.point_sentences(table, gap) for gap in bm.GAPS] + [bm.position_sentence(table)]
+lines += budget_checks.repetition_sentences(repetition_fit, repetition)
 lines += bf.fit_sentences(coefs, crossing, loo, laws, extrapolation, loss_loo)
 lines.append(bm.paper_sentence(table))
 for s in lines:

@@ -41,6 +41,9 @@ def _heads_for(d_model: int, ref: ModelConfig, min_head_dim: int) -> Optional[tu
     prefs = [ref.head_dim]
     for i in range(1, 4):
         prefs += [ref.head_dim // 2 ** i, ref.head_dim * 2 ** i]
+    # then any other even head dim that divides the width, the nearest to the reference's first
+    prefs += sorted((A for A in range(2, d_model + 1, 2) if d_model % A == 0 and A not in prefs),
+                    key=lambda A: (abs(math.log(A / ref.head_dim)), A))
     for A in prefs:
         if A >= min_head_dim and A % 2 == 0 and d_model % A == 0 and (d_model // A) % G == 0:
             return d_model // A, G

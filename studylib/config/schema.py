@@ -173,6 +173,9 @@ class DataConfig:
     split_seed: int = 1337
     cache_dir: str = "outputs/cache"  # env STUDYLIB_CACHE_DIR overrides
     tokenizer_threads: int = 0  # 0 = all cores
+    # the first fraction of the training stories a run's windows come from (the tokenizer, the token
+    # file and the validation split stay the corpus's): the same budget with fewer unique tokens
+    train_fraction: float = 1.0
 
     def validate(self) -> None:
         _positive(self.vocab_size, "data.vocab_size")
@@ -180,6 +183,9 @@ class DataConfig:
             raise ConfigError(f"data.context: must be >= 2, got {self.context}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction: must be in (0, 1), got {self.val_fraction}")
+        if not 0.0 < self.train_fraction <= 1.0:
+            raise ConfigError(f"data.train_fraction: must be in (0, 1] (the share of the training stories a run "
+                              f"reads), got {self.train_fraction}")
         if self.max_stories is not None:
             _positive(self.max_stories, "data.max_stories")
 

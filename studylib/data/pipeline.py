@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from studylib.config import DataConfig
 from studylib.config.identity import DATA_SPLIT
 from studylib.data.split import SIDES, read_corpus, side_stories, split_key, split_stories
@@ -58,11 +60,29 @@ def load_data(cfg: DataConfig, progress: bool = True) -> TokenData:
         raise DataError(f"data.cache_dir={str(cache)!r}: cannot write the tokenizer / token cache there "
                         f"({e}); point STUDYLIB_CACHE_DIR or data.cache_dir at a writable folder with space") from None
     train_idx, val_idx = split_windows(meta["n_train_tokens"], len(tokens), cfg.context)
+    n_train, used = n_side["train"], None
+    if cfg.train_fraction < 1:
+        n_train, used = train_prefix(tokens[: meta["n_train_tokens"]], sp.eos_id(), n_side["train"], cfg)
+        train_idx = train_idx[: used // cfg.context]
     build.update(tokenizer_key=tok_key, tokens_key=meta["key"], corpus_sha256=corpus)
+    val_bytes = sum(len(s.encode("utf-8")) for s in sides["val"]())
     return TokenData(tokens=tokens, context=cfg.context, train_idx=train_idx, val_idx=val_idx,
                      vocab_size=sp.get_piece_size(), tokenizer_path=tok_path,
-                     n_train_tokens=meta["n_train_tokens"], n_train_stories=n_side["train"],
-                     n_val_stories=n_side["val"], build=build)
+                     n_train_tokens=meta["n_train_tokens"], n_train_stories=n_train,
+                     n_val_stories=n_side["val"], build=build, val_bytes=val_bytes, train_used=used)
+
+
+def train_prefix(train_tokens, eos: int, n_stories: int, cfg: DataConfig) -> tuple[int, int]:
+    """(stories, tokens) of the first ``data.train_fraction`` of the training stories (at least
+    one; each story ends with ``eos`` in the token file): the windows a run with that fraction
+    reads, the same budget with fewer unique tokens. Too few tokens for one window: a DataError."""
+    k = max(1, round(cfg.train_fraction * n_stories))
+    ends = np.flatnonzero(np.asarray(train_tokens) == eos)
+    used = int(ends[k - 1]) + 1 if k <= len(ends) else len(train_tokens)
+    if used < cfg.context:
+        raise DataError(f"data.train_fraction={cfg.train_fraction:g}: {k} training stories hold {used:,} tokens, "
+                        f"less than one window of data.context={cfg.context}; give a larger fraction")
+    return k, used
 
 
 

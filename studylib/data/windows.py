@@ -57,9 +57,11 @@ class TokenData:
     vocab_size: int
     tokenizer_path: Path
     n_train_tokens: int  # where the validation stories' tokens begin
-    n_train_stories: int = 0
+    n_train_stories: int = 0  # the training stories the windows come from
     n_val_stories: int = 0
     build: dict = field(default_factory=dict)  # cache keys, what was (re)built, timings
+    val_bytes: int = 0  # UTF-8 bytes of the validation stories' text (bits per byte: val_tokens / val_bytes)
+    train_used: Optional[int] = None  # tokens of the training stories read (data.train_fraction < 1), else all
 
     @property
     def n_stories(self) -> int:
@@ -98,7 +100,17 @@ class TokenData:
                              ("val", self.val_idx, self.n_val_stories)):
             out.update({f"{side}_stories": n, f"{side}_windows": len(idx), f"{side}_targets": len(idx) * t,
                         f"{side}_tokens": len(self.side_tokens(side))})
+        if self.train_used is not None:
+            out["train_tokens"] = self.train_used
+        if self.val_bytes:
+            out["val_bytes"] = self.val_bytes
         return out
+
+    def bytes_per_token(self) -> float:
+        """UTF-8 bytes of the validation stories per validation token (``story <eos>`` each): a
+        loss in nats per token over ``ln 2`` times this is bits per byte, comparable across
+        tokenizers."""
+        return self.val_bytes / len(self.side_tokens("val"))
 
     def tokenizer(self) -> spm.SentencePieceProcessor:
         return spm.SentencePieceProcessor(model_file=str(self.tokenizer_path))

@@ -33,7 +33,11 @@ class RunSpec:
         directory when the overrides leave its identity unchanged, else in the variant's
         (:func:`studylib.run.layout.variant_dir`). An unknown model is a ConfigError."""
         varied = override(preset, overrides)
-        varied.model_config(model)  # validates the name (a clear error for a typo)
+        vocab = varied.model_config(model).vocab_size  # validates the name (a clear error for a typo)
+        if vocab != varied.data.vocab_size:
+            raise ConfigError(f"models.{model}.vocab_size={vocab}: its runs need a tokenizer of that size, the run's "
+                              f"is data.vocab_size={varied.data.vocab_size}; train it with --set "
+                              f"data.vocab_size={vocab} (the token-budget map gives each trio its MoE's)")
         path = variant_dir(preset, varied, model, seed, overrides, tag, root)
         return cls(varied, model, int(seed), Path(os.path.abspath(path)))
 

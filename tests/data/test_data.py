@@ -463,3 +463,33 @@ def test_shared_data_loads_each_data_section_once_per_process(monkeypatch):
     first = P.shared_data(a)
     assert P.shared_data(dataclasses.replace(a)) is first  # an equal section: the same data, not reloaded
     assert P.shared_data(b) is not first and loads == [a, b]
+
+
+# ------------------------------------------------------------------ a fraction of the training stories
+def test_a_fraction_of_the_training_stories_reads_their_windows_and_nothing_else_changes(td, cache):
+    """data.train_fraction (the map's repetition cells): the windows of the first stories only; the
+    tokenizer, the token file, the validation windows and the bytes per token are the whole corpus's."""
+    half = P.load_data(cfg(cache, train_fraction=0.5), progress=False)
+    assert half.tokenizer_path == td.tokenizer_path and half.tokens.filename == td.tokens.filename
+    assert np.array_equal(half.val_idx, td.val_idx) and half.bytes_per_token() == td.bytes_per_token()
+    k = round(0.5 * td.n_train_stories)
+    assert half.n_train_stories == k
+    sp = td.tokenizer()
+    train = np.asarray(td.side_tokens("train"))
+    used = int(np.flatnonzero(train == sp.eos_id())[k - 1]) + 1  # the end of the k-th story
+    assert half.summary()["train_tokens"] == used and np.array_equal(half.train_idx, td.train_idx[: used // CONTEXT])
+    assert half.summary()["train_targets"] == (used // CONTEXT) * (CONTEXT - 1) < td.summary()["train_targets"]
+    with pytest.raises(ConfigError, match=r"data\.train_fraction: must be in \(0, 1\]"):
+        P.load_data(cfg(cache, train_fraction=1.5), progress=False)
+
+
+def test_bytes_per_token_is_the_validation_texts_bytes_over_its_tokens(td):
+    from studylib.data.split import read_corpus, side_stories, split_stories
+
+    c = cfg(Path("/nonexistent"))
+    stories, _, n = read_corpus(c)
+    raw = list(side_stories(stories, split_stories(n, c.val_fraction, c.split_seed), "val"))
+    assert td.summary()["val_bytes"] == td.val_bytes == sum(len(t.encode("utf-8")) for t in raw)
+    decoded = _side_texts(td, td.tokenizer(), "val")  # the token file's validation side, decoded
+    assert td.val_bytes == pytest.approx(sum(len(t.encode("utf-8")) for t in decoded), rel=0.01)
+    assert td.bytes_per_token() == td.val_bytes / len(td.side_tokens("val"))

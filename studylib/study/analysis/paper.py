@@ -45,6 +45,15 @@ PAPER_TABLE5 = {
     "moe_top2_z": ("7.68M", "0.79M", "12.58M", "21.06M", "14.77M"),
     "dense_total": ("11.52M", "1.58M", "7.96M", "21.06M", "21.06M"),
 }
+#: Table 3: d_model and FFN hidden size (per expert for the MoE) of the headline models
+PAPER_TABLE3 = {"dense_active": (320, 1120), "moe_top2_z": (256, 1024), "dense_total": (384, 1728)}
+
+
+def paper_millions(s: str) -> float:
+    """A count as Table 5 shows it ("14.77M") as a number."""
+    return float(s.rstrip("M")) * 1e6
+
+
 #: Table 7: router statistics per layer at the end of training
 PAPER_TABLE7 = pd.DataFrame({"entropy": [1.243, 1.127, 0.938, 0.940], "top1": [0.443, 0.533, 0.644, 0.645],
                              "margin": [0.175, 0.289, 0.441, 0.451]},

@@ -91,7 +91,7 @@ def study_of(preset: Preset, comparisons: Optional[Mapping[str, Comparison]] = N
     unknown = sorted(set(raw) - set(owned))
     if unknown:
         raise ConfigError(f"study: unknown key(s) {unknown}; allowed: {[*GENERAL_KEYS, *owned]}")
-    ctx = Context(preset.models, lambda m: preset.model_config(m).ffn.kind)
+    ctx = Context.of(preset)
     return Study(preset, {c.name: c.knobs.parse(raw, ctx) for c in comparisons.values()})
 
 

@@ -17,10 +17,16 @@ from studylib.config import checks
 
 
 class Context(NamedTuple):
-    """What a knob is checked against: the preset's ``models`` and ``ffn_kind(name)``."""
+    """What a knob is checked against: the preset's ``models``, ``ffn_kind(name)`` and
+    ``config(name)`` (a model's resolved config)."""
 
     models: Mapping
     ffn_kind: Callable[[str], str]
+    config: Optional[Callable] = None
+
+    @classmethod
+    def of(cls, preset: Preset) -> "Context":
+        return cls(preset.models, lambda m: preset.model_config(m).ffn.kind, preset.model_config)
 
 
 #: a checker ``(value, where, context) -> typed value`` (one ConfigError line naming ``where``)

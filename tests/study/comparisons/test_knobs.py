@@ -104,7 +104,7 @@ def test_each_comparison_parses_each_shipped_preset(name):
     p = load_preset(ROOT / "params" / f"{name}.yaml")
     s = C.study_of(p)
     flat = to_dict(p)["study"]
-    ctx = C.Context(p.models, lambda m: p.model_config(m).ffn.kind)
+    ctx = C.Context.of(p)
     for c in C.registry().values():
         assert isinstance(s[c], c.knobs) and c.knobs.parse(flat, ctx) == s[c], c.name
     assert study_from_dict(flat, p.models) == p.study

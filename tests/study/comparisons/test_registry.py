@@ -87,7 +87,8 @@ def test_a_study_resolves_each_run_once(tmp_path, monkeypatch):
 
 def _fake_train_run(calls):
     def train_run(preset, model, seed, run_dir=None, progress=True, data=None):
-        calls.append((model, seed, preset.train.max_steps, preset.train.lr, preset.train.data_seed))
+        calls.append((model, seed, preset.train.max_steps, preset.train.lr, preset.train.data_seed,
+                      preset.data.vocab_size, preset.data.train_fraction))
         rd = RunDir(run_dir)
         rd.path.mkdir(parents=True, exist_ok=True)
         rd.write_config(run_document(preset, preset.model_config(model), model, seed))

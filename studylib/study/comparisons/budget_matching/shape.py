@@ -15,6 +15,7 @@ import pandas as pd
 
 from studylib.config import Preset, count_params
 from studylib.config.accounting import train_flops_per_token
+from studylib.study.analysis.paper import PAPER_TABLE3, PAPER_TABLE5, paper_millions
 
 # (row label, what it is): the rows of shape_frame, in order
 ROWS = {
@@ -35,22 +36,23 @@ ROWS = {
     "nonemb_ratio": "MoE / active-match dense, non-embedding active parameters",
     "width_active": "active-match dense d_model / MoE d_model",
     "width_total": "total-match dense d_model / MoE d_model",
+    "ffn_over_d_active": "active-match dense FFN hidden / d_model",
+    "ffn_over_d_total": "total-match dense FFN hidden / d_model",
+    "vocab_over_d": "vocabulary / MoE d_model",
     "flops_moe": "MoE training FLOPs per token",
     "flops_ratio_active": "active-match dense / MoE training FLOPs per token",
     "flops_ratio_total": "total-match dense / MoE training FLOPs per token",
 }
 
 
-def shape(preset: Preset) -> dict:
-    """The quantities of :data:`ROWS` for ``preset``'s headline trio (``study.headline`` is
-    [active-match dense, MoE, total-match dense])."""
-    da_name, moe_name, dt_name = preset.study.headline
-    moe, da, dt = (preset.model_config(m) for m in (moe_name, da_name, dt_name))
+def trio_shape(da, moe, dt, context: int) -> dict:
+    """The quantities of :data:`ROWS` for one trio of model configs (active-match dense, MoE,
+    total-match dense) trained on windows of ``context`` tokens, plus each dense model's FFN /
+    width (``ffn_over_d_active``, ``ffn_over_d_total``)."""
     cm, ca = count_params(moe), count_params(da)
-    S = preset.data.context
-    f_moe = train_flops_per_token(moe, S)
+    f_moe = train_flops_per_token(moe, context)
     return {
-        "vocab": moe.vocab_size, "context": S, "n_layers": moe.n_layers, "moe_d_model": moe.d_model,
+        "vocab": moe.vocab_size, "context": context, "n_layers": moe.n_layers, "moe_d_model": moe.d_model,
         "moe_heads": f"{moe.n_heads}/{moe.n_kv_heads}", "moe_head_dim": moe.head_dim,
         "expert_hidden_over_d": moe.ffn.hidden / moe.d_model,
         "routing": f"{moe.ffn.num_experts}, top-{moe.ffn.top_k}",
@@ -59,9 +61,18 @@ def shape(preset: Preset) -> dict:
         "emb_share_moe": cm.embedding / cm.active, "emb_share_dense_active": ca.embedding / ca.active,
         "nonemb_ratio": (cm.active - cm.embedding) / (ca.active - ca.embedding),
         "width_active": da.d_model / moe.d_model, "width_total": dt.d_model / moe.d_model,
-        "flops_moe": f_moe, "flops_ratio_active": train_flops_per_token(da, S) / f_moe,
-        "flops_ratio_total": train_flops_per_token(dt, S) / f_moe,
+        "ffn_over_d_active": da.ffn.hidden / da.d_model, "ffn_over_d_total": dt.ffn.hidden / dt.d_model,
+        "vocab_over_d": moe.vocab_size / moe.d_model,
+        "flops_moe": f_moe, "flops_ratio_active": train_flops_per_token(da, context) / f_moe,
+        "flops_ratio_total": train_flops_per_token(dt, context) / f_moe,
     }
+
+
+def shape(preset: Preset, trio=None) -> dict:
+    """:func:`trio_shape` of ``trio`` (three model names; default ``study.headline``: [active-match
+    dense, MoE, total-match dense]) of ``preset``."""
+    names = trio or preset.study.headline
+    return trio_shape(*(preset.model_config(m) for m in names), preset.data.context)
 
 
 def shape_frame(presets: Mapping[str, Preset]) -> pd.DataFrame:
@@ -73,13 +84,39 @@ def shape_frame(presets: Mapping[str, Preset]) -> pd.DataFrame:
     return df
 
 
+def paper_shape() -> dict:
+    """The paper's trio in the quantities the check compares (Tables 3 and 5)."""
+    share = {m: paper_millions(v[0]) / paper_millions(v[4]) for m, v in PAPER_TABLE5.items()}
+    (da_d, da_f), (moe_d, _), (dt_d, dt_f) = (PAPER_TABLE3[m] for m in ("dense_active", "moe_top2_z", "dense_total"))
+    return {"emb_share_moe": share["moe_top2_z"], "emb_share_dense_active": share["dense_active"],
+            "ffn_over_d_active": da_f / da_d, "ffn_over_d_total": dt_f / dt_d,
+            "width_active": da_d / moe_d, "width_total": dt_d / moe_d}
+
+
+def paper_vocab_per_d() -> float:
+    """The paper's vocabulary per unit of the MoE's d_model (30,008 / 256)."""
+    return paper_millions(PAPER_TABLE5["moe_top2_z"][0]) / PAPER_TABLE3["moe_top2_z"][0] ** 2
+
+
+def trio_frame(preset: Preset, trios) -> pd.DataFrame:
+    """One column per trio of ``preset`` (three model names each; named by its MoE), one row per
+    quantity of :data:`ROWS`, and the paper's own trio beside them (the quantities its Tables 3 and
+    5 give: :func:`paper_shape`)."""
+    cols = {t[1]: shape(preset, t) for t in trios}
+    cols["paper"] = {**paper_shape(), "vocab_over_d": paper_vocab_per_d()}
+    df = pd.DataFrame(cols).reindex(list(ROWS))
+    df.insert(0, "quantity", [ROWS[k] for k in df.index])
+    return df
+
+
 def display_frame(df: pd.DataFrame) -> pd.DataFrame:
     """``shape_frame`` formatted for reading: counts with thousands separators, ratios to 3 places."""
     out = df.copy().astype(object)
     for key in df.index:
         for col in df.columns[1:]:
             v = df.loc[key, col]
-            if isinstance(v, str):
+            if isinstance(v, str) or v != v:
+                out.loc[key, col] = "" if not isinstance(v, str) else v
                 continue
             if key in ("moe_active", "moe_total", "moe_nonemb_active", "dense_active_nonemb", "flops_moe",
                        "vocab", "context", "n_layers", "moe_d_model", "moe_head_dim"):
@@ -89,4 +126,5 @@ def display_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-__all__ = ["ROWS", "shape", "shape_frame", "display_frame"]
+__all__ = ["ROWS", "display_frame", "paper_shape", "paper_vocab_per_d", "shape", "shape_frame", "trio_frame",
+           "trio_shape"]

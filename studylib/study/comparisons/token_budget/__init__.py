@@ -1,8 +1,9 @@
 """Notebook 09, the token-budget map: every trio of ``study.token_budget`` (:mod:`.knobs`) at each
-of its budgets, one grid per trio x budget (trio order, then epochs); the map's points and
-families (:mod:`.gaps`), its checks (:mod:`.checks`), the fits (:mod:`.fits`, :mod:`.loss_law`,
-:mod:`.report`) and figures (:mod:`.plots`). What it adds to the report's answer: each gap's points
-by verdict, the fits' sentences and the map's figures."""
+of its cells (:mod:`.budgets`: its budgets, then its repeated budgets from fewer stories), one grid
+per trio x cell (trio order, then :meth:`~.knobs.TrioConfig.cells`); the map's points and families
+(:mod:`.gaps`), its checks (:mod:`.checks`: power, what repeating the data does), the fits
+(:mod:`.fits`, :mod:`.loss_law`, :mod:`.report`) and figures (:mod:`.plots`). What it adds to the
+report's answer: each gap's points by verdict, the fits' sentences and the map's figures."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +13,8 @@ import pandas as pd
 
 from studylib.study.comparisons.base import Answer, Comparison, Runs
 from studylib.study.comparisons.knobs import Study
-from studylib.study.comparisons.token_budget import gaps
+from studylib.run.spec import epoch_steps
+from studylib.study.comparisons.token_budget import budgets, gaps
 from studylib.study.comparisons.token_budget.knobs import TokenBudgetKnobs, TrioConfig
 from studylib.study.orchestration.plan import Grid
 
@@ -22,26 +24,29 @@ MAP = "token_budget_gaps"
 FITS = ("fit", "crossing", "loo", "loss_law", "extrapolation")
 
 
-def budget_grids(trios: Sequence[TrioConfig], seeds: Sequence[int], budget_map: dict) -> list[Grid]:
-    """One :class:`~studylib.study.orchestration.plan.Grid` per trio x budget (trio order, then epochs)."""
-    return [Grid(list(t.models), t.seeds_of(seeds), budget_map[e]) for t in trios for e in t.epochs]
+def cell_grids(preset, trios: Sequence[TrioConfig], seeds: Sequence[int], epoch: int) -> list[Grid]:
+    """One :class:`~studylib.study.orchestration.plan.Grid` per trio x cell (trio order, then
+    :meth:`TrioConfig.cells`), with :func:`.budgets.cell_overrides` over one epoch of ``epoch`` steps."""
+    return [Grid(list(t.models), t.seeds_of(seeds), budgets.cell_overrides(preset, t, e, f, epoch))
+            for t in trios for e, f in t.cells()]
 
 
 def grids(study: Study, knobs: TokenBudgetKnobs) -> list[Grid]:
-    trios = gaps.budget_trios(study.preset, knobs)
-    return budget_grids(trios, study.preset.seeds, gaps.budgets(study.preset, trios))
+    trios = budgets.budget_trios(study.preset, knobs)
+    return cell_grids(study.preset, trios, study.preset.seeds, epoch_steps(study.preset))
 
 
 def summaries(runs: Runs, trios: Sequence[TrioConfig]) -> pd.DataFrame:
-    """Summaries (``runs_frame`` rows plus ``size``, ``epochs``, ``train_targets``) of every
-    trio x budget x seed of :func:`grids`."""
-    cells = [(t, e) for t in trios for e in t.epochs]
-    return pd.concat([gaps.budget_columns(runs.frame(i), t, e) for i, (t, e) in enumerate(cells)], ignore_index=True)
+    """Summaries (``runs_frame`` rows plus :func:`.budgets.budget_columns`'s cell, passes, unique
+    tokens and bits per byte) of every trio x cell x seed of :func:`grids`."""
+    cells = [(t, e, f) for t in trios for e, f in t.cells()]
+    return pd.concat([budgets.budget_columns(runs.frame(i), t, e, f, runs.specs[i][0].preset.data)
+                      for i, (t, e, f) in enumerate(cells)], ignore_index=True)
 
 
 def cell_metrics(runs: Runs, trios: Sequence[TrioConfig]) -> dict:
-    """``{(size, epochs): the eval records of that trio x budget's runs}`` (grid order)."""
-    cells = [(t.size, e) for t in trios for e in t.epochs]
+    """``{(size, epochs, stories): the eval records of that cell's runs}`` (grid order)."""
+    cells = [(t.size, e, f) for t in trios for e, f in t.cells()]
     return {cell: runs.metrics(i) for i, cell in enumerate(cells)}
 
 
@@ -59,9 +64,14 @@ def _table(out_dir: Path, name: str):
 def map_sentences(out_dir: Path, table: pd.DataFrame) -> list[str]:
     """The map's sentences, notebook 09's words rebuilt from its tables: each gap's points by
     verdict, the fits (when their tables exist) and the paper's range."""
-    from studylib.study.comparisons.token_budget import report
+    from studylib.study.comparisons.token_budget import checks, report
 
     out = [gaps.point_sentences(table, gap) for gap in gaps.GAPS]
+    if "position_defined" in table:
+        out.append(gaps.position_sentence(table))
+    fit, rep = _table(out_dir, "token_budget_repetition_fit"), _table(out_dir, "token_budget_repetition")
+    if fit is not None and rep is not None:
+        out += checks.repetition_sentences(fit, rep)
     fits = [_table(out_dir, f"token_budget_{n}") for n in FITS]
     if all(f is not None for f in fits):
         out += report.fit_sentences(*fits, loss_loo=_table(out_dir, "token_budget_loss_loo"))

@@ -1,60 +1,192 @@
-"""Two checks on the token-budget map of notebook 09 (:mod:`studylib.study.comparisons.token_budget.gaps`): what each
-point takes to resolve (:func:`power_frame`, the power table of :func:`studylib.study.analysis.tables.power_rows`
-against the paper's gap at its own point) and what passing over the data more than once does
-(:func:`repetition_table`: validation minus training loss at the end of each run).
+"""Checks on the token-budget map of notebook 09 (:mod:`studylib.study.comparisons.token_budget.gaps`):
+what each point takes to resolve (:func:`power_frame`, the power table of
+:func:`studylib.study.analysis.tables.power_rows` against the paper's gap at its own point), what
+passing over the data more than once does to the training loss (:func:`memorisation_table`:
+validation minus training loss at the end of each run) and, measured, to each model and each gap
+(:func:`repetition_table`, :func:`repetition_fit`: the same budget at one size drawn from fewer
+training stories, so the passes vary with the size and the tokens fixed).
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
+from studylib.study.analysis.stats import holm, paired
 from studylib.study.analysis.tables import power_rows
-from studylib.study.comparisons.token_budget.gaps import PAPER_POINT, size_label
+from studylib.study.comparisons.token_budget.budgets import size_label
+from studylib.study.comparisons.token_budget.fits import Coef, bootstrap_values, no_interval, percentile_ci
+from studylib.study.comparisons.token_budget.gaps import CELL, GAPS, PAPER_POINT
 from studylib.study.comparisons.token_budget.knobs import TrioConfig
 
+ALPHA = 0.05
 
-def repetition_table(trios: Sequence[TrioConfig], summaries: pd.DataFrame, metrics: Mapping) -> pd.DataFrame:
-    """What passing over the data more than once does, per size x budget x model: the passes, and
-    the mean over seeds of the last training loss (the mean over the steps since the last
-    evaluation) and of the final full-split validation loss, and ``val - train``. In a single pass
-    every training window is new, so its loss estimates the validation loss; once windows repeat,
-    a training loss below the validation loss is memorisation (the gap grows with the passes).
-    Budgets under one pass are left out: their last training loss averages over most of a short
-    run, steep start included, and says nothing about repetition. ``metrics``: ``{(size, epochs):
-    the metrics.jsonl records of its runs with model and seed}``
+
+def memorisation_table(trios: Sequence[TrioConfig], summaries: pd.DataFrame, metrics: Mapping) -> pd.DataFrame:
+    """What passing over the data more than once does to the training loss, per cell x model: the
+    passes, and the mean over seeds of the last training loss (the mean over the steps since the
+    last evaluation) and of the final full-split validation loss, and ``val - train``. In a single
+    pass every training window is new, so its loss estimates the validation loss; once windows
+    repeat, a training loss below the validation loss is memorisation (the gap grows with the
+    passes). Cells under one pass are left out: their last training loss averages over most of a
+    short run, steep start included, and says nothing about repetition. ``metrics``: ``{(size,
+    epochs, stories): the metrics.jsonl records of its runs with model and seed}``
     (:func:`studylib.study.comparisons.token_budget.cell_metrics`)."""
     rows = []
-    by_cell = summaries.groupby(["size", "epochs"], sort=False)
+    by_cell = summaries.groupby(CELL, sort=False)
     for t in trios:
-        for e in t.epochs:
-            d = by_cell.get_group((t.size, e))
-            passes = float((d["tokens"] / d["train_targets"]).iloc[0]) if "train_targets" in d else float("nan")
+        for e, f in t.cells():
+            d = by_cell.get_group((t.size, e, f))
+            passes = float((d["tokens"] / d["train_targets"]).iloc[0]) if "train_targets" in d else math.nan
             if passes < 1 - 1e-9:
                 continue
-            m = metrics[(t.size, e)]
+            m = metrics[(t.size, e, f)]
             last = m.sort_values("step").groupby(["model", "seed"]).tail(1)
             for model in t.models:
                 r = last[last["model"] == model]
-                rows.append({"size": t.size, "epochs": e, "data_passes": passes, "model": model,
+                rows.append({"size": t.size, "epochs": e, "stories": f, "data_passes": passes, "model": model,
                              "n": len(r), "train_loss": float(r["train_loss"].mean()),
                              "val_loss": float(r["val_loss"].mean()),
                              "val_minus_train": float((r["val_loss"] - r["train_loss"]).mean())})
     return pd.DataFrame(rows)
 
 
+def _repeated(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the cells whose (size, epochs) was trained from two or more fractions of the
+    stories (a repetition group), with ``group``."""
+    ps = per_seed.copy()
+    n = ps.groupby(["size", "epochs"])["stories"].transform("nunique")
+    ps = ps[n > 1].copy()
+    ps["group"] = ps.groupby(["size", "epochs"], sort=False).ngroup()
+    return ps
+
+
+def repetition_table(per_seed: pd.DataFrame, active: dict) -> pd.DataFrame:
+    """Each repeated budget's cells (one size, one number of tokens, the stories cut to fractions:
+    passes vary, nothing else): per cell its passes and unique tokens, each role's mean best
+    validation loss (nats, one tokenizer per size) with its 95% CI over seeds, and each gap
+    (``dense - MoE``) with its paired 95% CI."""
+    ps = _repeated(per_seed)
+    rows = []
+    for (size, e, f), d in ps.groupby(CELL, sort=False):
+        first = d.iloc[0]
+        row = {"size": size, "size_label": size_label(size, active[size]), "epochs": e, "stories": f,
+               "tokens": int(first["tokens"]), "tokens_per_param": float(first["tokens_per_param"]),
+               "data_passes": float(first["data_passes"]), "unique": float(first["unique"])}
+        moe = d[d["gap"] == "active"].sort_values("seed")["moe"].to_numpy()
+        losses = {"moe": moe}
+        for gap, (role, _) in GAPS.items():
+            g = d[d["gap"] == gap].sort_values("seed")
+            losses[role] = g["dense"].to_numpy()
+            p = paired(g["dense"].to_numpy(), g["moe"].to_numpy())
+            row.update({f"{gap}_mean": p.mean, f"{gap}_ci_low": p.ci_low, f"{gap}_ci_high": p.ci_high,
+                        f"{gap}_n": p.n, f"{gap}_fmt": p.fmt()})
+        for role in ("dense_active", "moe", "dense_total"):
+            p = paired(losses[role])
+            row.update({f"{role}_mean": p.mean, f"{role}_ci_low": p.ci_low, f"{role}_ci_high": p.ci_high})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _slope(d: pd.DataFrame, value: str, n_boot: int, seed: int) -> tuple[Coef, np.ndarray | None]:
+    """(the slope of ``value`` in log10 passes with one intercept per repetition group, with its
+    bootstrap interval, seeds resampled within each cell; its bootstrap draws, None without)."""
+    d = d.sort_values([*CELL, "seed"]).reset_index(drop=True)
+    cell = d.groupby(CELL, sort=False).ngroup().to_numpy()
+    groups = d["group"].to_numpy()
+    X = np.column_stack([(groups == g).astype(float) for g in np.unique(groups)] + [np.log10(d["data_passes"])])
+    if np.linalg.matrix_rank(X) < X.shape[1]:
+        return Coef("passes", math.nan, math.nan, math.nan, False, "no repeated budget has two different passes"), None
+    pinv = np.linalg.pinv(X)
+    y = d[value].to_numpy()
+    beta = float((pinv @ y)[-1])
+    lonely = no_interval(d.assign(cell=cell))
+    if lonely:
+        return Coef("passes", beta, math.nan, math.nan, reason=lonely), None
+    draws = (bootstrap_values(y, cell, n_boot, np.random.default_rng(seed)) @ pinv.T)[:, -1]
+    lo, hi = percentile_ci(draws, 0.95)
+    return Coef("passes", beta, float(lo), float(hi)), draws
+
+
+def repetition_fit(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Whether repetition moves each gap (and each role's loss): per gap the slope in log10 passes
+    of ``dense - MoE`` over the repeated cells (one intercept per repeated budget; per decade of
+    passes), its bootstrap 95% CI and p (seeds resampled within cells), Holm over the two gaps (a
+    family), and ``verdict``: "the MoE gains with repetition" (positive: repetition hurts the dense
+    model more), "the dense model gains", "not resolved", "not identified" or "no interval"; per
+    role the slope of its loss, described (no family). No repeated budget: an empty frame."""
+    ps = _repeated(per_seed)
+    if ps.empty:
+        return pd.DataFrame()
+    rows, draws = [], {}
+    for gap in GAPS:
+        c, draws[gap] = _slope(ps[ps["gap"] == gap], "value", n_boot, seed)
+        rows.append({"family": "gap", "what": gap, "estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                     "identified": c.identified, "reason": c.reason})
+    for role, pick in (("dense_active", ("active", "dense")), ("moe", ("active", "moe")),
+                       ("dense_total", ("total", "dense"))):
+        d = ps[ps["gap"] == pick[0]].assign(loss=lambda x, col=pick[1]: x[col])
+        c, _ = _slope(d, "loss", n_boot, seed)
+        rows.append({"family": "role", "what": role, "estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                     "identified": c.identified, "reason": c.reason})
+    t = pd.DataFrame(rows)
+    p = {g: float(min(1.0, max(2 * min(np.mean(d <= 0), np.mean(d >= 0)), 1 / len(d))))
+         for g, d in draws.items() if d is not None}
+    adj = dict(zip(p, holm(list(p.values())))) if p else {}
+    t["p_boot"] = t["what"].map(p).where(t["family"] == "gap")
+    t["p_holm"] = t["what"].map(adj).where(t["family"] == "gap")
+    t["verdict"] = [_verdict(r) for r in t.itertuples()]
+    t["cells"] = ps.groupby(CELL).ngroups
+    return t
+
+
+def _verdict(r) -> str:
+    if not r.identified:
+        return "not identified"
+    if r.ci_low != r.ci_low:
+        return "no interval"
+    if r.family == "role":
+        return ("rises" if r.ci_low > 0 else "falls" if r.ci_high < 0 else "not resolved") + " with the passes"
+    if not r.p_holm < ALPHA:
+        return "not resolved"
+    return "the MoE gains with repetition" if r.estimate > 0 else "the dense model gains with repetition"
+
+
+def repetition_sentences(fit: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+    """The repetition check in words, from its tables (each gap's slope per decade of passes and
+    its Holm-adjusted verdict, the cells it rests on)."""
+    if fit.empty:
+        return ["Repetition is not measured: no budget of the map is trained from fewer stories."]
+    passes = ", ".join(f"{r.size} {r.tokens_per_param:.3g} tokens/param from {r.stories:g} of the stories "
+                       f"({r.data_passes:.2f} passes)" for r in table.itertuples())
+    out = [f"Repetition, measured on {int(fit['cells'].iloc[0])} cells ({passes}):"]
+    for r in fit[fit["family"] == "gap"].itertuples():
+        label = GAPS[r.what][1].split(" (")[0]
+        if not r.identified or r.ci_low != r.ci_low:
+            out.append(f"the {label}'s slope: {r.verdict} ({r.reason}).")
+            continue
+        out.append(f"the {label} moves {r.estimate:+.4f} nats per decade of passes [{r.ci_low:+.4f}, {r.ci_high:+.4f}] "
+                   f"(Holm-adjusted p={r.p_holm:.2g} over the two gaps): {r.verdict}.")
+    return [" ".join(out)]
+
+
 def power_frame(per_seed: pd.DataFrame, active: dict, target: float = 0.05) -> pd.DataFrame:
     """What every point of the map takes to resolve (:func:`studylib.study.analysis.tables.power_rows`):
-    one row per size x budget x gap, the effect being the paper's gap at its point (SPEC section 7;
-    the map's question is whether the gaps reach it)."""
+    one row per cell x gap, the effect being the paper's gap at its point (SPEC section 7; the
+    map's question is whether the gaps reach it)."""
     groups, keys = {}, {}
-    for (size, e, gap), d in per_seed.groupby(["size", "epochs", "gap"], sort=False):
-        label = f"{size_label(size, active[size])}, {e:g} epochs, {gap}"
+    ps = per_seed if "stories" in per_seed else per_seed.assign(stories=1.0)
+    for (size, e, f, gap), d in ps.groupby([*CELL, "gap"], sort=False):
+        label = f"{size_label(size, active[size])}, {e:g} epochs" + (f", {f:g} of the stories" if f < 1 else "") \
+            + f", {gap}"
         groups[label] = d.sort_values("seed")["value"].to_numpy()
-        keys[label] = {"size": size, "epochs": e, "gap": gap, "tokens_per_param": float(d["tokens_per_param"].iloc[0])}
+        keys[label] = {"size": size, "epochs": e, "stories": f, "gap": gap,
+                       "tokens_per_param": float(d["tokens_per_param"].iloc[0])}
     effects = {label: abs(PAPER_POINT[k["gap"]]) for label, k in keys.items()}
     rows = power_rows(groups, effects, target)
     return pd.concat([pd.DataFrame([keys[c] for c in rows["comparison"]]), rows], axis=1)
 
 
-__all__ = ["power_frame", "repetition_table"]
+__all__ = ["memorisation_table", "power_frame", "repetition_fit", "repetition_sentences", "repetition_table"]

@@ -1,54 +1,34 @@
-"""Where the MoE starts to win (issues #11, #31): both headline gaps over a map of model size x
-tokens per active parameter.
+"""Where the MoE starts to win (issues #11, #31, #39): both headline gaps and the MoE's position
+between its two dense matches over a map of model size x tokens per active parameter.
 
-The preset's ``study.token_budget`` lists model-size trios (active-matched dense, reference MoE,
-total-matched dense) and, per trio, token budgets in *epochs* of the preset's own schedule and/or
-in *tokens per active parameter* of the trio's MoE (so that sizes share budgets: a map in two
-dimensions). Each budget is trained as a run of its own (its own warmup and cosine to its own end;
-see :func:`studylib.run.spec.budget_overrides`): ``epochs: 1.0`` is the preset's own run (the
-headline notebook's, reused), ``epochs: e`` trains ``round(e * S)`` optimizer steps, where S is one
-epoch of the training windows, or ``train.max_steps`` when the preset sets it (then the "epoch" is
-``max_steps`` steps, not a pass over the data; the table's ``data_passes`` column says what the runs
-actually saw); ``tokens_per_param: x`` trains ``round(x * A / tokens_per_step)`` steps.
+The map's cells and runs are :mod:`.budgets`'s; this module holds its points: :func:`gap_frame`
+(per-seed gaps, with each cell's passes over the data, unique tokens and the losses in bits per
+byte) and :func:`gap_table` (per cell from all the training stories: paired statistics and, over
+each gap's map points as one family, Holm-adjusted p values, the equivalence test and a verdict:
+:func:`studylib.study.analysis.stats.family`; the MoE's position between its matches,
+:func:`position_row`); :func:`shared_budgets` (the tokens/param values several sizes share) and
+:func:`point_sentences`. What repeating the data does is :mod:`.checks`'s; the fits are :mod:`.report`'s.
 
-This module holds the map's runs and points (the fits over them are
-:mod:`.report`):
-
-* :func:`budget_trios` reads the knob (budgets in epochs); :func:`run_plan` says which
-  (model, budget) runs are the preset's own (reused) and which are budget runs of their own;
-* :func:`studylib.study.comparisons.token_budget.grids` plans every run (the study trains the
-  missing ones) and :func:`studylib.study.comparisons.token_budget.summaries` reads them;
-  :func:`paper_preset_points` finds the ``paper`` preset's runs when they exist (it never trains);
-* :func:`gap_frame` (per-seed gaps) and :func:`gap_table` (per size x budget: paired statistics
-  and, over each gap's map points as one family, Holm-adjusted p values, the equivalence test
-  and a verdict: :func:`studylib.study.analysis.stats.family`); :func:`shared_budgets` (the
-  tokens/param values several sizes share) and :func:`point_sentences`.
-
-Sign convention (both gaps): ``dense - MoE`` in best validation loss, so **positive = the MoE is
-better**. The matched-total gap is therefore the negative of notebook 03's ``MoE - dense_total``.
+Sign convention (both gaps): ``dense - MoE`` in best validation loss (nats, within a trio, one
+tokenizer), so **positive = the MoE is better**. The matched-total gap is therefore the negative of
+notebook 03's ``MoE - dense_total``. The position ``p = (L_active - L_MoE) / (L_active -
+L_total)`` is where the MoE sits between its matches: 0 at its active match, 1 at its total match
+(the paper: 0.81); it is free of the loss scale and the tokenizer.
 """
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import replace
-from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from studylib.config import ConfigError, Preset, load_preset
-from studylib.run.rundir import RunDir
-from studylib.run.spec import RunSpec, budget_overrides, epoch_steps
-from studylib.study.analysis.frames import collect_runs, seed_pairs
+from studylib.study.analysis.frames import seed_pairs
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_BUDGET_TOKENS, PAPER_GAPS, PAPER_TOKENS_PER_PARAM
 from studylib.study.analysis.stats import MARGIN, family, paired
-from studylib.study.analysis.tables import fmt_count
-from studylib.study.comparisons.knobs import Context, Study
-from studylib.study.comparisons.token_budget.knobs import TOKEN_BUDGET_SHAPE, TokenBudgetKnobs, TrioConfig
+from studylib.study.comparisons.token_budget.budgets import size_label
+from studylib.study.comparisons.token_budget.knobs import TrioConfig
 
-KEY = "study.token_budget"
 VALUE = "best_val_loss"
 #: the two gaps: name -> (trio role of the dense model, label)
 GAPS = {"active": ("dense_active", "matched-active gap (dense_active - MoE)"),
@@ -58,188 +38,31 @@ GAPS = {"active": ("dense_active", "matched-active gap (dense_active - MoE)"),
 PAPER_POINT = {"tokens_per_param": PAPER_TOKENS_PER_PARAM,
                "active": +PAPER_GAPS["active"][0],   # +0.0758: the MoE beats dense_active
                "total": -PAPER_GAPS["total"][0]}     # -0.0180: dense_total beats the MoE
+#: the paper's position of its MoE between its matches, from its Table 2 means: 0.0758 / 0.0938
+PAPER_POSITION = PAPER_POINT["active"] / (PAPER_POINT["active"] - PAPER_POINT["total"])
+#: a cell: (size, epochs, fraction of the training stories)
+CELL = ["size", "epochs", "stories"]
 
 
-# --------------------------------------------------------------------------------------------
-# the knob
-# --------------------------------------------------------------------------------------------
-#: the longest budget, in units of the preset's own schedule (one pass over the training windows,
-#: or ``train.max_steps`` when set): past ~40 passes, repeated data is worth almost nothing
-#: (Muennighoff et al. 2023); more is a typo that would queue a run of billions of steps
-MAX_EPOCHS = 100
-
-
-def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] = None) -> list[TrioConfig]:
-    """The trios of ``study.token_budget`` (:class:`TrioConfig`, checked when the study loaded the
-    preset) with every budget in epochs: a ``tokens_per_param`` budget ``x`` becomes
-    ``round(x * A / tokens_per_step)`` optimizer steps (``A``: the trio's MoE's active parameters;
-    :func:`tokens_per_step`), i.e. that many steps over one epoch's ``S`` steps (``epoch``; default
-    :func:`studylib.run.spec.epoch_steps` of the preset, which may load the data), and ``1.0``
-    exactly when the steps are ``S`` (the preset's own run). Absent: one ConfigError line naming
-    the knob. Each budget is checked (:func:`check_budgets`) unless ``epoch`` is given (the
-    ``paper`` preset's runs read without its data)."""
-    if knobs.trios is None:
-        raise ConfigError(f"{KEY}: missing from preset {preset.name!r}; expected {TOKEN_BUDGET_SHAPE}")
-    trios = list(knobs.trios)
-    s, per_step = (epoch_steps(preset) if epoch is None else epoch), tokens_per_step(preset)
-    if epoch is None:
-        check_budgets(preset, trios, s)
-    if not any(t.tokens_per_param for t in trios):
-        return trios
-    out = []
-    for t in trios:
-        a = int(preset.model_config(t.moe).num_params.active)
-        by_steps = {max(1, round(e * s)): e for e in t.epochs}
-        for x in t.tokens_per_param:
-            n = max(1, round(x * a / per_step))
-            by_steps.setdefault(n, 1.0 if n == s else n / s)
-        out.append(replace(t, epochs=tuple(sorted(by_steps.values())), tokens_per_param=()))
-    return out
-
-
-def check_budgets(preset: Preset, trios: Sequence[TrioConfig], epoch: int) -> None:
-    """Every budget of every trio, in optimizer steps, must be at least one step and at least the
-    warm-up of the preset's own schedule (``epoch`` steps; a shorter run only ramps its learning
-    rate), differ from the trio's other budgets (two that round to one step count would be one map
-    point, silently) and be at most :data:`MAX_EPOCHS` times the preset's schedule; else one
-    ConfigError line naming the budget, what it comes to and the limit."""
-    from studylib.run.optim import warmup_steps
-
-    per_step, warmup = tokens_per_step(preset), max(1, warmup_steps(epoch, preset.train))
-    unit = ("passes over the training windows" if preset.train.max_steps is None else
-            f"times the preset's train.max_steps = {epoch:,}")
-    for i, t in enumerate(trios):
-        a = int(preset.model_config(t.moe).num_params.active)
-        seen: dict[int, str] = {}
-        given = [("epochs", e * epoch, f"{e:g} epochs") for e in t.epochs]
-        given += [("tokens_per_param", x * a / per_step, f"{x:g} tokens per active parameter")
-                  for x in t.tokens_per_param]
-        for key, exact, what in given:
-            where, n = f"{KEY}.trios[{i}].{key}", round(exact)
-            if n > MAX_EPOCHS * epoch:
-                raise ConfigError(f"{where}: {what} is {n:,} optimizer steps, {n / epoch:,.0f} {unit}; at most "
-                                  f"{MAX_EPOCHS} (repeated data is worth almost nothing long before that)")
-            if n < warmup:
-                raise ConfigError(f"{where}: {what} is {exact:.3g} optimizer steps, fewer than the preset's warm-up "
-                                  f"of {warmup} (a shorter run only ramps its learning rate); give a larger budget")
-            if n in seen:
-                raise ConfigError(f"{where}: {what} rounds to {n:,} optimizer steps, as {seen[n]} does; "
-                                  f"two budgets of one trio must differ by at least one step")
-            seen[n] = what
-
-
-def tokens_per_step(preset: Preset) -> int:
-    """Target tokens of one optimizer step: windows per step times ``data.context - 1`` targets."""
-    return preset.train.batch_size * preset.train.grad_accum * (preset.data.context - 1)
-
-
-def active_params(preset: Preset, trios: Sequence[TrioConfig]) -> dict:
-    """``{size: active parameters of its reference MoE}`` (exact accounting)."""
-    return {t.size: int(preset.model_config(t.moe).num_params.active) for t in trios}
-
-
-def size_label(size: str, active: int) -> str:
-    return f"{size} ({fmt_count(active)} active)"
-
-
-def budgets(preset: Preset, trios: Sequence[TrioConfig], epoch: Optional[int] = None) -> dict:
-    """``{epochs: overrides}`` for every budget of the trios (:func:`studylib.run.spec.budget_overrides`
-    over one epoch of ``epoch`` steps; default the preset's, counted once)."""
-    epoch = epoch_steps(preset) if epoch is None else epoch
-    return {e: budget_overrides(preset, e, epoch) for e in sorted({e for t in trios for e in t.epochs})}
-
-
-# --------------------------------------------------------------------------------------------
-# which runs
-# --------------------------------------------------------------------------------------------
-def run_plan(study: Study, trios: Sequence[TrioConfig], specs: Sequence[Sequence[RunSpec]]) -> pd.DataFrame:
-    """One row per size x budget x model of the runs the sweep resolved (``specs``: one sequence of
-    :class:`~studylib.run.spec.RunSpec` per trio x budget, trio order then epochs, as
-    :func:`studylib.study.comparisons.token_budget.grids` plans them; nothing is resolved again): its
-    ``max_steps``, whether it is the preset's own run (``preset_run``: it lives in the preset's run
-    directory and is trained once for every notebook that uses it; ``also_in`` names the other
-    ``study`` lists that hold it, e.g. ``headline``: notebook 03's run, reused here) or a budget
-    run of its own (``runs/<model>/<tag>/``), its run directory (seed placeholder) and how many
-    seeds are finished."""
-    cells = [(t, e) for t in trios for e in t.epochs]
-    if len(cells) != len(specs):
-        raise ValueError(f"run_plan: {len(cells)} trio x budget cells but {len(specs)} groups of runs")
-    preset, rows = study.preset, []
-    for (t, e), group in zip(cells, specs):
-        for m in t.models:
-            mine = [s for s in group if s.model == m]
-            own = mine[0].run_dir == Path(os.path.abspath(RunDir.of(preset, m, mine[0].seed).path))
-            rows.append({"size": t.size, "epochs": e, "model": m, "role": t.role(m),
-                         "max_steps": mine[0].preset.train.max_steps,
-                         "preset_run": own, "also_in": ", ".join(study.lists_naming(m)) if own else "",
-                         "run_dir": str(mine[0].run_dir.parent / "seed*"),
-                         "finished": sum(s.rundir.finished() for s in mine), "seeds": len(mine)})
-    return pd.DataFrame(rows)
-
-
-def budget_columns(df: pd.DataFrame, trio: TrioConfig, e: float) -> pd.DataFrame:
-    """Run summaries of one trio at one budget with ``size``, ``epochs`` and ``train_targets``."""
-    df = df.copy()
-    df["size"], df["epochs"] = trio.size, e
-    # target tokens of one pass over the training windows, from each run's summary
-    df["train_targets"] = df["data_train_targets"].astype(float) if "data_train_targets" in df else float("nan")
-    return df
-
-
-def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], str]:
-    """(a :func:`gap_table` of the ``paper`` preset's budget runs under ``<root>/params/paper.yaml``,
-    or None; a sentence saying what was found). Never trains and never loads data: one epoch's step
-    count is read from the paper preset's own one-epoch runs (``epochs: 1.0``), which are therefore
-    required. None when ``current`` is the paper preset (its points are the main ones)."""
-    path = Path(root) / "params" / "paper.yaml"
-    if current.name == "paper":
-        return None, "This is the paper preset: its budgets are the measured points."
-    if not path.is_file():
-        return None, f"No paper preset ({path})."
-    paper_p = load_preset(path)
-    knobs = TokenBudgetKnobs.parse(paper_p.study.comparisons,
-                                   Context(paper_p.models, lambda m: paper_p.model_config(m).ffn.kind))
-    if knobs.trios is None:
-        return None, f"The paper preset lists no {KEY}."
-    trios, frames = [], []
-    for t in knobs.trios:
-        one = collect_runs(paper_p, list(t.models), list(paper_p.seeds))
-        if one.empty or "steps" not in one:
-            continue
-        steps = int(one["steps"].iloc[0])  # its one epoch, without loading data
-        t = next(r for r in budget_trios(paper_p, knobs, steps) if r.moe == t.moe) if t.tokens_per_param else t
-        trios.append(t)
-        for e in t.epochs:
-            ov = budget_overrides(paper_p, e, steps)
-            df = collect_runs(paper_p, list(t.models), list(paper_p.seeds), overrides=ov)
-            if not df.empty:
-                frames.append(budget_columns(df, t, e))
-    if not frames:
-        return None, ("The paper preset's runs do not exist here (they need a GPU: "
-                      "`python -m studylib study --params params/paper.yaml --notebooks 09`).")
-    df = pd.concat(frames, ignore_index=True)
-    act = active_params(paper_p, trios)
-    table = gap_table(gap_frame(df, trios, act), act)
-    return table, f"The paper preset's own runs: {len(df)} finished runs found under outputs/paper."
-
-
-# --------------------------------------------------------------------------------------------
-# gaps
-# --------------------------------------------------------------------------------------------
 def gap_frame(summaries: pd.DataFrame, trios: Sequence[TrioConfig], active: dict, value: str = VALUE) -> pd.DataFrame:
-    """Per seed and gap: one row per size x budget x seed x gap with the dense and the MoE
-    ``value`` (seeds without both runs are left out), the gap ``dense - moe``, the target tokens,
-    tokens per active parameter of the size's MoE and the passes over the training data."""
+    """Per seed and gap: one row per cell x seed x gap (cells: :func:`.budgets.budget_columns`'s
+    ``size``, ``epochs``, ``stories``) with the dense and the MoE ``value`` (seeds without both runs
+    are left out) and the two in bits per byte (``dense_bpb``, ``moe_bpb``), the gap ``dense - moe``
+    (``value``, nats; ``value_bpb``, bits per byte: across sizes), the target tokens, tokens per active parameter of the size's MoE, the passes over the
+    training data (``data_passes``), the unique target tokens seen and the stories' fraction."""
     by_size = {t.size: t for t in trios}
     rows = []
-    for (size, e), d in summaries.groupby(["size", "epochs"], sort=False):
+    s = summaries if "stories" in summaries else summaries.assign(stories=1.0)
+    for (size, e, f), d in s.groupby(CELL, sort=False):
         t = by_size[size]
         toks = d.groupby("model")["tokens"].unique()
         if any(len(v) != 1 for v in toks) or toks.map(lambda v: v[0]).nunique() != 1:
             raise ValueError(f"gap_frame: size {size}, {e} epochs: the trio's runs saw different "
                              f"numbers of tokens ({toks.to_dict()}); they must share one budget")
         tokens = float(d["tokens"].iloc[0])
-        passes = tokens / float(d["train_targets"].iloc[0]) if "train_targets" in d else float("nan")
+        passes = tokens / float(d["train_targets"].iloc[0]) if "train_targets" in d else math.nan
+        unique = min(tokens, float(d["train_targets"].iloc[0])) if "train_targets" in d else math.nan
+        bpb = d.set_index(["model", "seed"])["bytes_per_token"] if "bytes_per_token" in d else None
         for gap, (role, _) in GAPS.items():
             dense = getattr(t, role)
             try:
@@ -247,31 +70,61 @@ def gap_frame(summaries: pd.DataFrame, trios: Sequence[TrioConfig], active: dict
             except KeyError:  # a model of the trio without runs at this budget
                 continue
             for seed, (a, b) in pair.iterrows():
-                rows.append({"size": size, "epochs": e, "seed": seed, "gap": gap, "dense": a, "moe": b,
-                             "value": a - b, "tokens": tokens, "tokens_per_param": tokens / active[size],
-                             "data_passes": passes})
-    return pd.DataFrame(rows, columns=["size", "epochs", "seed", "gap", "dense", "moe", "value", "tokens",
-                                       "tokens_per_param", "data_passes"])
+                to_bits = (lambda m, v: v / math.log(2) / bpb[(m, seed)]) if bpb is not None else (lambda m, v: math.nan)
+                da, mb = to_bits(dense, a), to_bits(t.moe, b)
+                rows.append({"size": size, "epochs": e, "stories": f, "seed": seed, "gap": gap, "dense": a, "moe": b,
+                             "value": a - b, "dense_bpb": da, "moe_bpb": mb, "value_bpb": da - mb,
+                             "tokens": tokens, "tokens_per_param": tokens / active[size], "data_passes": passes,
+                             "unique": unique})
+    return pd.DataFrame(rows, columns=["size", "epochs", "stories", "seed", "gap", "dense", "moe", "value", "dense_bpb",
+                                       "moe_bpb", "value_bpb", "tokens", "tokens_per_param", "data_passes", "unique"])
+
+
+def position_row(g_active: np.ndarray, g_total: np.ndarray, n_boot: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> dict:
+    """The MoE's position between its matches from per-seed gaps (paired by seed; ``dense - MoE``):
+    ``position`` = mean(g_active) / mean(g_active - g_total) (``L_active - L_MoE`` over ``L_active -
+    L_total``) with a bootstrap CI over seeds, ``position_defined`` False (and NaN numbers) when the
+    paired CI of the denominator includes 0: the two dense baselines are not resolved apart, so
+    there is nothing to sit between."""
+    ga, gt = np.asarray(g_active, float), np.asarray(g_total, float)
+    d = ga - gt
+    nan = {"position": math.nan, "position_low": math.nan, "position_high": math.nan, "position_defined": False}
+    if len(d) < 2 or not paired(d).resolved:
+        return nan
+    idx = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))
+    den = d[idx].mean(axis=1)
+    draws = np.where(den != 0, ga[idx].mean(axis=1) / np.where(den != 0, den, 1), np.nan)
+    q = 100 * (1 - level) / 2
+    lo, hi = np.nanpercentile(draws, [q, 100 - q])
+    return {"position": float(ga.mean() / d.mean()), "position_low": float(lo), "position_high": float(hi),
+            "position_defined": True}
 
 
 def gap_table(per_seed: pd.DataFrame, active: dict, margin: float = MARGIN) -> pd.DataFrame:
-    """One row per size x budget: tokens, tokens per active parameter, epochs, passes over the
-    data (``repeats``: more than one, so some windows are seen twice or more; ``max_views``: the
-    most times one window is seen) and, per gap, the paired statistics of ``dense - moe`` (mean,
-    std, n, 95% CI, p, ``fmt``) with the verdict of :func:`studylib.study.analysis.stats.family`
-    over the map's points of that gap (the notebook's family: one per gap): ``p_holm`` beside the
-    raw ``p``, the equivalence test within ``±margin`` (``p_tost``, ``p_tost_holm``), ``resolved``
-    (after Holm), ``equivalent`` and ``verdict`` ("A better": the dense model is better, "B
-    better": the MoE is, "equivalent", "inconclusive")."""
+    """One row per cell from all the training stories (the map's points; the repeated cells are
+    :func:`.checks.repetition_table`'s): tokens, tokens per active parameter, epochs, passes over
+    the data (``repeats``: more than one, so some windows are seen twice or more; ``max_views``:
+    the most times one window is seen), unique tokens, each role's mean loss in bits per byte
+    (``dense_active_bpb``, ``moe_bpb``, ``dense_total_bpb``), per gap the paired statistics of
+    ``dense - moe`` (nats: mean, std, n, 95% CI, p, ``fmt``) with the verdict of
+    :func:`studylib.study.analysis.stats.family` over the map's points of that gap (one family per
+    gap): ``p_holm`` beside the raw ``p``, the equivalence test within ``±margin`` (``p_tost``,
+    ``p_tost_holm``), ``resolved`` (after Holm), ``equivalent`` and ``verdict`` ("A better": the
+    dense model is better, "B better": the MoE is, "equivalent", "inconclusive"); and the MoE's
+    position between its matches (:func:`position_row`) beside the paper's."""
     rows = []
-    for (size, e), d in per_seed.groupby(["size", "epochs"], sort=False):
+    ps = per_seed if "stories" in per_seed else per_seed.assign(stories=1.0)
+    for (size, e, f), d in ps[ps["stories"] == 1.0].groupby(CELL, sort=False):
         first = d.iloc[0]
         passes = float(first["data_passes"])
         row = {"size": size, "size_label": size_label(size, active[size]), "moe_active": active[size],
                "epochs": e, "tokens": int(first["tokens"]), "tokens_per_param": float(first["tokens_per_param"]),
                "data_passes": passes, "repeats": bool(passes > 1 + 1e-9),
-               "max_views": int(math.ceil(passes - 1e-9)) if passes == passes else np.nan}
-        for gap in GAPS:
+               "max_views": int(math.ceil(passes - 1e-9)) if passes == passes else np.nan,
+               "unique": float(first.get("unique", math.nan))}
+        gaps = {}
+        for gap, (role, _) in GAPS.items():
             g = d[d["gap"] == gap].sort_values("seed")
             if g.empty:
                 continue
@@ -279,6 +132,15 @@ def gap_table(per_seed: pd.DataFrame, active: dict, margin: float = MARGIN) -> p
             row.update({f"{gap}_{k}": v for k, v in p.as_dict().items() if k not in ("level", "resolved")})
             row[f"{gap}_fmt"] = p.fmt()
             row[f"{gap}_values"] = g["value"].to_numpy()
+            row[f"{role}_bpb"], row["moe_bpb"] = float(g["dense_bpb"].mean()), float(g["moe_bpb"].mean())
+            k = float((g["dense_bpb"] / g["dense"]).mean())  # nats -> bits per byte of this trio's tokenizer
+            row.update({f"{gap}_bpb_mean": p.mean * k, f"{gap}_bpb_ci_low": p.ci_low * k,
+                        f"{gap}_bpb_ci_high": p.ci_high * k})
+            gaps[gap] = g.set_index("seed")["value"]
+        if len(gaps) == 2:
+            both = pd.concat(gaps, axis=1).dropna()
+            row.update(position_row(both["active"].to_numpy(), both["total"].to_numpy()))
+            row["paper_position"] = PAPER_POSITION
         rows.append(row)
     out = pd.DataFrame(rows)
     for gap in GAPS:
@@ -338,6 +200,27 @@ def point_sentences(table: pd.DataFrame, gap: str) -> str:
             + "; ".join(parts) + ".")
 
 
+def position_text(r) -> str:
+    """One point's position: ``0.81 [0.64, 0.98]`` or "not defined" (the dense baselines not
+    resolved apart)."""
+    if not r.get("position_defined", False):
+        return "not defined"
+    return f"{r['position']:.2f} [{r['position_low']:.2f}, {r['position_high']:.2f}]"
+
+
+def position_sentence(table: pd.DataFrame) -> str:
+    """The MoE's position between its matches at every map point, beside the paper's."""
+    if "position_defined" not in table:
+        return "The MoE's position between its matches: no map point has all three models."
+    parts = [f"{r['size']} at {_x(r['tokens_per_param'])} tokens/param ({r['data_passes']:.2f} passes): "
+             f"{position_text(r)}" for _, r in table.iterrows()]
+    return (f"The MoE's position between its matches, (L_active - L_MoE) / (L_active - L_total), 0 at its active "
+            f"match and 1 at its total match (bootstrap 95% CI over seeds; not defined where the two dense models "
+            f"are not resolved apart): " + "; ".join(parts) + f". The paper's: {PAPER_POSITION:.2f} "
+            f"({PAPER_POINT['active']:.4f} / {PAPER_POINT['active'] - PAPER_POINT['total']:.4f}, at "
+            f"{_x(PAPER_TOKENS_PER_PARAM)} tokens/param, one pass).")
+
+
 def paper_sentence(table: pd.DataFrame) -> str:
     """Where the measured range lies against the paper's point and budgets."""
     x = table["tokens_per_param"]
@@ -355,12 +238,17 @@ def paper_sentence(table: pd.DataFrame) -> str:
 
 
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
-    """The table as the notebook shows it (formatted gaps with CIs, Holm-adjusted p, verdicts)."""
+    """The table as the notebook shows it (passes and unique tokens, each model's loss in bits per
+    byte, formatted gaps with CIs, Holm-adjusted p, verdicts, the position)."""
     out = pd.DataFrame({
         "size": table["size_label"], "epochs": table["epochs"].map(lambda v: f"{v:.3g}"),
         "target tokens": table["tokens"], "tokens/param": table["tokens_per_param"].map(lambda v: f"{v:.3g}"),
         "data passes": table["data_passes"].map(lambda v: f"{v:.2f}"),
+        "unique tokens": table["unique"].map(lambda v: f"{v:,.0f}") if "unique" in table else "",
     })
+    for role in ("dense_active", "moe", "dense_total"):
+        if f"{role}_bpb" in table:
+            out[f"{role} (bits/byte)"] = table[f"{role}_bpb"].map(lambda v: f"{v:.4f}")
     for gap, col in (("active", "matched active (dense_active - MoE)"),
                      ("total", "matched total (dense_total - MoE)")):
         if f"{gap}_fmt" in table:
@@ -368,9 +256,10 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
             out[f"{gap} p / Holm"] = [f"{p:.2g} / {q:.2g}" for p, q in zip(table[f"{gap}_p"], table[f"{gap}_p_holm"])]
             out[f"{gap} verdict"] = table[f"{gap}_verdict"].map(VERDICT_WORDS)
             out[f"{gap} std"] = table[f"{gap}_std"].map(lambda v: f"{v:.4f}")
+    if "position_defined" in table:
+        out[f"position (paper {PAPER_POSITION:.2f})"] = [position_text(r) for _, r in table.iterrows()]
     return out.reset_index(drop=True)
 
 
-__all__ = ["KEY", "GAPS", "PAPER_POINT", "VERDICT_WORDS", "budget_trios", "tokens_per_step", "active_params",
-           "size_label", "budgets", "run_plan", "budget_columns", "paper_preset_points", "gap_frame", "gap_table",
-           "shared_budgets", "point_sentences", "paper_sentence", "display_table"]
+__all__ = ["CELL", "GAPS", "PAPER_POINT", "PAPER_POSITION", "VERDICT_WORDS", "display_table", "gap_frame", "gap_table",
+           "paper_sentence", "point_sentences", "position_row", "position_sentence", "position_text", "shared_budgets"]

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from studylib.config import ConfigError
 from studylib.config.checks import count, is_number, model_names, positive
+from studylib.study.comparisons.budget_matching.shape import paper_shape, paper_vocab_per_d, trio_shape
 from studylib.study.comparisons.knobs import Context, Knobs, knob
 
 
@@ -18,17 +19,28 @@ class TrioConfig:
     A budget is given in ``epochs`` of the preset's schedule (``1.0``: the preset's own run) or in
     ``tokens_per_param``, target tokens per active parameter of the trio's MoE, so that sizes can
     share one (a map in two dimensions); the map turns the latter into epochs once it knows one
-    epoch's steps (:func:`studylib.study.comparisons.token_budget.gaps.budget_trios`), after which
-    ``tokens_per_param`` is empty and ``epochs`` holds every budget, ascending."""
+    epoch's steps (:func:`studylib.study.comparisons.token_budget.budgets.budget_trios`), after which
+    ``tokens_per_param`` is empty and ``epochs`` holds every budget, ascending. ``repeat``: budgets of
+    the trio (tokens/param, then epochs likewise) trained again from only the first ``stories``
+    fractions of the training stories: the same tokens with fewer unique ones, so the data repeats
+    (the validation split and the tokenizer unchanged). The trio's runs use its MoE's vocabulary
+    (each model's ``vocab_size``; the preset's ``data.vocab_size`` when it sets none)."""
 
     models: tuple[str, str, str]
     epochs: tuple[float, ...]
     seeds: Optional[int] = None
     tokens_per_param: tuple[float, ...] = ()
+    repeat: tuple[float, ...] = ()
+    stories: tuple[float, ...] = ()
 
     def seeds_of(self, seeds: Sequence[int]) -> list[int]:
         """The seeds this trio is trained with: the first ``self.seeds`` of ``seeds`` (all if None)."""
         return list(seeds if self.seeds is None else seeds[: self.seeds])
+
+    def cells(self) -> list[tuple[float, float]]:
+        """``[(epochs, stories)]``: every budget from all the training stories, then each repeated
+        budget from each fraction of them (budgets in epochs: after ``budget_trios``)."""
+        return [(e, 1.0) for e in self.epochs] + [(e, f) for e in self.repeat for f in self.stories]
 
     @property
     def dense_active(self) -> str:
@@ -53,24 +65,98 @@ class TrioConfig:
 
 
 TOKEN_BUDGET_SHAPE = ("{trios: [{models: [dense_active, moe, dense_total], epochs: [1.0], tokens_per_param: [1.0, 28.9], "
-                      "seeds: 5}, ...]} (epochs and/or tokens_per_param)")
+                      "seeds: 5, repeat: {tokens_per_param: [28.9], stories: [0.5, 0.25]}}, ...], shape: paper} "
+                      "(epochs and/or tokens_per_param; repeat and shape optional)")
+
+#: how far a trio may lie from the paper's own (the knob ``shape: paper``): the embedding share of
+#: the MoE's and of the active-match dense model's active parameters within ``SHARE_TOL`` of the
+#: paper's (Table 5), each dense baseline's FFN hidden / d_model inside ``FFN_RANGE`` (the paper's
+#: 3.5 and 4.5, Table 3)
+SHARE_TOL = 0.03
+FFN_RANGE = (3.0, 5.0)
 
 
-def parse_trios(tb: Any, key: str, ctx: Context) -> tuple[TrioConfig, ...]:
+def check_shape(names, where: str, ctx: Context) -> dict:
+    """The trio's shape (:func:`~studylib.study.comparisons.budget_matching.shape.trio_shape`); one
+    ConfigError line naming the first ratio that leaves the paper's family (see :data:`SHARE_TOL`)."""
+    s, paper = trio_shape(*(ctx.config(m) for m in names), 0), paper_shape()
+    what = {"emb_share_moe": f"the MoE {names[1]}'s embedding share of its active parameters",
+            "emb_share_dense_active": f"the active match {names[0]}'s embedding share of its parameters"}
+    for key, label in what.items():
+        if abs(s[key] - paper[key]) > SHARE_TOL:
+            raise ConfigError(f"{where}: {label} is {s[key]:.3f}, the paper's {paper[key]:.3f} (more than "
+                              f"{SHARE_TOL} apart: not a scaled copy of the paper's trio; set the MoE's vocab_size "
+                              f"near {paper_vocab_per_d():.1f} x d_model, or shape: any)")
+    for key, m in (("ffn_over_d_active", names[0]), ("ffn_over_d_total", names[2])):
+        if not FFN_RANGE[0] <= s[key] <= FFN_RANGE[1]:
+            raise ConfigError(f"{where}: {m}'s FFN hidden / d_model is {s[key]:.2f}, outside the paper's family "
+                              f"{list(FFN_RANGE)} (the paper's {paper['ffn_over_d_active']:.1f} / "
+                              f"{paper['ffn_over_d_total']:.1f}: a width-resized baseline; give its derive rule a "
+                              f"finer d_multiple, or shape: any)")
+    return s
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """Notebook 09's map: one trio per model size, and whether each must be a scaled copy of the
+    paper's trio (``shape: paper``, the default; ``any``: no check, for a preset whose models mean
+    nothing, such as ``ci``)."""
+
+    trios: tuple[TrioConfig, ...]
+    shape: str = "paper"
+
+
+def parse_map(tb: Any, key: str, ctx: Context) -> TokenBudget:
     """``study.token_budget`` checked against the preset's models (one ConfigError line naming the field)."""
+    if not isinstance(tb, Mapping) or "trios" not in tb or not set(tb) <= {"trios", "shape"}:
+        raise ConfigError(f"{key}: expected a mapping with the key 'trios' and optionally 'shape' "
+                          f"({TOKEN_BUDGET_SHAPE}), got {tb!r}")
+    shape = tb.get("shape", "paper")
+    if shape not in ("paper", "any"):
+        raise ConfigError(f"{key}.shape: expected 'paper' (every trio a scaled copy of the paper's) or 'any', "
+                          f"got {shape!r}")
+    trios = parse_trios(tb["trios"], key, ctx)
+    if shape == "paper":
+        for i, t in enumerate(trios):
+            check_shape(t.models, f"{key}.trios[{i}]", ctx)
+    return TokenBudget(trios, shape)
+
+
+def _budgets(t: Mapping, k: str, where: str, what: str) -> tuple[float, ...]:
+    v = t.get(k, [])
+    if not isinstance(v, (list, tuple)) or not all(is_number(e) and e > 0 for e in v) or len(set(v)) != len(v):
+        raise ConfigError(f"{where}.{k}: expected a list of different positive numbers ({what}), got {v!r}")
+    return tuple(sorted(float(e) for e in v))
+
+
+def _repeat(r: Any, where: str, budgets: Sequence[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    if not isinstance(r, Mapping) or set(r) != {"tokens_per_param", "stories"}:
+        raise ConfigError(f"{where}: expected {{tokens_per_param: [...], stories: [...]}} (budgets of the trio, "
+                          f"trained again from fractions of the training stories), got {r!r}")
+    x = _budgets(r, "tokens_per_param", where, "budgets of this trio's tokens_per_param")
+    for v in x:
+        if v not in budgets:
+            raise ConfigError(f"{where}.tokens_per_param: {v:g} is not one of the trio's tokens_per_param "
+                              f"{list(budgets)}; a repeated budget is a map point drawn from fewer stories")
+    f = _budgets(r, "stories", where, "fractions of the training stories")
+    if not x or not f or any(v >= 1 for v in f):
+        raise ConfigError(f"{where}.stories: expected fractions of the training stories below 1 (e.g. [0.5, 0.25]), "
+                          f"got {r.get('stories')!r}")
+    return x, tuple(sorted(f, reverse=True))
+
+
+def parse_trios(raw: Any, key: str, ctx: Context) -> tuple[TrioConfig, ...]:
+    """The trios of ``study.token_budget``, checked against the preset's models."""
     models, ffn_kind = ctx.models, ctx.ffn_kind
-    if not isinstance(tb, Mapping) or set(tb) != {"trios"}:
-        raise ConfigError(f"{key}: expected a mapping with the one key 'trios' ({TOKEN_BUDGET_SHAPE}), got {tb!r}")
-    raw = tb["trios"]
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{key}.trios: expected a non-empty list of trios ({TOKEN_BUDGET_SHAPE}), got {raw!r}")
     out, seen = [], set()
     for i, t in enumerate(raw):
         where = f"{key}.trios[{i}]"
-        keys = {"models", "epochs", "tokens_per_param", "seeds"}
+        keys = {"models", "epochs", "tokens_per_param", "seeds", "repeat"}
         if not isinstance(t, Mapping) or "models" not in t or not set(t) <= keys or not {"epochs", "tokens_per_param"} & set(t):
             raise ConfigError(f"{where}: expected a mapping with keys 'models' and 'epochs' and/or 'tokens_per_param' "
-                              f"(and optionally 'seeds'), got {t!r}")
+                              f"(and optionally 'seeds', 'repeat'), got {t!r}")
         n_seeds = t.get("seeds")
         if n_seeds is not None:
             count(n_seeds, f"{where}.seeds", "how many of the preset's seeds to train")
@@ -87,18 +173,13 @@ def parse_trios(tb: Any, key: str, ctx: Context) -> tuple[TrioConfig, ...]:
             raise ConfigError(f"{where}.models[1]: the reference MoE {names[1]!r} names a second trio; "
                               "each trio is one model size")
         seen.add(names[1])
-        lists = {}
-        for k, what in (("epochs", "epochs of the preset's schedule"),
-                        ("tokens_per_param", "target tokens per active parameter of the MoE")):
-            v = t.get(k, [])
-            if (not isinstance(v, (list, tuple)) or not all(is_number(e) and e > 0 for e in v)
-                    or len(set(v)) != len(v)):
-                raise ConfigError(f"{where}.{k}: expected a list of different positive numbers ({what}), got {v!r}")
-            lists[k] = tuple(sorted(float(e) for e in v))
-        if not any(lists.values()):
+        epochs = _budgets(t, "epochs", where, "epochs of the preset's schedule")
+        tpp = _budgets(t, "tokens_per_param", where, "target tokens per active parameter of the MoE")
+        if not epochs and not tpp:
             raise ConfigError(f"{where}: no budget: 'epochs' and 'tokens_per_param' are both empty "
                               f"({TOKEN_BUDGET_SHAPE})")
-        out.append(TrioConfig(tuple(names), lists["epochs"], n_seeds, lists["tokens_per_param"]))
+        repeat, stories = _repeat(t["repeat"], f"{where}.repeat", tpp) if "repeat" in t else ((), ())
+        out.append(TrioConfig(tuple(names), epochs, n_seeds, tpp, repeat, stories))
     return tuple(out)
 
 
@@ -108,11 +189,16 @@ def _power_target(v: Any, where: str, ctx: Context) -> float:
 
 @dataclass(frozen=True)
 class TokenBudgetKnobs(Knobs):
-    """The trios (``token_budget``; None: the preset has none) and the CI half-width each point's
-    power table plans for (``map_power_target``)."""
+    """The map (``token_budget``: its trios; None: the preset has none) and the CI half-width each
+    point's power table plans for (``map_power_target``)."""
 
-    trios: Optional[tuple[TrioConfig, ...]] = knob("token_budget", parse_trios)
+    map: Optional[TokenBudget] = knob("token_budget", parse_map)
     power_target: float = knob("map_power_target", _power_target, 0.05)
 
+    @property
+    def trios(self) -> Optional[tuple[TrioConfig, ...]]:
+        return None if self.map is None else self.map.trios
 
-__all__ = ["TOKEN_BUDGET_SHAPE", "TokenBudgetKnobs", "TrioConfig", "parse_trios"]
+
+__all__ = ["FFN_RANGE", "SHARE_TOL", "TOKEN_BUDGET_SHAPE", "TokenBudget", "TokenBudgetKnobs", "TrioConfig",
+           "check_shape", "parse_map", "parse_trios"]

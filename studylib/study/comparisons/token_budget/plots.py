@@ -28,20 +28,26 @@ def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, pap
     paper's headline point (star) and, given ``paper_table``, the ``paper`` preset's own points
     (diamonds with their CIs). Given ``models`` (``{gap: GapModel}``,
     :func:`studylib.study.comparisons.token_budget.report.gap_models`), each size's fitted line (dashed) over
-    the measured tokens/param range. Above zero: the MoE is better."""
+    the measured tokens/param range. Above zero: the MoE is better. The gaps are in bits per byte of
+    the validation text where the table has them (one scale across the sizes' tokenizers; the
+    paper's point, in nats of its own tokenizer, is then left out: its position is compared in the
+    table), else in nats."""
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.3), sharex=True)
     colors = sns.color_palette()
     sizes = list(dict.fromkeys(table["size"]))
+    bits = "active_bpb_mean" in table and table["active_bpb_mean"].notna().all()
+    unit = "bits per byte" if bits else "nats"
     for ax, gap in zip(axes, GAPS):
+        col = f"{gap}_bpb" if bits else gap
         for i, size in enumerate(sizes):
             d = table[table["size"] == size].sort_values("tokens_per_param")
             c = colors[i % len(colors)]
             x = d["tokens_per_param"]
-            ax.plot(x, d[f"{gap}_mean"], color=c, lw=1.5, label=d["size_label"].iloc[0])
-            ax.fill_between(x, d[f"{gap}_ci_low"], d[f"{gap}_ci_high"], color=c, alpha=0.2, lw=0)
+            ax.plot(x, d[f"{col}_mean"], color=c, lw=1.5, label=d["size_label"].iloc[0])
+            ax.fill_between(x, d[f"{col}_ci_low"], d[f"{col}_ci_high"], color=c, alpha=0.2, lw=0)
             # the same CI as a bar at every point: a size with one budget has no band
-            ax.errorbar(x, d[f"{gap}_mean"], yerr=[d[f"{gap}_mean"] - d[f"{gap}_ci_low"],
-                                                   d[f"{gap}_ci_high"] - d[f"{gap}_mean"]],
+            ax.errorbar(x, d[f"{col}_mean"], yerr=[d[f"{col}_mean"] - d[f"{col}_ci_low"],
+                                                   d[f"{col}_ci_high"] - d[f"{col}_mean"]],
                         fmt="none", ecolor=c, elinewidth=1.2, capsize=3)
             if models is not None and gap in models:
                 n = float(d["moe_active"].iloc[0])
@@ -49,19 +55,20 @@ def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, pap
                 ax.plot(grid, models[gap].predict(np.full_like(grid, n), grid)["gap"], color=c, lw=1, ls="--")
             for rep, face in ((False, c), (True, "white")):
                 r = d[d["repeats"] == rep]
-                ax.scatter(r["tokens_per_param"], r[f"{gap}_mean"], s=36, facecolors=face, edgecolors=c,
+                ax.scatter(r["tokens_per_param"], r[f"{col}_mean"], s=36, facecolors=face, edgecolors=c,
                            linewidths=1.5, zorder=3)
-        if paper_table is not None and len(paper_table):
+        if paper_table is not None and len(paper_table) and f"{col}_mean" in paper_table:
             p = paper_table.sort_values("tokens_per_param")
-            ax.errorbar(p["tokens_per_param"], p[f"{gap}_mean"],
-                        yerr=[p[f"{gap}_mean"] - p[f"{gap}_ci_low"], p[f"{gap}_ci_high"] - p[f"{gap}_mean"]],
+            ax.errorbar(p["tokens_per_param"], p[f"{col}_mean"],
+                        yerr=[p[f"{col}_mean"] - p[f"{col}_ci_low"], p[f"{col}_ci_high"] - p[f"{col}_mean"]],
                         fmt="D", color="0.25", ms=5, capsize=3, label="paper preset (own runs, 95% CI)")
-        ax.scatter([paper_point["tokens_per_param"]], [paper_point[gap]], marker="*", s=160, color="black",
-                   zorder=4, label=f"paper headline ({paper_point['tokens_per_param']:.1f} tok/param)")
+        if not bits:
+            ax.scatter([paper_point["tokens_per_param"]], [paper_point[gap]], marker="*", s=160, color="black",
+                       zorder=4, label=f"paper headline ({paper_point['tokens_per_param']:.1f} tok/param)")
         ax.axhline(0.0, color="0.4", lw=1, ls="--")
         ax.set_xscale("log")
         ax.set(title=TITLES[gap], xlabel="target tokens per active parameter (MoE)",
-               ylabel="gap in best val loss (nats; > 0: MoE better)")
+               ylabel=f"gap in best val loss ({unit}; > 0: MoE better)")
     handles, labels = axes[0].get_legend_handles_labels()
     if models is not None:
         handles.append(Line2D([], [], color="0.3", lw=1, ls="--"))

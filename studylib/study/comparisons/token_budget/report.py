@@ -28,7 +28,7 @@ import pandas as pd
 
 from studylib.config import Preset
 from studylib.study.analysis.paper import (PAPER_ACTIVE_PARAMS, PAPER_HEADLINE_TOKENS, PAPER_TABLE5, PAPER_TABLE6,
-                                           PAPER_TOKENS_PER_PARAM)
+                                           PAPER_TOKENS_PER_PARAM, paper_millions)
 from studylib.study.analysis.stats import holm
 from studylib.study.comparisons.token_budget.fits import GapModel, gap_model, leave_one_out
 from studylib.study.comparisons.token_budget.gaps import GAPS, PAPER_POINT
@@ -43,13 +43,23 @@ ALPHA = 0.05
 
 
 def _gap_rows(per_seed: pd.DataFrame, gap: str) -> pd.DataFrame:
-    return per_seed[per_seed["gap"] == gap]
+    """One gap's per-seed rows of the map's cells (all the training stories: the repeated cells are
+    the repetition check's, :mod:`.checks`)."""
+    ps = per_seed[per_seed["gap"] == gap]
+    return ps[ps["stories"] == 1.0] if "stories" in ps else ps
+
+
+def _unit(per_seed: pd.DataFrame) -> str:
+    """The per-seed gap the fits across sizes read: in bits per byte where the frame has it (one
+    scale across the trios' tokenizers), else in nats."""
+    return "value_bpb" if "value_bpb" in per_seed and per_seed["value_bpb"].notna().all() else "value"
 
 
 def gap_models(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dict:
-    """``{gap: GapModel}`` for the gaps with at least one map point."""
+    """``{gap: GapModel}`` for the gaps with at least one map point (the gap in bits per byte:
+    :func:`_unit`)."""
     rows = {g: _gap_rows(per_seed, g) for g in GAPS}
-    return {g: gap_model(d, n_boot=n_boot, seed=seed) for g, d in rows.items() if len(d)}
+    return {g: gap_model(d, value=_unit(per_seed), n_boot=n_boot, seed=seed) for g, d in rows.items() if len(d)}
 
 
 def _p_boot(draws: np.ndarray) -> float:
@@ -141,25 +151,31 @@ def loo_table(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     for gap in GAPS:
         d = _gap_rows(per_seed, gap)
         if len(d):
-            t = leave_one_out(d, n_boot=n_boot, seed=seed)
+            t = leave_one_out(d, value=_unit(per_seed), n_boot=n_boot, seed=seed)
             t.insert(0, "gap", gap)
             out.append(t)
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
 def loss_frame(preset: Preset, trios: Sequence[TrioConfig], summaries: pd.DataFrame,
-               value: str = "best_val_loss") -> pd.DataFrame:
-    """One row per run of the map: its ``role`` in its trio, ``model``, ``params`` (N: its active
-    parameters), ``tokens`` (D), ``seed`` and ``value``."""
+               value: str = "best_val_bpb") -> pd.DataFrame:
+    """One row per run of the map: its ``role`` in its trio, ``model``, ``size``, ``seed``,
+    ``params`` (N: its active parameters), ``total`` (its total parameters), ``tokens`` (D),
+    ``unique`` (the distinct training tokens it saw), ``stories`` (the fraction of the training
+    stories), ``passes`` and ``value`` (default: the best validation loss in bits per byte, one
+    scale across the trios' tokenizers)."""
     role_of = {m: t.role(m) for t in trios for m in t.models}
-    params = {m: int(preset.model_config(m).num_params.active) for m in role_of}
+    counts = {m: preset.model_config(m).num_params for m in role_of}
     return pd.DataFrame([{"role": role_of[r.model], "model": r.model, "size": r.size, "seed": int(r.seed),
-                          "params": params[r.model], "tokens": float(r.tokens), "value": float(getattr(r, value))}
+                          "params": int(counts[r.model].active), "total": int(counts[r.model].total),
+                          "tokens": float(r.tokens), "unique": float(r.unique), "stories": float(r.stories),
+                          "passes": float(r.passes), "value": float(getattr(r, value))}
                          for r in summaries.itertuples(index=False)])
 
 
 def loss_laws(losses: pd.DataFrame, n_boot: int = 100, seed: int = 0) -> dict:
     """``{role: LossLaw}`` (``n_boot`` refits each: about 3 s per 100 on the 2-core AMD EPYC)."""
+    losses = losses[losses["stories"] == 1.0] if "stories" in losses else losses  # no repetition term
     return {role: loss_law(losses[losses["role"] == role], n_boot=n_boot, seed=seed) for role in ROLES
             if (losses["role"] == role).any()}
 
@@ -185,6 +201,7 @@ def loss_loo_table(losses: pd.DataFrame, laws: Mapping, n_boot: int = 40, seed: 
     leaves a parameter unidentified is not refitted (fewer points identify no more): its points
     are listed, unchecked, with the reason in ``note``."""
     out = []
+    losses = losses[losses["stories"] == 1.0] if "stories" in losses else losses
     for role, law in laws.items():
         d = losses[losses["role"] == role]
         bad = [k for k in NAMES if not law.coefs[k].identified]
@@ -217,7 +234,7 @@ def _loss_loo_words(loo: pd.DataFrame, role: str) -> str:
 
 def _paper_params(role: str) -> float:
     """N of the paper's model in ``role``: Table 5's active parameters (e.g. "14.77M")."""
-    return float(PAPER_TABLE5[PAPER_MODELS[role]][4].rstrip("M")) * 1e6
+    return paper_millions(PAPER_TABLE5[PAPER_MODELS[role]][4])
 
 
 def extrapolation_table(models: Mapping[str, GapModel], laws: Mapping) -> pd.DataFrame:

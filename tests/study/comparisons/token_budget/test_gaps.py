@@ -18,7 +18,7 @@ from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
 from studylib.study.analysis import paper
 from studylib.study.comparisons import comparison, study_of, token_budget
-from studylib.study.comparisons.token_budget import checks as budget_checks, gaps as bm
+from studylib.study.comparisons.token_budget import budgets, checks as budget_checks, gaps as bm
 from studylib.study.comparisons.token_budget.knobs import TrioConfig
 from studylib.study.orchestration.plan import plan_runs
 
@@ -29,11 +29,14 @@ TB = {"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [0.5, 1.0, 2.0]
 
 
 def _study(seeds=(1, 2), **study):
+    """The tiny preset's study (its trios are not the paper's shape: ``shape: any``)."""
+    if isinstance(study.get("token_budget"), dict) and "trios" in study["token_budget"]:
+        study["token_budget"] = {"shape": "any", **study["token_budget"]}
     return study_of(tiny_preset(models=MODELS, study={"headline": ["dense", "moe", "dense2"], **study}, seeds=list(seeds)))
 
 
 def _trios(study):
-    return bm.budget_trios(study.preset, study["token_budget"])
+    return budgets.budget_trios(study.preset, study["token_budget"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -75,10 +78,9 @@ def test_a_trio_may_train_the_first_k_seeds_only(tmp_path, monkeypatch):
     study = _study(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [2.0], "seeds": 2}]})
     p, (t,) = study.preset, _trios(study)
     assert t.seeds_of([5, 6, 7]) == [5, 6] and TrioConfig(("a", "b", "c"), (1.0,)).seeds_of([5, 6, 7]) == [5, 6, 7]
-    budget_map = bm.budgets(p, [t])
-    (g,) = token_budget.budget_grids([t], [5, 6, 7], budget_map)
+    (g,) = token_budget.cell_grids(p, [t], [5, 6, 7], p.train.max_steps)
     assert list(g.seeds) == [5, 6]
-    assert (bm.run_plan(study, [t], _specs(p, [t], [5, 6, 7], budget_map))["seeds"] == 2).all()
+    assert (budgets.run_plan(study, [t], _specs(p, [t], [5, 6, 7]))["seeds"] == 2).all()
 
 
 # --------------------------------------------------------------------------------------------
@@ -93,23 +95,28 @@ def _fake_run(preset, model, seed, overrides, loss, train_targets=960.0):
     steps = varied.train.max_steps
     rd.write_summary({"model": model, "seed": seed, "best_val_loss": loss, "tokens": steps * 16 * 32,
                       "steps": steps, "finished": True, "params": {"total": 5, "active": 4},
-                      "data": {"train_targets": train_targets}})
+                      "data": {"train_targets": train_targets, "val_bytes": 1000, "val_tokens": 250}})
     return rd
 
 
-def _specs(preset, trios, seeds, budget_map):
+def _specs(preset, trios, seeds):
     """The runs the plan resolves for the map's grids (finished and missing), without training."""
-    return plan_runs(preset, token_budget.budget_grids(trios, seeds, budget_map)).specs
+    return plan_runs(preset, token_budget.cell_grids(preset, trios, seeds, preset.train.max_steps)).specs
+
+
+def _budget_map(preset, trios) -> dict:
+    """``{epochs: overrides}`` of the trios' cells from all the stories (the tiny preset's vocabulary)."""
+    return {e: budgets.cell_overrides(preset, t, e, 1.0, preset.train.max_steps) for t in trios for e in t.epochs}
 
 
 def test_run_plan_reuses_the_presets_own_runs_and_trains_the_other_budgets(tmp_path, monkeypatch):
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
     study = _study(token_budget=TB)  # train.max_steps 12: the "epoch" is 12 steps
     p, trios = study.preset, _trios(study)
-    budget_map = bm.budgets(p, trios)
+    budget_map = _budget_map(p, trios)
     assert budget_map == {0.5: {"train.max_steps": 6}, 1.0: {}, 2.0: {"train.max_steps": 24}}
     _fake_run(p, "moe", 1, {}, 2.0)
-    plan = bm.run_plan(study, trios, _specs(p, trios, [1, 2], budget_map)).set_index(["epochs", "model"])
+    plan = budgets.run_plan(study, trios, _specs(p, trios, [1, 2])).set_index(["epochs", "model"])
     # 1.0 epoch is the preset's own run
     for e in (1.0,):
         assert plan.loc[(e, "moe"), "preset_run"] and plan.loc[(e, "moe"), "also_in"] == "headline"
@@ -131,7 +138,7 @@ def test_the_map_reads_finished_runs_without_training_and_builds_the_table(tmp_p
     monkeypatch.setattr("studylib.data.pipeline.load_data", no_data)
     study = _study(seeds=(1, 2, 3), token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0, 2.0]}]})
     p, trios = study.preset, _trios(study)
-    budget_map = bm.budgets(p, trios)
+    budget_map = _budget_map(p, trios)
     # per seed: active gap 0.01/0.02/0.03 at 1 epoch and 0.10/0.11/0.12 at 2; total gap -0.05 everywhere
     for s, (g1, g2) in zip((1, 2, 3), ((0.01, 0.10), (0.02, 0.11), (0.03, 0.12))):
         for e, g in ((1.0, g1), (2.0, g2)):
@@ -141,7 +148,7 @@ def test_the_map_reads_finished_runs_without_training_and_builds_the_table(tmp_p
             _fake_run(p, "dense2", s, ov, 3.0 - 0.05, train_targets=12 * 16 * 32 * 1.5)
     summ = token_budget.summaries(comparison("token_budget").train(study, jobs=1, progress=False), trios)
     assert len(summ) == 18 and set(summ["epochs"]) == {1.0, 2.0} and set(summ["size"]) == {"moe"}
-    active = bm.active_params(p, trios)
+    active = budgets.active_params(p, trios)
     assert active["moe"] == p.model_config("moe").num_params.active
     per_seed = bm.gap_frame(summ, trios, active)
     table = bm.gap_table(per_seed, active)
@@ -201,7 +208,7 @@ def test_gap_frame_pairs_by_seed_and_signs_both_gaps_dense_minus_moe():
 # --------------------------------------------------------------------------------------------
 def test_tokens_per_param_budgets_become_steps_and_the_presets_own_run_is_reused():
     p = _study(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [2.0]}]}).preset
-    a, per_step = p.model_config("moe").num_params.active, bm.tokens_per_step(p)
+    a, per_step = p.model_config("moe").num_params.active, budgets.tokens_per_step(p)
     assert per_step == p.train.batch_size * p.train.grad_accum * (p.data.context - 1)
     s = p.train.max_steps  # the tiny preset's "epoch": 12 steps
     x_own, x_3 = s * per_step / a, 3 * per_step / a  # exactly the preset's own run; 3 steps
@@ -209,7 +216,7 @@ def test_tokens_per_param_budgets_become_steps_and_the_presets_own_run_is_reused
                                             "tokens_per_param": [x_3 * 1.1, x_own]}]})  # 3.3 steps -> 3
     q, (t,) = study.preset, _trios(study)
     assert t.epochs == (3 / s, 1.0, 2.0) and t.tokens_per_param == ()
-    assert bm.budgets(q, [t]) == {3 / s: {"train.max_steps": 3}, 1.0: {}, 2.0: {"train.max_steps": 24}}
+    assert _budget_map(q, [t]) == {3 / s: {"train.max_steps": 3}, 1.0: {}, 2.0: {"train.max_steps": 24}}
 
 
 @pytest.mark.parametrize("trio, where", [
@@ -308,11 +315,12 @@ def test_paper_preset_points_are_read_from_its_runs_without_data(tmp_path, monke
 
     monkeypatch.setattr("studylib.data.pipeline.load_data", no_data)
     raw = tiny_raw(name="paper", models=MODELS, train={"max_steps": None},
-                   study={"token_budget": {"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [0.5, 1.0]}]}})
+                   study={"token_budget": {"shape": "any",
+                                           "trios": [{"models": ["dense", "moe", "dense2"], "epochs": [0.5, 1.0]}]}})
     (tmp_path / "params").mkdir()
     (tmp_path / "params" / "paper.yaml").write_text(yaml.safe_dump(raw))
     here = _study().preset
-    assert bm.paper_preset_points(tmp_path, here)[0] is None  # no runs yet
+    assert budgets.paper_preset_points(tmp_path, here)[0] is None  # no runs yet
     from studylib.config import load_preset
 
     paper_p = load_preset(tmp_path / "params" / "paper.yaml")
@@ -325,22 +333,22 @@ def test_paper_preset_points_are_read_from_its_runs_without_data(tmp_path, monke
                 rd.write_config(spec.document())
                 rd.write_summary({"model": m, "seed": s, "best_val_loss": loss + 0.01 * s, "tokens": steps * 100,
                                   "steps": steps, "finished": True, "data": {"train_targets": 1000}})
-    table, note = bm.paper_preset_points(tmp_path, here)
+    table, note = budgets.paper_preset_points(tmp_path, here)
     assert "12 finished runs" in note
     assert list(table["epochs"]) == [0.5, 1.0] and list(table["tokens"]) == [500, 1000]
     assert table["active_mean"].tolist() == pytest.approx([0.1, 0.1])  # dense 3.1 - MoE 3.0, every seed
     assert table["total_mean"].tolist() == pytest.approx([-0.1, -0.1]) and list(table["active_n"]) == [2, 2]
-    assert bm.paper_preset_points(tmp_path, paper_p)[0] is None  # the paper preset itself
+    assert budgets.paper_preset_points(tmp_path, paper_p)[0] is None  # the paper preset itself
 
 
-def test_repetition_table_and_power_frame_from_finished_runs(tmp_path, monkeypatch):
+def test_memorisation_table_and_power_frame_from_finished_runs(tmp_path, monkeypatch):
     """val - train from each run's last eval record (written by hand here), and the power of every
     point from its per-seed gaps."""
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path))
     study = _study(seeds=(1, 2, 3),
                    token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [0.5, 1.0, 2.0]}]})
     p, trios = study.preset, _trios(study)
-    budget_map = bm.budgets(p, trios)
+    budget_map = _budget_map(p, trios)
     for s in (1, 2, 3):
         for e in (0.5, 1.0, 2.0):
             for m, loss in (("moe", 3.0), ("dense", 3.02 + 0.01 * s), ("dense2", 2.95)):
@@ -350,13 +358,13 @@ def test_repetition_table_and_power_frame_from_finished_runs(tmp_path, monkeypat
                 rd.append_metrics({"kind": "eval", "step": round(12 * e), "val_loss": loss, "train_loss": loss - memorised})
     runs = comparison("token_budget").train(study, jobs=1, progress=False)
     summ = token_budget.summaries(runs, trios)
-    rep = budget_checks.repetition_table(trios, summ, token_budget.cell_metrics(runs, trios)).set_index(["epochs", "model"])
+    rep = budget_checks.memorisation_table(trios, summ, token_budget.cell_metrics(runs, trios)).set_index(["epochs", "model"])
     assert 0.5 not in rep.index.get_level_values("epochs")  # under one pass: nothing about repetition
     assert rep.loc[(1.0, "moe"), "data_passes"] == pytest.approx(1.0) and rep.loc[(2.0, "moe"), "data_passes"] == 2.0
     assert rep.loc[(1.0, "dense2"), "val_minus_train"] == pytest.approx(0.0)
     assert rep.loc[(2.0, "moe"), "val_minus_train"] == pytest.approx(0.1)
     assert rep.loc[(2.0, "dense2"), "val_minus_train"] == pytest.approx(0.2) and rep.loc[(2.0, "dense2"), "n"] == 3
-    active = bm.active_params(p, trios)
+    active = budgets.active_params(p, trios)
     pw = budget_checks.power_frame(bm.gap_frame(summ, trios, active), active, target=0.05).set_index(["epochs", "gap"])
     # active gap per seed 0.03 / 0.04 / 0.05: std 0.01; the paper's 0.0758 with 80% power needs 3 seeds
     assert pw.loc[(1.0, "active"), "std"] == pytest.approx(0.01)

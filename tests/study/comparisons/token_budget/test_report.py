@@ -93,12 +93,15 @@ def test_the_loss_frame_gives_each_run_its_role_and_active_parameters():
 
     p = tiny_preset(models={"dense2": {"ffn": {"kind": "dense", "hidden": 96}}})
     trio = TrioConfig(("dense", "moe", "dense2"), (1.0,))
-    summ = pd.DataFrame([{"model": m, "seed": 1, "size": "moe", "tokens": 500.0, "best_val_loss": 3.0 + i}
+    summ = pd.DataFrame([{"model": m, "seed": 1, "size": "moe", "tokens": 500.0, "unique": 400.0, "stories": 1.0,
+                          "passes": 1.25, "best_val_loss": 3.0 + i, "best_val_bpb": 1.0 + i}
                          for i, m in enumerate(trio.models)])
     f = bf.loss_frame(p, [trio], summ)
     assert f["role"].tolist() == ["dense_active", "moe", "dense_total"]
     assert f["params"].tolist() == [p.model_config(m).num_params.active for m in trio.models]
-    assert f["value"].tolist() == [3.0, 4.0, 5.0]
+    assert f["total"].tolist() == [p.model_config(m).num_params.total for m in trio.models]
+    assert f["value"].tolist() == [1.0, 2.0, 3.0]  # bits per byte: one scale across the trios' tokenizers
+    assert bf.loss_frame(p, [trio], summ, value="best_val_loss")["value"].tolist() == [3.0, 4.0, 5.0]
 
 
 def _law_losses(sizes=(1e5, 3e5, 1e6), tpps=(1.0, 3.5, 10.0), seeds=3, sd=0.003, seed=0) -> pd.DataFrame:

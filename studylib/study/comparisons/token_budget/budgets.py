@@ -1,0 +1,229 @@
+"""The map's budgets and runs: the knob's budgets in optimizer steps (:func:`budget_trios`, checked
+by :func:`check_budgets`), each cell's overrides (:func:`cell_overrides`: the budget, the trio's
+vocabulary, the fraction of the training stories), which runs are the preset's own
+(:func:`run_plan`), the runs' summaries with what each cell measures (:func:`budget_columns`: passes,
+unique tokens, bits per byte) and the ``paper`` preset's own runs when they exist
+(:func:`paper_preset_points`).
+
+A cell is (trio, budget in epochs of the preset's schedule, fraction of the training stories):
+``epochs: 1.0`` from all the stories is the preset's own run (the headline notebook's, reused);
+``epochs: e`` trains ``round(e * S)`` optimizer steps, S one epoch of the preset's training
+windows, or ``train.max_steps`` when the preset sets it (then the "epoch" is ``max_steps`` steps,
+not a pass over the data); ``tokens_per_param: x`` trains ``round(x * A / tokens_per_step)``
+steps. A trio whose MoE has its own ``vocab_size`` trains on a tokenizer of that size (each trio
+a scaled copy of the paper's: vocabulary per unit of width kept), and a repetition cell reads only
+the first ``data.train_fraction`` of the training stories, the same steps over fewer unique tokens.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional, Sequence
+
+import pandas as pd
+
+from studylib.config import ConfigError, Preset, load_preset
+from studylib.run.rundir import RunDir
+from studylib.run.spec import RunSpec, budget_overrides, epoch_steps
+from studylib.study.analysis.frames import collect_runs
+from studylib.study.analysis.tables import fmt_count
+from studylib.study.comparisons.knobs import Context, Study
+from studylib.study.comparisons.token_budget.knobs import TOKEN_BUDGET_SHAPE, TokenBudgetKnobs, TrioConfig
+
+KEY = "study.token_budget"
+#: the longest budget, in units of the preset's own schedule (one pass over the training windows,
+#: or ``train.max_steps`` when set): past ~40 passes, repeated data is worth almost nothing
+#: (Muennighoff et al. 2023); more is a typo that would queue a run of billions of steps
+MAX_EPOCHS = 100
+
+
+def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] = None) -> list[TrioConfig]:
+    """The trios of ``study.token_budget`` (:class:`TrioConfig`, checked when the study loaded the
+    preset) with every budget in epochs: a ``tokens_per_param`` budget ``x`` (a repeated one too)
+    becomes ``round(x * A / tokens_per_step)`` optimizer steps (``A``: the trio's MoE's active
+    parameters; :func:`tokens_per_step`), i.e. that many steps over one epoch's ``S`` steps
+    (``epoch``; default :func:`studylib.run.spec.epoch_steps` of the preset, which may load the
+    data), and ``1.0`` exactly when the steps are ``S`` (the preset's own run). Absent: one
+    ConfigError line naming the knob. Each budget is checked (:func:`check_budgets`) unless
+    ``epoch`` is given (the ``paper`` preset's runs read without its data)."""
+    if knobs.trios is None:
+        raise ConfigError(f"{KEY}: missing from preset {preset.name!r}; expected {TOKEN_BUDGET_SHAPE}")
+    trios = list(knobs.trios)
+    s, per_step = (epoch_steps(preset) if epoch is None else epoch), tokens_per_step(preset)
+    if epoch is None:
+        check_budgets(preset, trios, s)
+    out = []
+    for t in trios:
+        a = int(preset.model_config(t.moe).num_params.active)
+
+        def epochs_of(x: float) -> float:
+            n = max(1, round(x * a / per_step))
+            return 1.0 if n == s else n / s
+
+        if t.tokens_per_param:
+            by_steps = {max(1, round(e * s)): e for e in t.epochs}
+            for x in t.tokens_per_param:
+                by_steps.setdefault(max(1, round(x * a / per_step)), epochs_of(x))
+            t = replace(t, epochs=tuple(sorted(by_steps.values())), tokens_per_param=(),
+                        repeat=tuple(epochs_of(x) for x in t.repeat))
+        out.append(t)
+    return out
+
+
+def check_budgets(preset: Preset, trios: Sequence[TrioConfig], epoch: int) -> None:
+    """Every budget of every trio, in optimizer steps, must be at least one step and at least the
+    warm-up of the preset's own schedule (``epoch`` steps; a shorter run only ramps its learning
+    rate), differ from the trio's other budgets (two that round to one step count would be one map
+    point, silently) and be at most :data:`MAX_EPOCHS` times the preset's schedule (a repeated
+    budget: its passes over its fraction of the stories); else one ConfigError line naming the
+    budget, what it comes to and the limit."""
+    from studylib.run.optim import warmup_steps
+
+    per_step, warmup = tokens_per_step(preset), max(1, warmup_steps(epoch, preset.train))
+    unit = ("passes over the training windows" if preset.train.max_steps is None else
+            f"times the preset's train.max_steps = {epoch:,}")
+    for i, t in enumerate(trios):
+        a = int(preset.model_config(t.moe).num_params.active)
+        seen: dict[int, str] = {}
+        given = [("epochs", e * epoch, f"{e:g} epochs", 1.0) for e in t.epochs]
+        given += [("tokens_per_param", x * a / per_step, f"{x:g} tokens per active parameter", 1.0)
+                  for x in t.tokens_per_param]
+        given += [("repeat", x * a / per_step, f"{x:g} tokens per active parameter from {f:g} of the stories", f)
+                  for x in t.repeat for f in t.stories]
+        for key, exact, what, f in given:
+            where, n = f"{KEY}.trios[{i}].{key}", round(exact)
+            if n / f > MAX_EPOCHS * epoch:
+                raise ConfigError(f"{where}: {what} is {n:,} optimizer steps, {n / epoch / f:,.0f} {unit}; at most "
+                                  f"{MAX_EPOCHS} (repeated data is worth almost nothing long before that)")
+            if n < warmup:
+                raise ConfigError(f"{where}: {what} is {exact:.3g} optimizer steps, fewer than the preset's warm-up "
+                                  f"of {warmup} (a shorter run only ramps its learning rate); give a larger budget")
+            if f == 1.0 and n in seen:
+                raise ConfigError(f"{where}: {what} rounds to {n:,} optimizer steps, as {seen[n]} does; "
+                                  f"two budgets of one trio must differ by at least one step")
+            seen[n] = what
+
+
+def tokens_per_step(preset: Preset) -> int:
+    """Target tokens of one optimizer step: windows per step times ``data.context - 1`` targets."""
+    return preset.train.batch_size * preset.train.grad_accum * (preset.data.context - 1)
+
+
+def active_params(preset: Preset, trios: Sequence[TrioConfig]) -> dict:
+    """``{size: active parameters of its reference MoE}`` (exact accounting)."""
+    return {t.size: int(preset.model_config(t.moe).num_params.active) for t in trios}
+
+
+def size_label(size: str, active: int) -> str:
+    return f"{size} ({fmt_count(active)} active)"
+
+
+def cell_overrides(preset: Preset, trio: TrioConfig, epochs: float, stories: float, epoch: int) -> dict:
+    """The overrides of one cell's runs: its budget (:func:`studylib.run.spec.budget_overrides` over
+    one epoch of ``epoch`` steps; ``{}`` for the preset's own run), the trio's vocabulary when its
+    MoE has its own (``data.vocab_size``), the fraction of the training stories when below 1
+    (``data.train_fraction``); a cell on other data always sets its steps."""
+    ov = dict(budget_overrides(preset, epochs, epoch))
+    vocab = preset.model_config(trio.moe).vocab_size
+    if vocab != preset.data.vocab_size:
+        ov["data.vocab_size"] = vocab
+    if stories < 1:
+        ov["data.train_fraction"] = stories
+    if ov and "train.max_steps" not in ov:
+        ov["train.max_steps"] = epoch
+    return ov
+
+
+def run_plan(study: Study, trios: Sequence[TrioConfig], specs: Sequence[Sequence[RunSpec]]) -> pd.DataFrame:
+    """One row per cell x model of the runs the plan resolved (``specs``: one sequence of
+    :class:`~studylib.run.spec.RunSpec` per cell, trio order then :meth:`TrioConfig.cells`, as
+    :func:`studylib.study.comparisons.token_budget.grids` plans them; nothing is resolved again): its
+    ``max_steps``, vocabulary and fraction of the stories, whether it is the preset's own run
+    (``preset_run``: it lives in the preset's run directory and is trained once for every notebook
+    that uses it; ``also_in`` names the other ``study`` lists that hold it, e.g. ``headline``:
+    notebook 03's run, reused here) or a run of its own (``runs/<model>/<tag>/``), its run directory
+    (seed placeholder) and how many seeds are finished."""
+    cells = [(t, e, f) for t in trios for e, f in t.cells()]
+    if len(cells) != len(specs):
+        raise ValueError(f"run_plan: {len(cells)} cells but {len(specs)} groups of runs")
+    preset, rows = study.preset, []
+    for (t, e, f), group in zip(cells, specs):
+        for m in t.models:
+            mine = [s for s in group if s.model == m]
+            own = mine[0].run_dir == Path(os.path.abspath(RunDir.of(preset, m, mine[0].seed).path))
+            rows.append({"size": t.size, "epochs": e, "stories": f, "model": m, "role": t.role(m),
+                         "max_steps": mine[0].preset.train.max_steps, "vocab": mine[0].preset.data.vocab_size,
+                         "preset_run": own, "also_in": ", ".join(study.lists_naming(m)) if own else "",
+                         "run_dir": str(mine[0].run_dir.parent / "seed*"),
+                         "finished": sum(s.rundir.finished() for s in mine), "seeds": len(mine)})
+    return pd.DataFrame(rows)
+
+
+def budget_columns(df: pd.DataFrame, trio: TrioConfig, e: float, stories: float = 1.0,
+                   data_cfg=None) -> pd.DataFrame:
+    """Run summaries of one cell with ``size``, ``epochs``, ``stories`` (the fraction of the
+    training stories), ``train_targets`` (target tokens of one pass over its training windows),
+    ``unique`` (the distinct training target tokens seen: at most one pass), ``passes`` and
+    ``bytes_per_token`` (UTF-8 bytes of the validation stories per validation token, from the
+    summary, or from ``data_cfg``'s data for a run trained before summaries held it), so that
+    ``best_val_bpb`` = ``best_val_loss`` / ln 2 / ``bytes_per_token``."""
+    df = df.copy()
+    df["size"], df["epochs"], df["stories"] = trio.size, e, stories
+    df["train_targets"] = df["data_train_targets"].astype(float) if "data_train_targets" in df else math.nan
+    df["unique"] = df[["tokens", "train_targets"]].min(axis=1) if "tokens" in df else math.nan
+    df["passes"] = df["tokens"] / df["train_targets"] if "tokens" in df else math.nan
+    bpt = (df["data_val_bytes"] / df["data_val_tokens"] if {"data_val_bytes", "data_val_tokens"} <= set(df)
+           else pd.Series(math.nan, index=df.index))
+    if bpt.isna().any() and data_cfg is not None:
+        from studylib.data.pipeline import shared_data
+
+        bpt = bpt.fillna(shared_data(data_cfg).bytes_per_token())
+    df["bytes_per_token"] = bpt
+    if "best_val_loss" in df:
+        df["best_val_bpb"] = df["best_val_loss"] / math.log(2) / df["bytes_per_token"]
+    return df
+
+
+def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], str]:
+    """(a :func:`~studylib.study.comparisons.token_budget.gaps.gap_table` of the ``paper`` preset's
+    budget runs under ``<root>/params/paper.yaml``, or None; a sentence saying what was found). Never
+    trains and never loads data: one epoch's step count is read from the paper preset's own
+    one-epoch runs (``epochs: 1.0``), which are therefore required. None when ``current`` is the
+    paper preset (its points are the main ones)."""
+    from studylib.study.comparisons.token_budget.gaps import gap_frame, gap_table
+
+    path = Path(root) / "params" / "paper.yaml"
+    if current.name == "paper":
+        return None, "This is the paper preset: its budgets are the measured points."
+    if not path.is_file():
+        return None, f"No paper preset ({path})."
+    paper_p = load_preset(path)
+    knobs = TokenBudgetKnobs.parse(paper_p.study.comparisons, Context.of(paper_p))
+    if knobs.trios is None:
+        return None, f"The paper preset lists no {KEY}."
+    trios, frames = [], []
+    for t in knobs.trios:
+        one = collect_runs(paper_p, list(t.models), list(paper_p.seeds))
+        if one.empty or "steps" not in one:
+            continue
+        steps = int(one["steps"].iloc[0])  # its one epoch, without loading data
+        t = next(r for r in budget_trios(paper_p, knobs, steps) if r.moe == t.moe)
+        trios.append(t)
+        for e, f in t.cells():
+            ov = cell_overrides(paper_p, t, e, f, steps)
+            df = collect_runs(paper_p, list(t.models), list(paper_p.seeds), overrides=ov)
+            if not df.empty:
+                frames.append(budget_columns(df, t, e, f))
+    if not frames:
+        return None, ("The paper preset's runs do not exist here (they need a GPU: "
+                      "`python -m studylib study --params params/paper.yaml --notebooks 09`).")
+    df = pd.concat(frames, ignore_index=True)
+    act = active_params(paper_p, trios)
+    table = gap_table(gap_frame(df, trios, act), act)
+    return table, f"The paper preset's own runs: {len(df)} finished runs found under outputs/paper."
+
+
+__all__ = ["KEY", "MAX_EPOCHS", "active_params", "budget_columns", "budget_trios", "cell_overrides", "check_budgets",
+           "paper_preset_points", "run_plan", "size_label", "tokens_per_step"]
