@@ -142,3 +142,19 @@ def test_no_repeated_budget_measures_nothing_and_one_seed_carries_no_interval():
     assert checks.repetition_fit(one[one["stories"] == 1.0]).empty
     lonely = checks.repetition_fit(_per_seed(0.03, 0.0, seeds=1), n_boot=50)
     assert set(lonely["verdict"]) == {"no interval"} and lonely["ci_low"].isna().all()
+
+
+@pytest.mark.parametrize("name", ["cpu", "cpu_full"])
+def test_the_budget_command_shows_each_trios_vocabulary_and_widths(name, capsys):
+    from studylib.cli import main
+
+    p = load_preset(ROOT / "params" / f"{name}.yaml")
+    trios = study_of(p)["token_budget"].trios
+    assert main(["budget", str(ROOT / "params" / f"{name}.yaml"), "--all"]) == 0
+    out = capsys.readouterr().out
+    for t in trios:
+        vocab = p.model_config(t.moe).vocab_size
+        assert f"Budget solver for {t.moe} (vocab {vocab:,}" in out
+        for dense, ratio in ((t.dense_active, "1.25x"), (t.dense_total, "1.50x")):
+            line = next(ln for ln in out.splitlines() if ln.strip().startswith(dense + " ") and "matched-" in ln)
+            assert f"({ratio})" in line, line
