@@ -81,7 +81,7 @@ epoch_unit = (f"train.max_steps = {preset.train.max_steps} steps (not a pass ove
               if preset.train.max_steps is not None else "one pass over the training windows")
 print(f"preset {preset.name!r}, seeds {seeds}; one epoch = {epoch_unit}")
 for t in trios:
-    print(f"  size {budgets.size_label(t.size, active[t.size])}: {t.models}, vocabulary "
+    print(f"  size {bm.size_label(t.size, active[t.size])}: {t.models}, vocabulary "
           f"{preset.model_config(t.moe).vocab_size:,}, epochs {[float(f'{e:.4g}') for e in t.epochs]}"
           + (f", repeated {[float(f'{e:.4g}') for e in t.repeat]} from {list(t.stories)} of the stories" if t.repeat else "")
           + f", seeds {t.seeds_of(seeds)}")

@@ -48,7 +48,9 @@ def _map(out):
     rows = [{"size": "moe_x", "epochs": e, "seed": s, "gap": gap, "dense": 3.0 + d + rng.normal(0, 0.01), "moe": 3.0,
              "tokens": 1e4 * e, "tokens_per_param": 0.5 * e, "data_passes": 0.3 * e}
             for e in (0.5, 1.0, 2.0) for s in SEEDS for gap, d in (("active", 0.04 * e), ("total", -0.02))]
-    per_seed = pd.DataFrame(rows).assign(value=lambda d: d["dense"] - d["moe"])
+    per_seed = pd.DataFrame(rows).assign(value=lambda d: d["dense"] - d["moe"], stories=1.0,
+                                         dense_bpb=lambda d: d["dense"] / 3.0, moe_bpb=lambda d: d["moe"] / 3.0,
+                                         value_bpb=lambda d: d["dense_bpb"] - d["moe_bpb"])
     table = bm.gap_table(per_seed, {"moe_x": 20_000})
     table.to_csv(out / "tables" / "token_budget_gaps.csv", index=False)
     per_seed.to_csv(out / "tables" / "token_budget_per_seed.csv", index=False)

@@ -28,8 +28,8 @@ from studylib.config import ConfigError, Preset, load_preset
 from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec, budget_overrides, epoch_steps
 from studylib.study.analysis.frames import collect_runs
-from studylib.study.analysis.tables import fmt_count
 from studylib.study.comparisons.knobs import Context, Study
+from studylib.study.comparisons.token_budget.gaps import gap_frame, gap_table
 from studylib.study.comparisons.token_budget.knobs import TOKEN_BUDGET_SHAPE, TokenBudgetKnobs, TrioConfig
 
 KEY = "study.token_budget"
@@ -116,10 +116,6 @@ def active_params(preset: Preset, trios: Sequence[TrioConfig]) -> dict:
     return {t.size: int(preset.model_config(t.moe).num_params.active) for t in trios}
 
 
-def size_label(size: str, active: int) -> str:
-    return f"{size} ({fmt_count(active)} active)"
-
-
 def cell_overrides(preset: Preset, trio: TrioConfig, epochs: float, stories: float, epoch: int) -> dict:
     """The overrides of one cell's runs: its budget (:func:`studylib.run.spec.budget_overrides` over
     one epoch of ``epoch`` steps; ``{}`` for the preset's own run), the trio's vocabulary when its
@@ -192,8 +188,6 @@ def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], 
     trains and never loads data: one epoch's step count is read from the paper preset's own
     one-epoch runs (``epochs: 1.0``), which are therefore required. None when ``current`` is the
     paper preset (its points are the main ones)."""
-    from studylib.study.comparisons.token_budget.gaps import gap_frame, gap_table
-
     path = Path(root) / "params" / "paper.yaml"
     if current.name == "paper":
         return None, "This is the paper preset: its budgets are the measured points."
@@ -226,4 +220,4 @@ def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], 
 
 
 __all__ = ["KEY", "MAX_EPOCHS", "active_params", "budget_columns", "budget_trios", "cell_overrides", "check_budgets",
-           "paper_preset_points", "run_plan", "size_label", "tokens_per_step"]
+           "paper_preset_points", "run_plan", "tokens_per_step"]

@@ -16,7 +16,7 @@ import pandas as pd
 
 from studylib.study.analysis.stats import holm, paired
 from studylib.study.analysis.tables import power_rows
-from studylib.study.comparisons.token_budget.budgets import size_label
+from studylib.study.comparisons.token_budget.gaps import size_label
 from studylib.study.comparisons.token_budget.fits import Coef, bootstrap_values, no_interval, percentile_ci
 from studylib.study.comparisons.token_budget.gaps import CELL, GAPS, PAPER_POINT
 from studylib.study.comparisons.token_budget.knobs import TrioConfig

@@ -26,7 +26,7 @@ import pandas as pd
 from studylib.study.analysis.frames import seed_pairs
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_BUDGET_TOKENS, PAPER_GAPS, PAPER_TOKENS_PER_PARAM
 from studylib.study.analysis.stats import MARGIN, family, paired
-from studylib.study.comparisons.token_budget.budgets import size_label
+from studylib.study.analysis.tables import fmt_count
 from studylib.study.comparisons.token_budget.knobs import TrioConfig
 
 VALUE = "best_val_loss"
@@ -78,6 +78,11 @@ def gap_frame(summaries: pd.DataFrame, trios: Sequence[TrioConfig], active: dict
                              "unique": unique})
     return pd.DataFrame(rows, columns=["size", "epochs", "stories", "seed", "gap", "dense", "moe", "value", "dense_bpb",
                                        "moe_bpb", "value_bpb", "tokens", "tokens_per_param", "data_passes", "unique"])
+
+
+def size_label(size: str, active: int) -> str:
+    """A trio's name in the map's tables and figures: its MoE and its active parameters."""
+    return f"{size} ({fmt_count(active)} active)"
 
 
 def position_row(g_active: np.ndarray, g_total: np.ndarray, n_boot: int = 2000, seed: int = 0,
@@ -262,4 +267,5 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["CELL", "GAPS", "PAPER_POINT", "PAPER_POSITION", "VERDICT_WORDS", "display_table", "gap_frame", "gap_table",
-           "paper_sentence", "point_sentences", "position_row", "position_sentence", "position_text", "shared_budgets"]
+           "paper_sentence", "point_sentences", "position_row", "position_sentence", "position_text", "shared_budgets",
+           "size_label"]
