@@ -69,13 +69,18 @@ class Runs:
 @dataclass(frozen=True)
 class Answer:
     """What a comparison adds to the report's answer (``## The answer``): its sentences in markdown
-    (or why it is not computed), its key figures, what it does not show, and the MoE whose runs the
-    report's facts list (the headline's)."""
+    (or why it is not computed), its figures, what it does not show, and the MoE whose runs the
+    report's facts list (the headline's); and its part of the first screen
+    (:mod:`~studylib.study.comparisons.glance`): ``glance`` rows, ``lead`` sentences and the
+    ``key_figure``."""
 
     markdown: str
     figures: tuple[Path, ...] = ()
     limits: tuple[str, ...] = ()
     moe: Optional[str] = None
+    glance: tuple = ()
+    lead: tuple[str, ...] = ()
+    key_figure: Optional[Path] = None
 
 
 def family_sentences(table: pd.DataFrame) -> list[str]:

@@ -52,7 +52,7 @@ from studylib.run.tensorboard import after_runs
 from studylib.study.runner.execute import StudyError, execute_all, notebook_parameters, run_alone
 from studylib.study.orchestration.train import SCHEDULER_ENV, available_cores, default_jobs, scheduler_address
 from studylib.study.runner.parameters import apply_parameters, check_notebook, check_parameters
-from studylib.study.runner.report import write_report
+from studylib.study.runner.report import write_answer, write_report
 
 NOTEBOOK_RE = re.compile(r"^(\d\d)_.+\.py$")
 
@@ -239,7 +239,7 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     if report:
         executed = [out / "notebooks" / (stem + ".ipynb") for stem in times]
         report_path = write_report(executed, out / "report.html", title=f"Dense vs MoE study: preset {preset.name}")
-        echo(f"report: {report_path}")
+        echo(f"report: {report_path}; the answer at a glance (and the README's): {write_answer(out)}")
     total = time.perf_counter() - t_start
     echo(f"study {preset.name!r} finished in {total:.1f} s: runs {runs_s:.1f} s, "
          + ", ".join(f"{k.split('_')[0]} {v:.1f} s" for k, v in times.items()))

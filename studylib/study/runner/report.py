@@ -35,9 +35,9 @@ def _clean_outputs(outputs: list) -> list:
     return out
 
 
-QUESTION = ("At a matched parameter budget, does a sparse mixture-of-experts decoder reach a lower validation "
-            "loss than a dense one: ahead of the dense model with the same active parameters, behind the one "
-            "with the same total parameters, as the paper finds?")
+QUESTION = ("Does a routed mixture-of-experts decoder reach a lower validation loss than the dense model with "
+            "its active parameters, and a higher one than the dense model with its total parameters, as the paper "
+            "finds?")
 
 
 def _figure_cell(path: Path):
@@ -115,35 +115,71 @@ def _facts(out_dir: Path, moe: Optional[str], paths: Sequence[Path]) -> str:
     return "\n".join(lines)
 
 
+def _details(summary: str, markdown: str, figures: Sequence[Path] = ()) -> str:
+    """A folded section: ``summary`` shown, ``markdown`` and the figures (embedded) inside."""
+    imgs = "".join(f'<img src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}" alt="{p.stem}">'
+                   for p in figures)
+    return f"<details><summary>{summary}</summary>\n\n{markdown}\n\n{imgs}\n\n</details>"
+
+
+def _parts(out_dir: Path) -> list:
+    """[(comparison, its Answer)] of every comparison with an answer, in notebook order."""
+    from studylib.study.comparisons import registry
+
+    return [(c, c.answer(out_dir)) for c in registry().values() if c.answer is not None]
+
+
 def answer_cells(out_dir: os.PathLike, paths: Sequence[Path] = ()) -> list:
-    """The report's first section, ``## The answer``: the question, what each comparison adds to
-    the answer (``Comparison.answer``, in notebook order: the headline's verdicts and numbers, the
-    map's sentences, their figures; a table the study did not write is named), the other
+    """The report's first section, ``## The answer``. First screen
+    (:func:`~studylib.study.comparisons.glance.glance_markdown`): the question, one table (each
+    comparison's ``glance`` rows), at most three sentences (their ``lead``) and the key figure.
+    Below it, folded (``<details>``): what each comparison adds in full (``Comparison.answer``, in
+    notebook order, with its figures; a table the study did not write is named), the other
     notebooks' families of comparisons (:func:`family_sentences`), what the study does not show,
     and the preset, seeds, machine and time."""
     from nbformat.v4 import new_markdown_cell
 
-    from studylib.study.comparisons import registry
+    from studylib.study.comparisons.glance import glance_markdown
 
     out_dir = Path(out_dir)
-    cells, limits, moe = [new_markdown_cell(f"## The answer\n\n**The question.** {QUESTION}")], [], None
-    for c in registry().values():
-        if c.answer is None:
-            continue
-        part = c.answer(out_dir)
-        cells.append(new_markdown_cell(part.markdown))
-        cells += [_figure_cell(p) for p in part.figures]
+    rows, lead, key, folded, limits, moe = [], [], None, [], [], None
+    for c, part in _parts(out_dir):
+        rows += part.glance
+        lead += part.lead
+        key = part.key_figure or key
+        nb = c.notebook.split("_")[0]
+        folded.append(_details(f"Notebook {nb} ({c.name.replace('_', ' ')}) in full", part.markdown,
+                               [p for p in part.figures if p != part.key_figure]))
         limits += part.limits
         moe = moe or part.moe
+    cells = [new_markdown_cell("## The answer\n\n" + glance_markdown(QUESTION, rows, lead))]
+    if key is not None:
+        cells.append(_figure_cell(key))
     families = family_sentences(out_dir)
     if families:
-        cells.append(new_markdown_cell(
-            "**The other comparisons, one family per notebook** (Holm-corrected within each family; "
-            "\"equivalent\": a TOST within the margin; docs/statistics.md).\n\n"
+        folded.append(_details(
+            "The other comparisons, one family per notebook",
+            "Holm-corrected within each family; \"equivalent\": a TOST within the margin; docs/statistics.md.\n\n"
             + "\n".join(f"* {s}" for s in families)))
-    cells.append(new_markdown_cell("**What this does not show.**\n\n" + "\n".join(f"* {s}" for s in limits)
-                                   + "\n\n**The runs.**\n\n" + _facts(out_dir, moe, paths)))
+    folded.append(_details("What this does not show, and the runs",
+                           "\n".join(f"* {s}" for s in limits) + "\n\n**The runs.**\n\n" + _facts(out_dir, moe, paths)))
+    cells.append(new_markdown_cell("\n\n".join(folded)))
     return cells
+
+
+def write_answer(out_dir: os.PathLike) -> Path:
+    """``<out_dir>/answer.md``: the first screen's table and sentences, and the README's answer
+    built from the same sentences (:func:`~studylib.study.comparisons.glance.readme_answer`)."""
+    from studylib.study.comparisons.glance import glance_markdown, readme_answer
+
+    out_dir = Path(out_dir)
+    parts = [p for _, p in _parts(out_dir)]
+    rows, lead = [r for p in parts for r in p.glance], [s for p in parts for s in p.lead]
+    text = (glance_markdown(QUESTION, rows, lead) + "\n\n## For the README (at most 150 words)\n\n"
+            + readme_answer(lead, f"outputs/{out_dir.name}/report.html") + "\n")
+    path = out_dir / "answer.md"
+    write_atomic(path, text)
+    return path
 
 
 APPENDIX = ("01_",)  # notebooks shown last: the parameter accounting (long tables, no verdict)

@@ -170,3 +170,89 @@ def test_the_answer_gives_the_other_notebooks_families_in_their_words(out):
     body, _ = _render(_notebooks(out), out)
     assert "The other comparisons, one family per notebook" in body
     assert " ".join(lines[0].split()) in body
+
+
+def _per_seed_losses(out, g):
+    """table6_per_seed.csv as notebook 03 writes it (seed index; the trio's losses; both gaps)."""
+    rng = np.random.default_rng(0)
+    rows = {}
+    for s in SEEDS:
+        base = 3.0 + rng.normal(0, 0.02)
+        rows[s] = {"dense_a": base + 0.05 + rng.normal(0, 0.004), "moe_x": base, "dense_t": base - 0.02}
+    t = pd.DataFrame(rows).T
+    t["active_gap"], t["total_gap"] = t["dense_a"] - t["moe_x"], t["moe_x"] - t["dense_t"]
+    t.to_csv(out / "tables" / "table6_per_seed.csv")
+
+
+def _law_paper(out):
+    """token_budget_law_paper.csv from a joint law fitted to a two-size map drawn from a known law."""
+    from studylib.study.comparisons.token_budget import law, law_checks
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for size, n in (("s", 1e5), ("l", 4e5)):
+        for tpp in (1.0, 4.0, 16.0):
+            for role, (a, t) in {"dense_active": (n, n), "moe": (n, 1.4 * n), "dense_total": (1.4 * n, 1.4 * n)}.items():
+                neff = a ** 0.4 * t ** 0.6
+                mu = 0.8 + 30 / neff ** 0.33 + 30 / (tpp * n) ** 0.3
+                rows += [{"role": role, "size": size, "seed": k, "active": a, "total": t, "tokens": tpp * n,
+                          "unique": 5e6, "value": mu + rng.normal(0, 0.005)} for k in range(3)]
+    j = law.fit_law(pd.DataFrame(rows), n_boot=20, n_boot_cell=0)
+    law_checks.paper_point(j).to_csv(out / "tables" / "token_budget_law_paper.csv", index=False)
+
+
+def test_the_first_screen_is_one_table_three_sentences_and_the_key_figure(out):
+    """issue #40: the answer ran 1,453 words before the contents; now the first screen (before the
+    first <details>) is the question, one table, at most three sentences of at most 120 words,
+    and the key figure; everything else is folded below it."""
+    from studylib.study.comparisons import glance
+
+    g = _headline(out)
+    _per_seed_losses(out, g)
+    _map(out)
+    _law_paper(out)
+    (out / "figures" / "token_budget_gaps.png").write_bytes(_PNG)
+    html = report.write_report(_notebooks(out), out / "report.html", title="Study toy").read_text()
+    start = html.index('id="The-answer"')
+    first = html[start:html.index("<details", start)]
+    p = _Text()
+    p.feed(first)
+    screen = " ".join(" ".join(p.parts).split())
+    assert glance.words(screen) <= 300, glance.words(screen)
+    assert first.count("<table") == 1 and "<img" in first  # the table and the key figure
+    # the table's rows: the headline with the numbers of headline_gaps.csv, the paper, the map, the law
+    rows = [r for r in re.findall(r"<tr>(.*?)</tr>", first, re.S)][1:]
+    assert len(rows) == 4
+    assert [re.sub("<[^>]+>", "", r).split()[0] for r in rows] == ["headline:", "paper:", "map:", "joint"]
+    act = g.loc["active"]
+    assert f"{act['mean']:+.4f} [{act['ci_low']:+.4f}, {act['ci_high']:+.4f}]" in rows[0]
+    # the sentences: at most three, at most 120 words, the words the answer module builds
+    answer_md = (out / "answer.md")
+    assert not answer_md.exists()  # the runner writes it, not write_report
+    report.write_answer(out)
+    text_md = answer_md.read_text()
+    lead = text_md.split("## For the README")[0].strip().split("\n\n")[-1]
+    assert lead in screen.replace("−", "−")
+    sentences = [s for s in re.split(r"(?<=\.) (?=[A-Z])", lead) if s]
+    assert len(sentences) <= glance.MAX_SENTENCES and glance.words(lead) <= glance.MAX_WORDS
+    assert sentences[0].startswith("At the headline budget") and "ahead of its active match" in sentences[0]
+    assert "behind its total match" in sentences[0]
+    readme = text_md.split("## For the README (at most 150 words)")[1].strip()
+    assert readme.startswith(lead) and glance.words(readme) <= glance.README_WORDS
+    # everything else is below, folded
+    rest = html[html.index("<details", start):html.index('id="Contents"')]
+    assert "Headline (notebook 03)" in rest and "The token-budget map (notebook 09)" in rest
+
+
+def test_the_glance_refuses_a_long_first_screen():
+    from studylib.study.comparisons import glance
+
+    assert glance.words("At 3.53 tokens/param the MoE is +0.0026 [-0.0164, +0.0215] ahead.") == 10
+    with pytest.raises(ValueError, match="4 sentences of .* at most 3 of 120 words"):
+        glance.check_lead(["One.", "Two.", "Three.", "Four."])
+    with pytest.raises(ValueError, match="1 sentences of 121 words"):
+        glance.check_lead([" ".join(["word"] * 121)])
+
+
+_PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+                     "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082")

@@ -12,6 +12,7 @@ import pandas as pd
 
 from studylib.config import ConfigError
 from studylib.study.comparisons.base import Answer, Comparison, Runs
+from studylib.study.comparisons.headline.glance import headline_glance
 from studylib.study.comparisons.knobs import POSITIVE_INT, STRINGS, Knobs, Study, knob
 from studylib.study.orchestration.plan import Grid
 
@@ -116,7 +117,9 @@ def answer(out_dir: Path) -> Answer:
            + (f" {r.p_tost:.2g} | {text.verdict_label(r._asdict(), r.a, r.b)} |" if judged else "")
            + f" {r.paper_mean:+.4f} ± {r.paper_std:.4f} |" for r in gaps.itertuples()]
     figure = out_dir / "figures" / f"{HEADLINE}.png"
-    return Answer("\n".join(md), (figure,) if figure.is_file() else (), (limit.strip(),), moe=moe)
+    rows, lead = headline_glance(out_dir, g, summaries[0] if summaries else None)
+    return Answer("\n".join(md), (figure,) if figure.is_file() else (), (limit.strip(),), moe=moe,
+                  glance=tuple(rows), lead=(lead,))
 
 
 COMPARISON = Comparison("headline", "03_headline_sweep", HeadlineKnobs, grids, answer=answer)

@@ -22,6 +22,8 @@ from studylib.study.orchestration.plan import Grid
 MAP = "token_budget_gaps"
 #: its fits' tables, in the order :func:`.report.fit_sentences` reads them
 FITS = ("fit", "crossing", "loo", "loss_law", "extrapolation")
+#: the joint law's tables, in the order :func:`.law_words.law_sentences` reads them
+LAW = ("law", "law_choice", "law_held_out", "law_paper")
 
 
 def cell_grids(preset, trios: Sequence[TrioConfig], seeds: Sequence[int], epoch: int) -> list[Grid]:
@@ -64,7 +66,7 @@ def _table(out_dir: Path, name: str):
 def map_sentences(out_dir: Path, table: pd.DataFrame) -> list[str]:
     """The map's sentences, notebook 09's words rebuilt from its tables: each gap's points by
     verdict, the fits (when their tables exist) and the paper's range."""
-    from studylib.study.comparisons.token_budget import checks, report
+    from studylib.study.comparisons.token_budget import checks, law_words, report
 
     out = [gaps.point_sentences(table, gap) for gap in gaps.GAPS]
     if "position_defined" in table:
@@ -75,6 +77,9 @@ def map_sentences(out_dir: Path, table: pd.DataFrame) -> list[str]:
     fits = [_table(out_dir, f"token_budget_{n}") for n in FITS]
     if all(f is not None for f in fits):
         out += report.fit_sentences(*fits, loss_loo=_table(out_dir, "token_budget_loss_loo"))
+    joint = [_table(out_dir, f"token_budget_{n}") for n in LAW]
+    if all(t is not None for t in joint):
+        out += law_words.law_sentences(*joint)
     return out + [gaps.paper_sentence(table)]
 
 
@@ -83,11 +88,15 @@ def answer(out_dir: Path) -> Answer:
     if table is None or not len(table):
         return Answer(f"**The token-budget map.** Not computed: no `tables/{MAP}.csv` "
                       "(notebook 09 did not run in this study).", limits=(LIMITS,))
+    from studylib.study.comparisons.token_budget.glance import map_glance
+
     figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (MAP, "token_budget_crossing"))
                     if p.is_file())
+    rows, lead = map_glance(table, _table(out_dir, "token_budget_per_seed"), _table(out_dir, "token_budget_law_paper"))
+    key = out_dir / "figures" / f"{MAP}.png"
     return Answer("**The token-budget map (notebook 09).**\n\n" + "\n".join(f"* {s}" for s in
                                                                           map_sentences(out_dir, table)),
-                  figures, (LIMITS,))
+                  figures, (LIMITS,), glance=tuple(rows), lead=tuple(lead), key_figure=key if key.is_file() else None)
 
 
 COMPARISON = Comparison("token_budget", "09_token_budget", TokenBudgetKnobs, grids, answer=answer)

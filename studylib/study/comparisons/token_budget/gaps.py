@@ -24,10 +24,12 @@ import numpy as np
 import pandas as pd
 
 from studylib.study.analysis.frames import seed_pairs
-from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_BUDGET_TOKENS, PAPER_GAPS, PAPER_TOKENS_PER_PARAM
+from studylib.study.analysis.paper import (PAPER_ACTIVE_PARAMS, PAPER_BUDGET_TOKENS, PAPER_GAPS, PAPER_POSITION,
+                                           PAPER_TABLE5, PAPER_TOKENS_PER_PARAM, paper_millions)
+from studylib.study.analysis.position import position_row
 from studylib.study.analysis.stats import MARGIN, family, paired
 from studylib.study.analysis.tables import fmt_count
-from studylib.study.comparisons.token_budget.knobs import TrioConfig
+from studylib.study.comparisons.token_budget.knobs import ROLES, TrioConfig
 
 VALUE = "best_val_loss"
 #: the two gaps: name -> (trio role of the dense model, label)
@@ -38,8 +40,8 @@ GAPS = {"active": ("dense_active", "matched-active gap (dense_active - MoE)"),
 PAPER_POINT = {"tokens_per_param": PAPER_TOKENS_PER_PARAM,
                "active": +PAPER_GAPS["active"][0],   # +0.0758: the MoE beats dense_active
                "total": -PAPER_GAPS["total"][0]}     # -0.0180: dense_total beats the MoE
-#: the paper's position of its MoE between its matches, from its Table 2 means: 0.0758 / 0.0938
-PAPER_POSITION = PAPER_POINT["active"] / (PAPER_POINT["active"] - PAPER_POINT["total"])
+#: the paper's models (Tables 5 and 6's names) by role
+PAPER_MODELS = dict(zip(ROLES, ("dense_active", "moe_top2_z", "dense_total")))
 #: a cell: (size, epochs, fraction of the training stories)
 CELL = ["size", "epochs", "stories"]
 
@@ -80,30 +82,15 @@ def gap_frame(summaries: pd.DataFrame, trios: Sequence[TrioConfig], active: dict
                                        "moe_bpb", "value_bpb", "tokens", "tokens_per_param", "data_passes", "unique"])
 
 
+def paper_params(role: str) -> tuple[float, float]:
+    """(active, total) parameters of the paper's model in ``role``: Table 5's counts (e.g. "14.77M")."""
+    row = PAPER_TABLE5[PAPER_MODELS[role]]
+    return paper_millions(row[4]), paper_millions(row[3])
+
+
 def size_label(size: str, active: int) -> str:
     """A trio's name in the map's tables and figures: its MoE and its active parameters."""
     return f"{size} ({fmt_count(active)} active)"
-
-
-def position_row(g_active: np.ndarray, g_total: np.ndarray, n_boot: int = 2000, seed: int = 0,
-                 level: float = 0.95) -> dict:
-    """The MoE's position between its matches from per-seed gaps (paired by seed; ``dense - MoE``):
-    ``position`` = mean(g_active) / mean(g_active - g_total) (``L_active - L_MoE`` over ``L_active -
-    L_total``) with a bootstrap CI over seeds, ``position_defined`` False (and NaN numbers) when the
-    paired CI of the denominator includes 0: the two dense baselines are not resolved apart, so
-    there is nothing to sit between."""
-    ga, gt = np.asarray(g_active, float), np.asarray(g_total, float)
-    d = ga - gt
-    nan = {"position": math.nan, "position_low": math.nan, "position_high": math.nan, "position_defined": False}
-    if len(d) < 2 or not paired(d).resolved:
-        return nan
-    idx = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))
-    den = d[idx].mean(axis=1)
-    draws = np.where(den != 0, ga[idx].mean(axis=1) / np.where(den != 0, den, 1), np.nan)
-    q = 100 * (1 - level) / 2
-    lo, hi = np.nanpercentile(draws, [q, 100 - q])
-    return {"position": float(ga.mean() / d.mean()), "position_low": float(lo), "position_high": float(hi),
-            "position_defined": True}
 
 
 def gap_table(per_seed: pd.DataFrame, active: dict, margin: float = MARGIN) -> pd.DataFrame:
@@ -210,6 +197,8 @@ def position_text(r) -> str:
     resolved apart)."""
     if not r.get("position_defined", False):
         return "not defined"
+    if r["position_low"] != r["position_low"]:
+        return f"{r['position']:.2f} (no interval)"
     return f"{r['position']:.2f} [{r['position_low']:.2f}, {r['position_high']:.2f}]"
 
 
@@ -266,6 +255,6 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-__all__ = ["CELL", "GAPS", "PAPER_POINT", "PAPER_POSITION", "VERDICT_WORDS", "display_table", "gap_frame", "gap_table",
-           "paper_sentence", "point_sentences", "position_row", "position_sentence", "position_text", "shared_budgets",
+__all__ = ["CELL", "GAPS", "PAPER_MODELS", "PAPER_POINT", "paper_params", "VERDICT_WORDS", "display_table", "gap_frame", "gap_table",
+           "paper_sentence", "point_sentences", "position_sentence", "position_text", "shared_budgets",
            "size_label"]

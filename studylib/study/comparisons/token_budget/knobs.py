@@ -1,5 +1,5 @@
 """Notebook 09's knobs: ``study.token_budget``, one trio per model size (:class:`TrioConfig`,
-checked by :func:`parse_trios`), and ``study.map_power_target`` (:class:`TokenBudgetKnobs`)."""
+checked by :func:`parse_trios`), ``study.map_power_target`` and ``study.map_law_boot`` (:class:`TokenBudgetKnobs`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +9,9 @@ from studylib.config import ConfigError
 from studylib.config.checks import count, is_number, model_names, positive
 from studylib.study.comparisons.budget_matching.shape import paper_shape, paper_vocab_per_d, trio_shape
 from studylib.study.comparisons.knobs import Context, Knobs, knob
+
+#: a trio's models by role, in its order: the active match, the MoE, the total match
+ROLES = ("dense_active", "moe", "dense_total")
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class TrioConfig:
 
     def role(self, model: str) -> str:
         """``dense_active``, ``moe`` or ``dense_total``: what ``model`` is in this trio."""
-        return dict(zip(self.models, ("dense_active", "moe", "dense_total")))[model]
+        return dict(zip(self.models, ROLES))[model]
 
 
 TOKEN_BUDGET_SHAPE = ("{trios: [{models: [dense_active, moe, dense_total], epochs: [1.0], tokens_per_param: [1.0, 28.9], "
@@ -187,13 +190,22 @@ def _power_target(v: Any, where: str, ctx: Context) -> float:
     return positive(v, where, "a CI half-width in nats")
 
 
+def _law_boot(v: Any, where: str, ctx: Context) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 10:
+        raise ConfigError(f"{where}: expected the bootstrap replicates of each joint-law interval (an integer >= 10), "
+                          f"got {v!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class TokenBudgetKnobs(Knobs):
-    """The map (``token_budget``: its trios; None: the preset has none) and the CI half-width each
-    point's power table plans for (``map_power_target``)."""
+    """The map (``token_budget``: its trios; None: the preset has none), the CI half-width each
+    point's power table plans for (``map_power_target``) and the bootstrap replicates of each of
+    the joint law's intervals (``map_law_boot``: seeds, map cells, each held-out refit)."""
 
     map: Optional[TokenBudget] = knob("token_budget", parse_map)
     power_target: float = knob("map_power_target", _power_target, 0.05)
+    law_boot: int = knob("map_law_boot", _law_boot, 200)
 
     @property
     def trios(self) -> Optional[tuple[TrioConfig, ...]]:

@@ -27,17 +27,15 @@ import numpy as np
 import pandas as pd
 
 from studylib.config import Preset
-from studylib.study.analysis.paper import (PAPER_ACTIVE_PARAMS, PAPER_HEADLINE_TOKENS, PAPER_TABLE5, PAPER_TABLE6,
-                                           PAPER_TOKENS_PER_PARAM, paper_millions)
+from studylib.study.analysis.paper import (PAPER_ACTIVE_PARAMS, PAPER_HEADLINE_TOKENS, PAPER_TABLE6,
+                                           PAPER_TOKENS_PER_PARAM)
 from studylib.study.analysis.stats import holm
 from studylib.study.comparisons.token_budget.fits import GapModel, gap_model, leave_one_out
-from studylib.study.comparisons.token_budget.gaps import GAPS, PAPER_POINT
-from studylib.study.comparisons.token_budget.knobs import TrioConfig
+from studylib.study.comparisons.token_budget.gaps import GAPS, PAPER_MODELS, PAPER_POINT, paper_params
+from studylib.study.comparisons.token_budget.knobs import ROLES, TrioConfig
 from studylib.study.comparisons.token_budget.loss_law import LAW_KEYS, NAMES, loss_law
 
-ROLES = ("dense_active", "moe", "dense_total")
-#: the paper's models (Table 5's names) by role, and what each role's N is
-PAPER_MODELS = dict(zip(ROLES, ("dense_active", "moe_top2_z", "dense_total")))
+#: what each role's N is
 N_OF_ROLE = "active parameters (the MoE's active, the dense models' all)"
 ALPHA = 0.05
 
@@ -232,29 +230,28 @@ def _loss_loo_words(loo: pd.DataFrame, role: str) -> str:
                                          f"is not identified)" if len(ok) < len(t) else "") + ".")
 
 
-def _paper_params(role: str) -> float:
-    """N of the paper's model in ``role``: Table 5's active parameters (e.g. "14.77M")."""
-    return paper_millions(PAPER_TABLE5[PAPER_MODELS[role]][4])
-
-
 def extrapolation_table(models: Mapping[str, GapModel], laws: Mapping) -> pd.DataFrame:
-    """What the fits predict at the paper's point, beside the paper's measurement: each gap at
-    (the paper's MoE's 14.77M active parameters, 28.9 tokens/param) and each role's loss at its
-    paper model's N and the paper's 426.3M tokens (NaN where a parameter of the law is not
-    identified). ``kind``: "gap" (compared in sign) or "loss" (compared in ordering)."""
+    """What the fits say at the paper's point, beside the paper's measurement: each gap at (the
+    paper's MoE's 14.77M active parameters, 28.9 tokens/param) only where that point lies inside
+    the map's grid (the gap plane describes the grid; outside it the joint law of :mod:`.law`
+    carries the answer), and each role's loss law at its paper model's N and the paper's 426.3M
+    tokens (a check of the joint law; NaN where a parameter is not identified). ``kind``: "gap"
+    (compared in sign) or "loss" (compared in ordering)."""
     rows = []
     for gap, m in models.items():
         p = m.predict([PAPER_ACTIVE_PARAMS], [PAPER_TOKENS_PER_PARAM]).iloc[0]
         missing = [t for t in ("tokens_per_param", "size") if not m.coefs[t].identified]
-        ok = not missing  # a term the grid does not identify is never carried outside it
+        beyond = bool(p["extrapolated"])
+        ok = not missing and not beyond  # the plane is never carried outside its grid
+        reason = (f"{' and '.join(missing)} not identified by this grid" if missing else
+                  "the gap plane describes the grid only and the paper's point lies outside it" if beyond else "")
         rows.append({"kind": "gap", "what": gap, "params": PAPER_ACTIVE_PARAMS, "tokens": PAPER_HEADLINE_TOKENS,
                      "predicted": p["gap"] if ok else math.nan, "ci_low": p["ci_low"] if ok else math.nan,
                      "ci_high": p["ci_high"] if ok else math.nan, "paper": PAPER_POINT[gap], "identified": ok,
-                     "extrapolated": bool(p["extrapolated"]),
-                     "reason": "" if ok else f"{' and '.join(missing)} not identified by this grid"})
+                     "extrapolated": beyond, "reason": reason})
     paper_loss = dict(zip(ROLES, PAPER_TABLE6.mean().to_numpy()))
     for role, law in laws.items():
-        n = _paper_params(role)
+        n = paper_params(role)[0]
         ok = all(law.coefs[k].identified for k in NAMES)
         p = law.predict([n], [PAPER_HEADLINE_TOKENS]).iloc[0]
         rows.append({"kind": "loss", "what": role, "params": n, "tokens": PAPER_HEADLINE_TOKENS,
@@ -277,7 +274,8 @@ def _extrapolation_words(ex: pd.DataFrame) -> list[str]:
     for r in ex[ex["kind"] == "gap"].itertuples():
         label = GAPS[r.what][1].split(" (")[0]
         if not r.identified:
-            out.append(f"The gap model's {label} is not carried to the paper's point: {r.reason}.")
+            out.append(f"The gap model's {label} is not carried to the paper's point: {r.reason}"
+                       + (" (the joint law is)." if r.extrapolated else "."))
             continue
         if r.ci_low != r.ci_low:
             out.append(f"Extrapolated to the paper's point, the gap model's {label} is {r.predicted:+.3f} with no "
@@ -357,5 +355,5 @@ def fit_sentences(coefs: pd.DataFrame, crossing: pd.DataFrame, loo: pd.DataFrame
     return out + _extrapolation_words(extrapolation)
 
 
-__all__ = ["ROLES", "gap_models", "coefficient_table", "what_moves", "crossing_table", "loo_table", "loss_frame",
+__all__ = ["gap_models", "coefficient_table", "what_moves", "crossing_table", "loo_table", "loss_frame",
            "loss_laws", "loss_law_table", "loss_loo_table", "extrapolation_table", "fit_sentences"]

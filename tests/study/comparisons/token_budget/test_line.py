@@ -9,10 +9,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 import yaml
 
 from studylib.config import ConfigError, load_preset, preset_from_dict
 from studylib.run.spec import RunSpec
+from studylib.study.analysis.paper import PAPER_POSITION
+from studylib.study.analysis.position import position_row
 from studylib.study.comparisons import study_of
 from studylib.study.comparisons.budget_matching.shape import paper_shape, shape
 from studylib.study.comparisons.token_budget import budgets, checks, gaps
@@ -91,13 +94,13 @@ def test_the_position_is_where_the_moe_sits_between_its_matches():
     # L_active - L_MoE = 0.08, L_active - L_total = 0.10 per seed (+ noise): p = 0.8
     g_active = np.array([0.079, 0.081, 0.080, 0.082, 0.078])
     g_total = g_active - np.array([0.099, 0.101, 0.100, 0.102, 0.098])  # L_total - L_MoE
-    r = gaps.position_row(g_active, g_total, n_boot=500)
+    r = position_row(g_active, g_total, n_boot=500)
     assert r["position"] == pytest.approx(0.080 / 0.100) and r["position_defined"]
     assert r["position_low"] < 0.8 < r["position_high"] < 0.85
     # the two dense models not resolved apart: nothing to sit between
-    flat = gaps.position_row(np.array([0.01, -0.01, 0.02]), np.array([0.02, -0.02, 0.0]))
+    flat = position_row(np.array([0.01, -0.01, 0.02]), np.array([0.02, -0.02, 0.0]))
     assert not flat["position_defined"] and math.isnan(flat["position"])
-    assert gaps.PAPER_POSITION == pytest.approx(0.0758 / (0.0758 + 0.0180))
+    assert PAPER_POSITION == pytest.approx(0.0758 / (0.0758 + 0.0180))
 
 
 def _per_seed(slope_active: float, slope_total: float, seeds=4, noise=0.002, seed=0) -> pd.DataFrame:

@@ -1,0 +1,106 @@
+"""The answer at a glance: the report's first screen and the README's answer (issue #40).
+
+One table of the three models' losses, the two gaps and the MoE's position between its matches,
+each with its 95% CI, the paper's values beside them (:class:`GlanceRow`, one per point: the
+headline, the paper, the map's best-supported point, the joint law at the paper's point), at most
+three sentences of :data:`MAX_WORDS` words together (:class:`~.base.Answer`'s ``lead``), and the
+key figure. Each comparison fills its own rows and sentences from its tables
+(:mod:`.headline`, :mod:`.token_budget`); the runner lays them out (:func:`glance_markdown`).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import Sequence
+
+import numpy as np
+
+#: the sentences of the first screen: at most three, at most this many words together
+MAX_SENTENCES, MAX_WORDS = 3, 120
+#: the README's answer: the same sentences and a pointer, at most this many words
+README_WORDS = 150
+
+
+def ci_text(mean: float, low: float = math.nan, high: float = math.nan, fmt: str = "+.3f") -> str:
+    """``+0.003 [-0.016, +0.021]``; the mean alone without an interval; "–" without a number."""
+    if mean is None or mean != mean:
+        return "–"
+    s = f"{mean:{fmt}}"
+    return s if low is None or low != low else f"{s} [{low:{fmt}}, {high:{fmt}}]"
+
+
+def mean_ci(values: Sequence[float], fmt: str = ".3f") -> str:
+    """A sample's mean with its t 95% CI (:func:`studylib.study.analysis.stats.paired` of the values)."""
+    from studylib.study.analysis.stats import paired
+
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    if not len(v):
+        return "–"
+    if len(v) < 2:
+        return f"{v[0]:{fmt}}"
+    p = paired(v)
+    return ci_text(p.mean, p.ci_low, p.ci_high, fmt)
+
+
+@dataclass(frozen=True)
+class GlanceRow:
+    """One point of the first screen's table, every cell already worded (mean [95% CI])."""
+
+    point: str
+    unit: str
+    dense_active: str = "–"
+    moe: str = "–"
+    dense_total: str = "–"
+    gap_active: str = "–"
+    gap_total: str = "–"
+    position: str = "–"
+
+
+HEADER = ("point", "unit", "dense, active match", "MoE", "dense, total match", "gap active", "gap total",
+          "position p")
+
+
+def table_markdown(rows: Sequence[GlanceRow]) -> str:
+    """The rows as one markdown table (gaps > 0: the MoE better; p: 0 at the active match, 1 at
+    the total match)."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(getattr(r, f.name) for f in fields(GlanceRow)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def words(text: str) -> int:
+    """Words as a reader counts them: runs of letters or digits (a number with its sign and
+    decimals is one word), markdown punctuation not counted."""
+    return len(re.findall(r"[\w][\w.,'’/±+-]*", text))
+
+
+def check_lead(sentences: Sequence[str]) -> None:
+    """The first screen's sentences within :data:`MAX_SENTENCES` and :data:`MAX_WORDS`."""
+    n = sum(words(s) for s in sentences)
+    if len(sentences) > MAX_SENTENCES or n > MAX_WORDS:
+        raise ValueError(f"the answer at a glance: {len(sentences)} sentences of {n} words; at most "
+                         f"{MAX_SENTENCES} of {MAX_WORDS} words together")
+
+
+def glance_markdown(question: str, rows: Sequence[GlanceRow], lead: Sequence[str]) -> str:
+    """The first screen above the key figure: the question, the table, the sentences."""
+    check_lead(lead)
+    legend = ("Losses, gaps (dense − MoE, > 0: the MoE better) and p (0: the MoE at its active match, 1: at its "
+              "total match): mean [95% CI].")
+    parts = [f"**The question.** {question}"] + ([table_markdown(rows), f"*{legend}*"] if rows else [])
+    return "\n\n".join(parts + [" ".join(lead)])
+
+
+def readme_answer(lead: Sequence[str], report: str = "outputs/cpu/report.html") -> str:
+    """The README's answer: the same sentences and where the rest is, within :data:`README_WORDS`."""
+    check_lead(lead)
+    text = " ".join(lead) + f" Every number with its interval, and what it does not show: `{report}`."
+    if words(text) > README_WORDS:
+        raise ValueError(f"the README's answer: {words(text)} words, at most {README_WORDS}")
+    return text
+
+
+__all__ = ["MAX_SENTENCES", "MAX_WORDS", "README_WORDS", "GlanceRow", "HEADER", "ci_text", "mean_ci",
+           "table_markdown", "words", "check_lead", "glance_markdown", "readme_answer"]

@@ -1,0 +1,81 @@
+"""The headline's part of the answer at a glance (:mod:`studylib.study.comparisons.glance`): its
+row and the paper's (each model's loss, both gaps, the position, 95% CIs) and one sentence, from
+``headline_gaps.csv`` and ``table6_per_seed.csv`` as notebook 03 writes them."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from studylib.study.analysis.paper import (PAPER_GAPS, PAPER_HEADLINE_TOKENS, PAPER_POSITION, PAPER_TABLE6,
+                                           PAPER_TOKENS_PER_PARAM)
+from studylib.study.analysis.position import position_row
+from studylib.study.comparisons.glance import GlanceRow, ci_text, mean_ci
+
+#: notebook 03's per-seed losses (seed index; the trio's three models; active_gap, total_gap)
+PER_SEED = "table6_per_seed"
+
+
+def position_text(g_active, g_total) -> str:
+    """:func:`~studylib.study.analysis.position.position_row` of per-seed gaps (dense - MoE), worded."""
+    r = position_row(g_active, g_total)
+    if not r["position_defined"]:
+        return "not defined"
+    return ci_text(r["position"], r["position_low"], r["position_high"], ".2f")
+
+
+def paper_row() -> GlanceRow:
+    """The paper's Tables 2 and 6: three seeds at 28.9 tokens per active parameter."""
+    t = PAPER_TABLE6
+    da, moe, dt = (t.iloc[:, i] for i in range(3))
+    return GlanceRow(f"paper: 14.77M active, {PAPER_TOKENS_PER_PARAM:.1f} tokens/param "
+                     f"({PAPER_HEADLINE_TOKENS / 1e6:.1f}M), {len(t)} seeds", "nats (vocabulary 30,008)",
+                     mean_ci(da), mean_ci(moe), mean_ci(dt),
+                     f"{PAPER_GAPS['active'][0]:+.4f} ± {PAPER_GAPS['active'][1]:.4f} sd",
+                     f"{-PAPER_GAPS['total'][0]:+.4f} ± {PAPER_GAPS['total'][1]:.4f} sd",
+                     position_text(da - moe, dt - moe))
+
+
+def _phrase(row, moe_is_b: bool) -> str:
+    """How the MoE stands against one match: a family row's verdict ("A better", "B better",
+    "equivalent", "inconclusive"; without one, resolved and the sign)."""
+    v = row.get("verdict")
+    if not isinstance(v, str):
+        v = "inconclusive" if not bool(row["resolved"]) else ("A better" if row["mean"] > 0 else "B better")
+    if v == "equivalent":
+        return f"equivalent (within ±{float(row['margin']):g} nats) to"
+    if v == "inconclusive":
+        return "not resolved from"
+    return "ahead of" if (v == "B better") == moe_is_b else "behind"
+
+
+def headline_glance(out_dir: Path, gaps: pd.DataFrame, summary: Optional[dict]) -> tuple[list[GlanceRow], str]:
+    """(the headline's row and the paper's, its sentence) from notebook 03's tables (``gaps``:
+    ``headline_gaps.csv`` indexed active, total); ``summary``: one headline MoE run's summary
+    (tokens, active parameters, vocabulary)."""
+    act, tot = gaps.loc["active"], gaps.loc["total"]
+    tpp = (summary["tokens"] / summary["params"]["active"]) if summary and "params" in summary else float("nan")
+    vocab = (summary or {}).get("data", {}).get("vocab_size")
+    n = int(min(act["n"], tot["n"]))
+    budget = f"{tpp:.3g} tokens/param, " if tpp == tpp else ""
+    path = out_dir / "tables" / f"{PER_SEED}.csv"
+    rows = []
+    pos = "–"
+    if path.is_file():
+        t = pd.read_csv(path, index_col=0)
+        da, moe, dt = (t[c] for c in (act["a"], act["b"], tot["b"]))
+        pos = position_text(da - moe, dt - moe)
+        rows.append(GlanceRow(f"headline: {act['b']}, {budget}{n} seeds",
+                              f"nats (vocabulary {vocab:,})" if vocab else "nats", mean_ci(da), mean_ci(moe),
+                              mean_ci(dt), ci_text(act["mean"], act["ci_low"], act["ci_high"], "+.4f"),
+                              ci_text(-tot["mean"], -tot["ci_high"], -tot["ci_low"], "+.4f"), pos))
+    rows.append(paper_row())
+    at = f" (p = {pos})" if pos[0].isdigit() or pos[0] == "-" else ""
+    lead = (f"At the headline budget ({budget.replace('/param', ' per parameter')}{n} seeds) the MoE is "
+            f"{_phrase(act, moe_is_b=True)} its active match and {_phrase(tot, moe_is_b=False)} its total match"
+            f"{at}; the paper, at {PAPER_TOKENS_PER_PARAM:.1f}, found it between them at p = {PAPER_POSITION:.2f}.")
+    return rows, lead
+
+
+__all__ = ["PER_SEED", "paper_row", "position_text", "headline_glance"]

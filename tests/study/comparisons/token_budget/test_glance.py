@@ -1,0 +1,50 @@
+"""The map's part of the answer at a glance: which point is the best-supported one, where the MoE
+starts to win (from the family's verdicts), and the joint law's sentence."""
+import math
+
+import pandas as pd
+
+from studylib.study.comparisons.token_budget import glance as G
+
+
+def _table():
+    return pd.DataFrame([
+        {"size": "a", "size_label": "a (90k active)", "moe_active": 9e4, "tokens_per_param": 3.5, "active_n": 3,
+         "data_passes": 0.2, "active_verdict": "inconclusive", "total_verdict": "A better"},
+        {"size": "a", "size_label": "a (90k active)", "moe_active": 9e4, "tokens_per_param": 28.9, "active_n": 3,
+         "data_passes": 1.9, "active_verdict": "B better", "total_verdict": "inconclusive"},
+        {"size": "b", "size_label": "b (230k active)", "moe_active": 2.3e5, "tokens_per_param": 28.9, "active_n": 3,
+         "data_passes": 4.8, "active_verdict": "B better", "total_verdict": "inconclusive"},
+        {"size": "b", "size_label": "b (230k active)", "moe_active": 2.3e5, "tokens_per_param": 10.0, "active_n": 5,
+         "data_passes": 1.6, "active_verdict": "B better", "total_verdict": "B better"},
+    ])
+
+
+def test_the_best_supported_point_is_nearest_the_papers_budget_then_most_seeds_then_largest():
+    t = _table()
+    assert G.best_point(t)["size"] == "b" and G.best_point(t)["tokens_per_param"] == 28.9  # a tie: the larger
+    t.loc[1, "active_n"] = 5
+    assert G.best_point(t)["size"] == "a"  # more seeds win the tie
+    assert G.best_point(t.iloc[0:0]) is None
+
+
+def test_where_the_moe_starts_to_win_is_the_smallest_budget_the_family_resolves():
+    s = G.win_sentence(_table())
+    assert s == ("On the map (Holm over each gap's 4 points) the MoE beats its active match from 10 tokens per "
+                 "parameter (b (230k active), 1.6 passes) and its total match from 10 tokens per parameter "
+                 "(b (230k active), 1.6 passes).")
+    none = _table().assign(total_verdict="inconclusive")
+    assert G.win_sentence(none).endswith("and its total match at no point up to 28.9.")
+
+
+def test_the_law_sentence_says_where_the_paper_lies_or_why_nothing_is_said():
+    rows = [{"quantity": "position", "estimate": 0.62, "ci_low": 0.55, "ci_high": 0.66, "identified": True,
+             "paper_inside": False, "reason": ""},
+            {"quantity": "decades", "estimate": 1.63, "ci_low": math.nan, "ci_high": math.nan, "identified": True,
+             "paper_inside": None, "reason": ""}]
+    assert G.law_sentence(pd.DataFrame(rows)) == (
+        "Carried 1.6 decades beyond the largest model measured, the joint law puts the MoE at p = 0.62 [0.55, 0.66] "
+        "at the paper's scale, outside of which lies the paper's 0.81.")
+    rows[0].update(identified=False, reason="lambda not identified by this map")
+    assert G.law_sentence(pd.DataFrame(rows)) == ("The joint law is not carried to the paper's scale (1.6 decades "
+                                                  "beyond the map): lambda not identified by this map.")
