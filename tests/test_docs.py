@@ -95,3 +95,13 @@ def test_readme_is_short():
 @pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_session_numbers(path):
     assert re.findall(r"(?i)\bsessions? \d+", path.read_text()) == []
+
+
+def test_the_readme_answer_is_the_glance_sentences_within_150_words():
+    """issue #40: the README's answer was 285 words; it is now the report's first-screen sentences
+    (outputs/<preset>/answer.md, pasted between the markers), at most 150 words."""
+    from studylib.study.comparisons.glance import README_WORDS, words
+
+    m = re.search(r"<!-- answer: outputs/\w+/answer\.md -->\n(.*?)\n<!-- /answer -->", README.read_text(), re.S)
+    assert m, "the README's answer sits between <!-- answer: outputs/<preset>/answer.md --> and <!-- /answer -->"
+    assert 0 < words(m.group(1)) <= README_WORDS, words(m.group(1))

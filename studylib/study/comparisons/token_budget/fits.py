@@ -62,12 +62,12 @@ def cell_frame(per_seed: pd.DataFrame, keys: Sequence[str], value: str, who: str
 MIN_SEEDS = 2
 
 
-def no_interval(df: pd.DataFrame) -> str:
+def no_interval(df: pd.DataFrame, cells: str = "map points") -> str:
     """Why a fit over the cells of ``df`` (:func:`cell_frame`) has no interval ("" when every cell
-    has :data:`MIN_SEEDS` seeds or more)."""
-    n = df.groupby("cell").size()
+    has :data:`MIN_SEEDS` seeds or more); ``cells``: what a cell is, in the sentence."""
+    n = df.groupby("cell")["seed"].nunique() if "seed" in df else df.groupby("cell").size()
     few = int((n < MIN_SEEDS).sum())
-    return ("" if not few else f"no interval: {few} of {len(n)} map points have one seed (a point needs at least "
+    return ("" if not few else f"no interval: {few} of {len(n)} {cells} have one seed (a point needs at least "
                                f"{MIN_SEEDS} seeds to carry an interval)")
 
 

@@ -185,7 +185,8 @@ def point_sentences(table: pd.DataFrame, gap: str) -> str:
         r = t[t[f"{gap}_verdict"] == v]
         if len(r):
             what = {"equivalent": f"equivalent within ±{margin:g} nats"}.get(v, VERDICT_WORDS[v])
-            pts = ", ".join(f"{size} at {_x(x)} ({fmt}; Holm p={p:.2g})" for size, x, fmt, p in
+            pts = ", ".join(f"{size} at {_x(x)} ({fmt}" + ("" if p != p else f"; Holm p={p:.2g}") + ")"
+                            for size, x, fmt, p in
                             zip(r["size"], r["tokens_per_param"], r[f"{gap}_fmt"], r[f"{gap}_p_holm"]))
             parts.append(f"{what} at {len(r)}: {pts}")
     return (f"{label[0].upper()}{label[1:]} (> 0: the MoE is better), {len(t)} map points, Holm over {m}: "

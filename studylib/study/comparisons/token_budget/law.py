@@ -349,7 +349,7 @@ def fit_law(runs: pd.DataFrame, form: str = "lambda", per_role_rstar: bool = Fal
     n_sizes, n_budgets = df["size"].nunique(), len(df.groupby(["tokens", "unique"]))
     bad = _not_identified(theta, Xc, form, per_role_rstar, n_sizes, n_budgets)
     rng = np.random.default_rng(seed)
-    lonely = no_interval(df) or ("" if n_boot else "no interval (n_boot=0)")
+    lonely = no_interval(df, "cells (one role at one map point)") or ("" if n_boot else "no interval (n_boot=0)")
     P = len(theta)
     if lonely:
         draws = np.full((n_boot, P), math.nan)

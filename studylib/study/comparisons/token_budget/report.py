@@ -274,8 +274,7 @@ def _extrapolation_words(ex: pd.DataFrame) -> list[str]:
     for r in ex[ex["kind"] == "gap"].itertuples():
         label = GAPS[r.what][1].split(" (")[0]
         if not r.identified:
-            out.append(f"The gap model's {label} is not carried to the paper's point: {r.reason}"
-                       + (" (the joint law is)." if r.extrapolated else "."))
+            out.append(f"The gap model's {label} is not carried to the paper's point: {r.reason}.")
             continue
         if r.ci_low != r.ci_low:
             out.append(f"Extrapolated to the paper's point, the gap model's {label} is {r.predicted:+.3f} with no "

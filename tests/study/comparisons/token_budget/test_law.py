@@ -147,7 +147,7 @@ def test_what_the_grid_cannot_identify_is_never_a_number():
     assert "the fit sits on the bound [0, 1]" in beyond.loc["lambda", "reason"]
     lonely = J.fit_law(_map(2, seeds=1), n_boot=5, n_boot_cell=0).table()
     assert (lonely["verdict"] == "no interval").all() and lonely["ci_low"].isna().all()
-    assert lonely["reason"].str.startswith("no interval: 39 of 39 map points have one seed").all()
+    assert lonely["reason"].str.startswith("no interval: 39 of 39 cells (one role at one map point) have one seed").all()
 
 
 def test_held_out_size_and_budget_are_mostly_inside():

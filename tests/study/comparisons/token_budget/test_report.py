@@ -82,7 +82,7 @@ def test_the_gap_plane_is_compared_with_the_paper_only_inside_its_grid():
     assert (g["params"] == PAPER_ACTIVE_PARAMS).all() and not g["identified"].any()
     words = bf._extrapolation_words(ex)
     assert words[0] == ("The gap model's matched-active gap is not carried to the paper's point: the gap plane "
-                        "describes the grid only and the paper's point lies outside it (the joint law is).")
+                        "describes the grid only and the paper's point lies outside it.")
     # a grid that spans the paper's point (the paper preset's map) is compared in sign
     around = {"s": 3e6, "m": 1e7, "l": 3e7}
     models = bf.gap_models(_per_seed(0.02, 0.0, noise=0.0005, sizes=around, tpps=(3.0, 10.0, 30.0)), n_boot=200)
