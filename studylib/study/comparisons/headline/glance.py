@@ -64,6 +64,7 @@ def headline_glance(out_dir: Path, gaps: pd.DataFrame, summary: Optional[dict]) 
     pos = "–"
     if path.is_file():
         t = pd.read_csv(path, index_col=0)
+        t = t[pd.to_numeric(t.index, errors="coerce").notna()]  # the seeds' rows (then mean, std, ci_low, ci_high)
         da, moe, dt = (t[c] for c in (act["a"], act["b"], tot["b"]))
         pos = position_text(da - moe, dt - moe)
         rows.append(GlanceRow(f"headline: {act['b']}, {budget}{n} seeds",

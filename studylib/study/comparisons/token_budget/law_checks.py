@@ -231,8 +231,14 @@ def _groups(df: pd.DataFrame, by: str) -> list:
         return [(f"size {big} (N_active {act[big]:.3g})", (df["size"] == big).to_numpy())] if len(act) > 1 else []
     if by != "budget":
         raise ValueError(f"held_out: by must be 'size' or 'budget', not {by!r}")
-    tpp = np.array([float(f"{x:.3g}") for x in df["tokens"] / df["size"].map(act)])
-    return [(f"{t:g} tokens/param", tpp == t) for t in np.unique(tpp)]
+    tpp = (df["tokens"] / df["size"].map(act)).to_numpy(float)
+    groups: list[list[float]] = []  # budgets within 2% of each other are one (a repeated cell's steps round apart)
+    for x in np.unique(tpp):
+        if groups and x <= groups[-1][0] * 1.02:
+            groups[-1].append(x)
+        else:
+            groups.append([x])
+    return [(f"{g[0]:.3g} tokens/param", np.isin(tpp, g)) for g in groups]
 
 
 def _cell_rows(law, cell, s, label, level, rng):
