@@ -238,7 +238,7 @@ def _groups(df: pd.DataFrame, by: str) -> list:
             groups[-1].append(x)
         else:
             groups.append([x])
-    return [(f"{g[0]:.3g} tokens/param", np.isin(tpp, g)) for g in groups]
+    return [(f"{g[-1]:.3g} tokens/param", np.isin(tpp, g)) for g in groups]  # named by its full-data budget
 
 
 def _cell_rows(law, cell, s, label, level, rng):
