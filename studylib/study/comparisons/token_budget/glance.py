@@ -59,6 +59,9 @@ def win_sentence(table: pd.DataFrame) -> str:
     """Where the MoE starts to win: per gap the smallest tokens per parameter at which the map's
     family (Holm, TOST) finds the MoE better, or none up to the largest measured."""
     top = table["tokens_per_param"].max()
+    lead = f"On the map (Holm over each gap's {len(table)} points) the MoE beats "
+    if not any((table.get(f"{g}_verdict", pd.Series(dtype=object)) == "B better").any() for g in ("active", "total")):
+        return lead + f"neither dense match at any point up to {top:.3g} tokens per parameter."
     parts = []
     for gap, who in (("active", "active"), ("total", "total")):
         col = f"{gap}_verdict"
@@ -69,7 +72,7 @@ def win_sentence(table: pd.DataFrame) -> str:
                          f"{w['data_passes']:.2g} passes)")
         else:
             parts.append(f"its {who} match at no point up to {top:.3g}")
-    return f"On the map (Holm over each gap's {len(table)} points) the MoE beats " + " and ".join(parts) + "."
+    return lead + " and ".join(parts) + "."
 
 
 def law_sentence(paper: pd.DataFrame) -> str:

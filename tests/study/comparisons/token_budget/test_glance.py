@@ -35,6 +35,9 @@ def test_where_the_moe_starts_to_win_is_the_smallest_budget_the_family_resolves(
                  "(b (230k active), 1.6 passes).")
     none = _table().assign(total_verdict="inconclusive")
     assert G.win_sentence(none).endswith("and its total match at no point up to 28.9.")
+    neither = _table().assign(active_verdict="inconclusive", total_verdict="A better")
+    assert G.win_sentence(neither) == ("On the map (Holm over each gap's 4 points) the MoE beats neither dense match "
+                                       "at any point up to 28.9 tokens per parameter.")
 
 
 def test_the_law_sentence_says_where_the_paper_lies_or_why_nothing_is_said():
