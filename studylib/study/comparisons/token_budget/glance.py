@@ -11,6 +11,7 @@ import pandas as pd
 
 from studylib.study.analysis.paper import PAPER_POSITION, PAPER_TOKENS_PER_PARAM
 from studylib.study.comparisons.glance import GlanceRow, ci_text, mean_ci
+from studylib.study.comparisons.token_budget.gaps import position_text
 from studylib.study.comparisons.token_budget.knobs import ROLES
 
 
@@ -33,10 +34,7 @@ def _map_row(r: pd.Series, per_seed: Optional[pd.DataFrame]) -> GlanceRow:
             cell = cell[cell["stories"] == 1.0]
         act, tot = cell[cell["gap"] == "active"], cell[cell["gap"] == "total"]
         losses = [mean_ci(act["dense"]), mean_ci(act["moe"]), mean_ci(tot["dense"])]
-    if str(r.get("position_defined")) == "True":  # a bool, or read back from the CSV
-        pos = ci_text(r["position"], r.get("position_low", math.nan), r.get("position_high", math.nan), ".2f")
-    else:
-        pos = "not defined"
+    pos = position_text(r)
     return GlanceRow(f"map: {r['size_label']}, {r['tokens_per_param']:.3g} tokens/param, {int(r['active_n'])} seeds, "
                      f"{r['data_passes']:.2g} passes", "nats (the trio's tokenizer)", *losses,
                      ci_text(r["active_mean"], r["active_ci_low"], r["active_ci_high"], "+.4f"),
