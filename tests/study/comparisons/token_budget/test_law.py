@@ -5,6 +5,8 @@ and 28.9 at the two larger, 0.87M unique tokens (0.1 to 12 passes), two repetiti
 D from half and a quarter of the stories), three seeds per cell, seed noise of sd 0.01 bits per byte
 on losses of 1.4 to 2.5 bits per byte. The losses come from known parameters (:data:`TRUE`)."""
 import math
+import runpy
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -112,6 +114,16 @@ def test_seed_intervals_cover_lambda_and_alpha_near_their_nominal_rate():
         hits.append([t.loc[k, "ci_low"] <= TRUE[k] <= t.loc[k, "ci_high"] for k in ("lambda", "alpha")])
     rate = np.mean(hits, axis=0)
     assert (rate >= 0.7).all(), f"coverage of lambda, alpha: {rate} (nominal 0.95)"
+
+
+def test_the_coverage_script_measures_every_parameter(capsys):
+    """scripts/law_coverage.py (the rate at more maps and replicates, docs/statistics.md) cannot rot."""
+    script = runpy.run_path(str(Path(__file__).resolve().parents[4] / "scripts" / "law_coverage.py"))
+    assert script["main"](["--maps", "2", "--boot", "8", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    for k in TRUE:
+        assert sum(line.split()[1] == k for line in out.splitlines()[1:-1]) == 2, (k, out)
+    assert "2 maps x 8 replicates" in out
 
 
 def test_the_form_choice_picks_the_generating_form():
