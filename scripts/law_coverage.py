@@ -6,12 +6,16 @@ parameters). Each map is fitted once with ``--boot`` seed replicates and ``--boo
 (the point fit starts at the truth, as the test does, to skip the grid of starts); a parameter's
 coverage is the share of maps whose interval holds the truth, with its Wilson 95% interval
 (statsmodels). The test only asks for >= 70% from 30 maps of 20 replicates; this measures the rate.
+``--held-out K`` also puts K maps to the held-out-size check (:func:`.law_checks.held_out`, the
+largest size left out, ``--boot`` replicates): the share of each map's checked points inside
+their 95% prediction intervals, and how many maps fall below the check's pass share.
 
     .venv/bin/python scripts/law_coverage.py                        # 200 maps, 200 replicates, 2 processes
     .venv/bin/python scripts/law_coverage.py --maps 40 --boot 100   # a quicker look
+    .venv/bin/python scripts/law_coverage.py --maps 0 --held-out 20 --boot 100
 
 Output: one row per parameter and interval (seeds resampled within cells; whole map cells
-resampled within each size), and the time taken.
+resampled within each size), the held-out shares, and the time taken.
 """
 from __future__ import annotations
 
@@ -23,10 +27,13 @@ from pathlib import Path
 
 import pandas as pd
 from statsmodels.stats.proportion import proportion_confint
+from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from studylib.study.comparisons.token_budget import law as J  # noqa: E402
+from studylib.study.comparisons.token_budget import law_checks as C  # noqa: E402
 from tests.study.comparisons.token_budget.test_law import TRUE, _map, _true_theta  # noqa: E402
+
 
 def one_map(args) -> list[dict]:
     r, boot = args
@@ -36,28 +43,52 @@ def one_map(args) -> list[dict]:
             for k in TRUE for which, lo, hi in (("seed", "ci_low", "ci_high"), ("cell", "cell_ci_low", "cell_ci_high"))]
 
 
+def held_out_map(args) -> dict:
+    r, boot = args
+    h = C.held_out(_map(20_000 + r), "size", n_boot=boot, seed=r)
+    t = h.table[h.table["checked"]]
+    return {"map": r, "checked": h.n_checked, "inside": h.n_inside,
+            **{f"{k}_inside": float(g["inside"].mean()) for k, g in t.groupby(t["quantity"].str.split("_").str[0])}}
+
+
+def _run(fn, work, jobs, what) -> list:
+    bar = dict(total=len(work), desc=what, unit="map", file=sys.stderr)
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            return list(tqdm(pool.map(fn, work), **bar))
+    return [fn(w) for w in tqdm(work, **bar)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--maps", type=int, default=200, help="synthetic maps (default 200)")
     ap.add_argument("--boot", type=int, default=200, help="bootstrap replicates per interval (default 200)")
     ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
+    ap.add_argument("--held-out", type=int, default=0, help="maps put to the held-out-size check (default 0)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    work = [(r, a.boot) for r in range(a.maps)]
-    if a.jobs > 1:
-        with ProcessPoolExecutor(a.jobs) as pool:
-            rows = [row for rows in pool.map(one_map, work) for row in rows]
-    else:
-        rows = [row for w in work for row in one_map(w)]
-    df = pd.DataFrame(rows)
-    out = df.groupby(["interval", "parameter"], sort=False).agg(maps=("inside", "size"), covered=("inside", "sum"),
-                                                               median_width=("width", "median")).reset_index()
-    out["coverage"] = out["covered"] / out["maps"]
-    out["low"], out["high"] = proportion_confint(out["covered"], out["maps"], alpha=0.05, method="wilson")
-    with pd.option_context("display.width", 120, "display.float_format", "{:.3f}".format):
+    pd.set_option("display.width", 120)
+    pd.set_option("display.float_format", "{:.3f}".format)
+    if a.maps:
+        rows = [row for rows in _run(one_map, [(r, a.boot) for r in range(a.maps)], a.jobs, "intervals")
+                for row in rows]
+        df = pd.DataFrame(rows)
+        out = df.groupby(["interval", "parameter"], sort=False).agg(
+            maps=("inside", "size"), covered=("inside", "sum"), median_width=("width", "median")).reset_index()
+        out["coverage"] = out["covered"] / out["maps"]
+        out["low"], out["high"] = proportion_confint(out["covered"], out["maps"], alpha=0.05, method="wilson")
         print(out.to_string(index=False))
-    print(f"{a.maps} maps x {a.boot} replicates per interval, nominal 0.95; {time.perf_counter() - t0:.0f} s "
-          f"with {a.jobs} process(es)")
+        print(f"{a.maps} maps x {a.boot} replicates per interval, nominal 0.95")
+    if a.held_out:
+        h = pd.DataFrame(_run(held_out_map, [(r, a.boot) for r in range(a.held_out)], a.jobs, "held-out size"))
+        share = h["inside"] / h["checked"]
+        print(f"held-out size, {a.held_out} maps x {a.boot} replicates: share of each map's checked points inside "
+              f"their 95% interval min {share.min():.2f}, median {share.median():.2f}, max {share.max():.2f}; "
+              f"{int((share < C.PASS_SHARE).sum())} maps below the pass share {C.PASS_SHARE:.2f}; "
+              f"{int(h['inside'].sum())} of {int(h['checked'].sum())} points inside overall; by quantity: "
+              + ", ".join(f"{k} {h[f'{k}_inside'].mean():.2f}" for k in ("loss", "gap", "position")
+                          if f"{k}_inside" in h))
+    print(f"{time.perf_counter() - t0:.0f} s with {a.jobs} process(es)")
     return 0
 
 

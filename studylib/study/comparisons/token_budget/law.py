@@ -18,7 +18,10 @@ run of the token-budget map, with E, A, alpha, B and beta shared by the three ro
   every size. A cell replicate that leaves a parameter not identified gives that parameter no
   draw (a refit from the optimum would keep the start); beyond 5% of them, no cell interval.
 * A parameter the map does not pin down is "not identified" with the reason (the Jacobian test of
-  :mod:`.loss_law`, a bound, one size, one budget, no repeated data), never a number.
+  :mod:`.loss_law`, a bound, one size, one budget, no repeated data), never a number. One whose only
+  reason is a bound (``JointLaw.on_bound``) is the constrained fit's value: the data push it past
+  the bound, so it has no interval of its own, but the law's predictions with it held there are
+  the law's (:mod:`.law_checks` predicts with it and says so).
 
 Checks of the law (form choice, held-out sizes and budgets, the paper's point) and the MoE's
 position between its dense matches are :mod:`.law_checks`.
@@ -195,10 +198,11 @@ def _refit(X, lnL, form, per_role, delta, theta) -> np.ndarray:
     return _shift(r.x, cn, cd, +1)
 
 
-def _not_identified(theta, Xc, form, per_role, n_sizes, n_budgets) -> dict:
-    """{index in theta: reason} for the parameters the role cells ``Xc`` do not pin down."""
+def _not_identified(theta, Xc, form, per_role, n_sizes, n_budgets) -> tuple[dict, dict]:
+    """({index in theta: reason} for the parameters the role cells ``Xc`` do not pin down, {index:
+    the bound's value} for those whose only reason is that the fit sits on that bound)."""
     J = _model(theta, Xc, form, per_role)[1]
-    out = {}
+    out, bound = {}, {}
     for j in range(J.shape[1]):
         others = np.delete(J, j, axis=1)
         coef, *_ = np.linalg.lstsq(others, J[:, j], rcond=None)
@@ -208,6 +212,7 @@ def _not_identified(theta, Xc, form, per_role, n_sizes, n_budgets) -> dict:
         if j >= 3 and j not in out and min(abs(theta[j] - lo), abs(theta[j] - hi)) < 1e-6:
             nat = (lo, hi) if j in (3, 4) or (j == 5 and form == "lambda") else (math.exp(lo), math.exp(hi))
             out[j] = f"the fit sits on the bound [{nat[0]:g}, {nat[1]:g}]"
+            bound[j] = nat[0] if abs(theta[j] - lo) < abs(theta[j] - hi) else nat[1]
     for k in range(3 if per_role else 1):
         rows = Xc["role"] == k if per_role else slice(None)
         if not (Xc["R"][rows] > 0).any():
@@ -218,7 +223,7 @@ def _not_identified(theta, Xc, form, per_role, n_sizes, n_budgets) -> dict:
                        f"the MoE's effective N trade off)" for j in (0, 1, 3, 5)})
     if n_budgets < 2:
         out.update({j: "the grid has one token budget" for j in (0, 2, 4, *range(6, J.shape[1]))})
-    return out
+    return out, {j: v for j, v in bound.items() if out[j].startswith("the fit sits on the bound")}
 
 
 def _natural(theta, form) -> np.ndarray:
@@ -240,7 +245,8 @@ class JointLaw:
     """A fitted :func:`fit_law`: ``coefs`` {name: Coef} with the seed-bootstrap interval,
     ``cell_ci`` {name: (low, high, note)} the cell bootstrap's, ``theta`` with its replicates
     ``draws_seed`` and ``draws_cell`` (fit parameterisation, n x P; NaN where a replicate has none),
-    the measured ranges, the largest MoE's active parameters and counts."""
+    the measured ranges, the largest MoE's active parameters and counts; ``on_bound`` {name: value}
+    for the parameters not identified only because the fit sits on a bound (that value)."""
 
     form: str
     per_role_rstar: bool
@@ -258,6 +264,7 @@ class JointLaw:
     n_cells: int
     n_obs: int
     level: float
+    on_bound: dict
 
     def table(self) -> pd.DataFrame:
         """One row per parameter: estimate, ci_low, ci_high (seeds resampled), cell_ci_low,
@@ -317,8 +324,8 @@ def _cell_draws(df, X, lnL, theta, form, per_role, delta, n_boot, rng):
         out[i] = _refit(_take(X, idx), lnL[idx], form, per_role, delta, theta)
         keep = np.isin(cell_of, pick)
         sub = df[df["map_cell"].isin(pick)]
-        bad = _not_identified(out[i], _take(Xc, keep), form, per_role, sub["size"].nunique(),
-                              len(sub.groupby(["tokens", "unique"])))
+        bad, _ = _not_identified(out[i], _take(Xc, keep), form, per_role, sub["size"].nunique(),
+                                 len(sub.groupby(["tokens", "unique"])))
         out[i, list(bad)] = math.nan
     return out, ""
 
@@ -347,7 +354,7 @@ def fit_law(runs: pd.DataFrame, form: str = "lambda", per_role_rstar: bool = Fal
     theta = (_fit(X, lnL, form, per_role_rstar, huber_delta, (Xc, yc), optimizer) if start is None else
              _refit(X, lnL, form, per_role_rstar, huber_delta, np.asarray(start, float)))
     n_sizes, n_budgets = df["size"].nunique(), len(df.groupby(["tokens", "unique"]))
-    bad = _not_identified(theta, Xc, form, per_role_rstar, n_sizes, n_budgets)
+    bad, bound = _not_identified(theta, Xc, form, per_role_rstar, n_sizes, n_budgets)
     rng = np.random.default_rng(seed)
     lonely = no_interval(df, "cells (one role at one map point)") or ("" if n_boot else "no interval (n_boot=0)")
     P = len(theta)
@@ -379,7 +386,7 @@ def fit_law(runs: pd.DataFrame, form: str = "lambda", per_role_rstar: bool = Fal
                     (float(df["tokens"].min()), float(df["tokens"].max())),
                     (float(df["passes"].min()), float(df["passes"].max())),
                     float((moe if len(moe) else df)["active"].max()), n_sizes, int(df["map_cell"].nunique()), len(df),
-                    level)
+                    level, {names[j]: float(v) for j, v in sorted(bound.items())})
 
 
 __all__ = ["FORMS", "COLUMNS", "MAP_KEYS", "LAMBDA_BOUNDS", "M_BOUNDS", "RSTAR_BOUNDS", "param_names",

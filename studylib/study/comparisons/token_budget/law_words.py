@@ -64,7 +64,10 @@ def paper_sentences(table: pd.DataFrame) -> list:
               " (the law's p carries no interval)")
     out = [f"Extrapolated {where}, the joint law places the MoE at p = {_ci(p, '.2f')} of the way from its active "
            f"match (0) to its total match (1); the paper measured {p['paper']:.2f}{inside}."]
-    s = f"{mix} = {_ci(t.loc[mix], '.3f')}" if t.loc[mix, "identified"] else f"{mix} not identified"
+    m = t.loc[mix]
+    s = (f"{mix} = {_ci(m, '.3f')}" if m["identified"] else
+         f"{mix} = {m['estimate']:g}, held at its bound by the fit (no interval)" if m["estimate"] == m["estimate"]
+         else f"{mix} not identified")
     if t.loc["gap_active", "identified"]:
         s += (f"; gap_active {_ci(t.loc['gap_active'], '+.3f')} and gap_total {_ci(t.loc['gap_total'], '+.3f')} "
               f"bits per byte (> 0: the MoE better)")

@@ -119,11 +119,12 @@ def test_seed_intervals_cover_lambda_and_alpha_near_their_nominal_rate():
 def test_the_coverage_script_measures_every_parameter(capsys):
     """scripts/law_coverage.py (the rate at more maps and replicates, docs/statistics.md) cannot rot."""
     script = runpy.run_path(str(Path(__file__).resolve().parents[4] / "scripts" / "law_coverage.py"))
-    assert script["main"](["--maps", "2", "--boot", "8", "--jobs", "1"]) == 0
+    assert script["main"](["--maps", "2", "--boot", "8", "--jobs", "1", "--held-out", "1"]) == 0
     out = capsys.readouterr().out
     for k in TRUE:
         assert sum(line.split()[1] == k for line in out.splitlines()[1:-1]) == 2, (k, out)
     assert "2 maps x 8 replicates" in out
+    assert "held-out size, 1 maps x 8 replicates" in out and "by quantity: loss" in out
 
 
 def test_the_form_choice_picks_the_generating_form():
@@ -155,7 +156,7 @@ def test_what_the_grid_cannot_identify_is_never_a_number():
     assert not fresh.loc["R*", "identified"] and "no cell repeats data" in fresh.loc["R*", "reason"]
     assert math.isnan(fresh.loc["R*", "estimate"]) and fresh.loc["lambda", "identified"]
     beyond = J.fit_law(_map(2, m=2.0), n_boot=0, n_boot_cell=0).table()  # the MoE worth more than lambda = 1
-    assert not beyond.loc["lambda", "identified"]
+    assert not beyond.loc["lambda", "identified"] and math.isnan(beyond.loc["lambda", "estimate"])
     assert "the fit sits on the bound [0, 1]" in beyond.loc["lambda", "reason"]
     lonely = J.fit_law(_map(2, seeds=1), n_boot=5, n_boot_cell=0).table()
     assert (lonely["verdict"] == "no interval").all() and lonely["ci_low"].isna().all()
@@ -187,6 +188,38 @@ def test_held_out_size_and_budget_are_mostly_inside():
     bad.loc[big, "value"] -= 0.04
     worse = C.held_out(bad, "size", n_boot=30)
     assert worse.fraction < size.fraction and not worse.passes and worse.verdict().startswith("the law fails")
+
+
+def test_a_mix_on_its_bound_predicts_at_the_bound_and_says_so():
+    """The MoE worth 0.9 of its active N (a multiplier below lambda = 0): the lambda form's fit holds
+    lambda at 0. The parameter stays "not identified" (no interval), but the law's predictions are
+    the constrained fit's, checked against held-out cells and carried to the paper's point."""
+    df = _map(5, m=0.9)
+    law = J.fit_law(df, n_boot=10, n_boot_cell=0)
+    assert law.on_bound == {"lambda": 0.0} and not law.coefs["lambda"].identified
+    size = C.held_out(df, "size", n_boot=20)
+    t = size.table
+    assert t.loc[t["quantity"] != "position", "checked"].all() and size.n_checked >= 15
+    assert set(t.loc[t["checked"], "note"]) == {"lambda held at its bound 0 by the fit"}
+    assert size.verdict().endswith("interval (lambda held at its bound 0 by the fit)")
+    paper = C.paper_point(law).set_index("quantity")
+    assert paper.loc["lambda", "estimate"] == 0.0 and paper.loc["position", "identified"]
+    assert paper.loc["gap_active", "reason"] == "lambda held at its bound 0 by the fit"
+    assert "lambda = 0, held at its bound by the fit (no interval)" in W.paper_sentences(C.paper_point(law))[1]
+    both = C.held_out(_map(6, m=0.9), "budget", n_boot=5)  # several refits: the note names each one's
+    assert "held at its bound 0 by the fit without 1 tokens/param" in both.verdict()
+
+
+def test_held_out_intervals_carry_the_noise_of_their_budget():
+    """Seeds that scatter 10x more at 1 token/param (a stalled run) widen only that budget's
+    held-out intervals, not those at 10 tokens/param (a pooled sd would widen both alike)."""
+    df = _map(4)
+    rng = np.random.default_rng(0)
+    stall = df["tokens"] == df["active"].where(df["role"] == "moe").groupby(df["size"]).transform("max")
+    df.loc[stall, "value"] += rng.normal(0, 0.1, stall.sum())
+    t = C.held_out(df, "size", n_boot=20).table
+    width = (t["pi_high"] - t["pi_low"]).where(t["quantity"] == "loss_moe").groupby(t["tokens_per_param"].round()).max()
+    assert width[1] > 3 * width[10], width  # pooled over budgets: 0.05 at 1, 0.07 at 10
 
 
 def test_paper_point_contains_the_generating_position(law):
