@@ -68,7 +68,7 @@ def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, pap
         ax.axhline(0.0, color="0.4", lw=1, ls="--")
         ax.set_xscale("log")
         ax.set(title=TITLES[gap], xlabel="target tokens per active parameter (MoE)",
-               ylabel=f"gap in best val loss ({unit}; > 0: MoE better)")
+               ylabel=f"gap in best val loss\n({unit}; > 0: MoE better)")
     handles, labels = axes[0].get_legend_handles_labels()
     if models is not None:
         handles.append(Line2D([], [], color="0.3", lw=1, ls="--"))
