@@ -208,11 +208,6 @@ def _not_identified(theta, Xc, form, per_role, n_sizes, n_budgets) -> tuple[dict
         coef, *_ = np.linalg.lstsq(others, J[:, j], rcond=None)
         if np.sqrt(np.mean((J[:, j] - others @ coef) ** 2)) < IDENTIFIED_TOL:
             out[j] = "the measured points do not pin it down: others can compensate for it"
-    for j, (lo, hi) in enumerate(_bounds(form, per_role)):
-        if j >= 3 and j not in out and min(abs(theta[j] - lo), abs(theta[j] - hi)) < 1e-6:
-            nat = (lo, hi) if j in (3, 4) or (j == 5 and form == "lambda") else (math.exp(lo), math.exp(hi))
-            out[j] = f"the fit sits on the bound [{nat[0]:g}, {nat[1]:g}]"
-            bound[j] = nat[0] if abs(theta[j] - lo) < abs(theta[j] - hi) else nat[1]
     for k in range(3 if per_role else 1):
         rows = Xc["role"] == k if per_role else slice(None)
         if not (Xc["R"][rows] > 0).any():
@@ -223,7 +218,12 @@ def _not_identified(theta, Xc, form, per_role, n_sizes, n_budgets) -> tuple[dict
                        f"the MoE's effective N trade off)" for j in (0, 1, 3, 5)})
     if n_budgets < 2:
         out.update({j: "the grid has one token budget" for j in (0, 2, 4, *range(6, J.shape[1]))})
-    return out, {j: v for j, v in bound.items() if out[j].startswith("the fit sits on the bound")}
+    for j, (lo, hi) in enumerate(_bounds(form, per_role)):  # last: any other reason comes first
+        if j >= 3 and j not in out and min(abs(theta[j] - lo), abs(theta[j] - hi)) < 1e-6:
+            nat = (lo, hi) if j in (3, 4) or (j == 5 and form == "lambda") else (math.exp(lo), math.exp(hi))
+            out[j] = f"the fit sits on the bound [{nat[0]:g}, {nat[1]:g}]"
+            bound[j] = nat[0] if abs(theta[j] - lo) < abs(theta[j] - hi) else nat[1]
+    return out, bound
 
 
 def _natural(theta, form) -> np.ndarray:

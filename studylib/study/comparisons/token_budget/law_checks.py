@@ -240,11 +240,11 @@ def _tpp(df: pd.DataFrame) -> pd.Series:
     return df["tokens"] / df["size"].map(_per_size_active(df))
 
 
-def _budgets(df: pd.DataFrame) -> tuple[np.ndarray, list]:
+def _budgets(tpp) -> tuple[np.ndarray, list]:
     """(each row's budget: an index into the labels, the labels "<tokens per active parameter>
-    tokens/param"); budgets within 2% of each other are one (a repeated cell's steps round apart),
-    named by the largest (the full-data budget)."""
-    tpp = _tpp(df).to_numpy(float)
+    tokens/param") from its :func:`_tpp`; budgets within 2% of each other are one (a repeated
+    cell's steps round apart), named by the largest (the full-data budget)."""
+    tpp = np.asarray(tpp, dtype=float)
     groups: list[list[float]] = []
     for x in np.unique(tpp):
         if groups and x <= groups[-1][0] * 1.02:
@@ -265,7 +265,7 @@ def _groups(df: pd.DataFrame, by: str) -> list:
         return [(f"size {big} (N_active {act[big]:.3g})", (df["size"] == big).to_numpy())] if len(act) > 1 else []
     if by != "budget":
         raise ValueError(f"held_out: by must be 'size' or 'budget', not {by!r}")
-    which, labels = _budgets(df)
+    which, labels = _budgets(_tpp(df))
     return [(label, which == i) for i, label in enumerate(labels)]
 
 
@@ -309,7 +309,8 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
     cells at the held-out cell's budget (the seed spread is budget-dependent: up to 0.13 bits per
     byte where a run stalls at 1 token/param, about 0.005 at 10), or of all its cells where none is."""
     df = runs_frame(runs, "held_out")
-    df["tpp"], df["budget"] = _tpp(df), _budgets(df)[0]
+    df["tpp"] = _tpp(df)
+    df["budget"] = _budgets(df["tpp"])[0]
     rng, rows = np.random.default_rng(seed), []
     groups = _groups(df, by)
     if len(groups) < (1 if by == "size" else 2):  # one size, or one budget: nothing left to fit on
