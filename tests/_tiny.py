@@ -106,6 +106,66 @@ def tiny_preset(**sections) -> Preset:
     return preset_from_dict(tiny_raw(**sections))
 
 
+def ensure_grids(preset: Preset, grids, jobs=None, progress: bool = False, scheduler=None) -> list[list]:
+    """What ``studylib study`` does with a few grids: plan them
+    (:func:`~studylib.study.orchestration.plan.plan_runs`), train the missing runs
+    (:func:`~studylib.study.orchestration.train.train_plan`); one list of finished runs per grid."""
+    from studylib.study.orchestration.plan import plan_runs
+    from studylib.study.orchestration.train import train_plan
+
+    plan = plan_runs(preset, grids, progress=progress)
+    train_plan(plan, jobs=jobs, progress=progress, scheduler=scheduler)
+    return [list(specs) for specs in plan.specs]
+
+
+def ensure_runs(preset: Preset, models, seeds=None, jobs=None, overrides=None, progress: bool = False, tag=None,
+                scheduler=None) -> list:
+    """:func:`ensure_grids` of one grid ``models x seeds`` of ``preset`` + ``overrides``."""
+    from studylib.study.orchestration.plan import Grid
+
+    return ensure_grids(preset, [Grid(models, seeds, overrides, tag)], jobs=jobs, progress=progress,
+                        scheduler=scheduler)[0]
+
+
+#: a toy comparison as docs/architecture.md adds one: its knobs (two flat keys), its plan (the models
+#: at a budget of their own, every seed) and one family table; notebook 13_toy
+TOY_COMPARISON = '''"""A toy comparison: two models of the preset at a budget of their own."""
+from dataclasses import dataclass
+from typing import Optional
+
+from studylib.run.spec import budget_overrides
+from studylib.study.comparisons.base import Comparison
+from studylib.study.comparisons.knobs import EPOCHS, MODELS, Knobs, knob, required
+from studylib.study.orchestration.plan import Grid
+
+
+@dataclass(frozen=True)
+class ToyKnobs(Knobs):
+    models: Optional[tuple] = knob("toy_models", MODELS, models=True)
+    epochs: float = knob("toy_epochs", EPOCHS, 1.0)
+
+
+def grids(study, knobs):
+    models = required(knobs.models, "toy_models", study.preset, "a list of model names of the preset")
+    return [Grid(list(models), list(study.preset.seeds), budget_overrides(study.preset, knobs.epochs))]
+
+
+COMPARISON = Comparison("toy", "13_toy", ToyKnobs, grids, tables=("toy_gaps",))
+'''
+
+
+def add_toy_comparison(folder: Path, monkeypatch) -> Path:
+    """:data:`TOY_COMPARISON` as the package ``toy`` of ``folder/studylib/study/comparisons``, a
+    folder this process's registry then finds (as one on ``PYTHONPATH``); returns that folder."""
+    from studylib.study import comparisons as C
+
+    comparisons = folder / "studylib" / "study" / "comparisons"
+    (comparisons / "toy").mkdir(parents=True)
+    (comparisons / "toy" / "__init__.py").write_text(TOY_COMPARISON)
+    monkeypatch.setattr(C, "__path__", [*C.__path__, str(comparisons)])
+    return comparisons
+
+
 TIMING_KEYS = ("tok_per_s", "elapsed_s", "eval_s")
 
 

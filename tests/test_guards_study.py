@@ -12,7 +12,7 @@ import yaml
 from conftest import require_subset
 from studylib.cli import main
 from studylib.config import ConfigError, load_preset
-from studylib.study.comparisons import study_grids, study_of
+from studylib.study.comparisons import comparison, study_of
 from studylib.study.orchestration.plan import MAX_RUNS, check_plan_size, plan_size
 from studylib.study.runner.parameters import apply_parameters
 
@@ -53,7 +53,9 @@ def test_a_run_that_fails_to_train_stops_the_study_with_one_line_and_exit_2(box,
 
 # ---- the seeds limit counts runs -------------------------------------------------------------------
 def _grids(q, *stems):
-    return study_grids(study_of(q), list(stems))
+    """The grids of the named notebooks' comparisons (their plans), in order."""
+    study = study_of(q)
+    return [g for stem in stems for g in comparison(stem).plan(study)]
 
 
 def test_the_plan_size_counts_runs_seeds_times_models_shared_runs_once():

@@ -32,10 +32,6 @@ class StudyConfig:
     # every other key as the preset writes it: the comparisons' knobs (studylib.study.comparisons)
     comparisons: Mapping[str, Any] = field(default_factory=dict)
 
-    def reference(self) -> Optional[str]:
-        """``reference_moe``, else the headline's MoE (its second model); None: neither is set."""
-        return self.reference_moe or (self.headline[1] if self.headline and len(self.headline) > 1 else None)
-
     def to_raw(self) -> dict:  # studylib.config.schema.to_dict: the flat mapping a preset writes
         return {**{k: getattr(self, k) for k in GENERAL_KEYS}, **copy.deepcopy(dict(self.comparisons))}
 

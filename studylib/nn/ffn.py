@@ -68,14 +68,6 @@ class _Experts(nn.Module):
         self.w_in_EFD = nn.Parameter(torch.empty(E, 2 * H, d_model))
         self.w_out_EDH = nn.Parameter(torch.empty(E, d_model, H))
 
-    @property
-    def router_mode(self) -> str:
-        return self.router.mode
-
-    @router_mode.setter
-    def router_mode(self, mode: str) -> None:
-        self.router.mode = mode
-
     def expert_stds(self, std: float, out_std: float, expert_init: str) -> tuple[float, float]:
         """The stds of ``w_in`` and ``w_out``: ``std``/``out_std``, or with ``expert_init: fan_in``
         1/sqrt(fan-in): 1/sqrt(D) for w_in (E, 2H, D) and 1/sqrt(H) for w_out (E, D, H)."""

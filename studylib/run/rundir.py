@@ -20,7 +20,7 @@ import yaml
 from studylib.config import ConfigError, ModelConfig, Preset, identity_diff, model_from_dict, same_run
 from studylib.run import metrics_file, provenance
 from studylib.run.dirlock import dir_lock
-from studylib.run.layout import (CHECKPOINT_DIR, CONFIG_FILE, LOCK_FILE, LOG_FILE, METRICS_FILE, SUMMARY_FILE,
+from studylib.run.layout import (CHECKPOINT_DIR, CONFIG_FILE, LOCK_FILE, METRICS_FILE, SUMMARY_FILE,
                                  run_dir_for)
 from studylib.storage.files import write_atomic, write_json_atomic
 
@@ -103,10 +103,6 @@ class RunDir:
     @property
     def lock_path(self) -> Path:
         return self.path / LOCK_FILE
-
-    @property
-    def log_path(self) -> Path:
-        return self.path / LOG_FILE
 
     # ---- one writer ------------------------------------------------------------------------
     def lock(self):

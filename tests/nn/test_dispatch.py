@@ -144,7 +144,7 @@ def test_soft_k1_equals_dense():
 def test_soft_uniform_gate_equals_scaled_wide_dense(K):
     H = 12
     soft = _soft(K, H)
-    soft.router_mode = "uniform"
+    soft.router.mode = "uniform"
     wide = DenseFFN(16, K * H)
     with torch.no_grad():  # wide gate rows = all experts' gate rows, then all up rows
         gate = soft.w_in_EFD[:, :H].reshape(K * H, 16)
@@ -153,17 +153,17 @@ def test_soft_uniform_gate_equals_scaled_wide_dense(K):
         wide.w_out.weight.copy_(soft.w_out_EDH.permute(1, 0, 2).reshape(16, K * H))
     x = torch.randn(2, 9, 16)
     torch.testing.assert_close(soft(x)[0], wide(x)[0] / K, rtol=1e-5, atol=1e-6)
-    soft.router_mode = "learned"  # and the learned (non-uniform) gate really differs
+    soft.router.mode = "learned"  # and the learned (non-uniform) gate really differs
     assert not torch.allclose(soft(x)[0], wide(x)[0] / K, atol=1e-4)
 
 
 def test_balanced_mode_assigns_evenly_and_uniform_mode_weights_equally():
     m = _moe(4, 2)
     x = torch.randn(1, 40, 16)
-    m.router_mode = "balanced"
+    m.router.mode = "balanced"
     _, r = m(x, stats=True)
     assert r.stats["shares"] == pytest.approx([0.25] * 4)
-    m.router_mode = "uniform"
+    m.router.mode = "uniform"
     _, r = m(x, stats=True)
     assert r.balance.item() == pytest.approx(1.0)
     assert r.stats["top1"] == pytest.approx(0.25)

@@ -9,12 +9,11 @@ import shutil
 import pytest
 import yaml
 
-from _tiny import tiny_raw, write_stories
+from _tiny import ensure_runs, tiny_raw, write_stories
 from studylib.cli import main
 from studylib.config import load_preset, run_document
 from studylib.run.rundir import RunDir, RunDirConflict
 from studylib.study.analysis.frames import collect_runs
-from studylib.study.orchestration import train as sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -61,7 +60,7 @@ def test_the_genuine_run_is_read_and_reused(box):
     preset, rd = box
     df = collect_runs(preset, ["dense"], [1])
     assert list(df["seed"]) == [1] and df.loc[0, "best_val_loss"] == rd.summary()["best_val_loss"]
-    assert [s.seed for s in sweep.ensure_runs(preset, ["dense"], [1], jobs=1, progress=False)] == [1]
+    assert [s.seed for s in ensure_runs(preset, ["dense"], [1], jobs=1, progress=False)] == [1]
 
 
 def test_a_run_without_its_config_is_refused_everywhere(box, capsys):
@@ -70,7 +69,7 @@ def test_a_run_without_its_config_is_refused_everywhere(box, capsys):
     with pytest.raises(RunDirConflict, match=f"{rd.path}: holds summary.json and checkpoints/ but no config.yaml"):
         collect_runs(preset, ["dense"], [1])
     with pytest.raises(RunDirConflict, match="no config.yaml"):
-        sweep.ensure_runs(preset, ["dense"], [1], jobs=1, progress=False)
+        ensure_runs(preset, ["dense"], [1], jobs=1, progress=False)
     line = _one_line(["train", "--params", preset.path, "--model", "dense", "--seed", "1", "--no-progress"], capsys)
     assert str(rd.path) in line and "no config.yaml" in line
     assert not rd.config_path.exists()  # refused before anything was written
@@ -106,4 +105,4 @@ def test_a_summary_of_another_run_beside_a_config_is_refused(box):
                                              f"{rd.summary()['config_hash']}.*mixes two runs"):
         collect_runs(preset, ["dense"], [2])
     with pytest.raises(RunDirConflict, match="mixes two runs"):
-        sweep.ensure_runs(preset, ["dense"], [2], jobs=1, progress=False)
+        ensure_runs(preset, ["dense"], [2], jobs=1, progress=False)

@@ -11,14 +11,17 @@ is the subset, the final full-split value is a separate column.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
+from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from studylib.config import Preset
+from studylib.run.layout import SUMMARY_FILE
 from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
 from studylib.study.analysis.stats import paired
@@ -69,6 +72,12 @@ def collect_runs(preset: Preset, models: Optional[Iterable[str]] = None,
     df = pd.DataFrame.from_records(rows)
     df.attrs["missing"] = missing
     return df
+
+
+def model_summaries(out_dir, model: str) -> list[dict]:
+    """The ``summary.json`` of ``model``'s own runs (``runs/<model>/seed<N>``, variants left out)
+    under a preset's outputs folder ``out_dir``, in folder order; none: ``[]``."""
+    return [json.loads(p.read_text()) for p in sorted((Path(out_dir) / "runs" / model).glob(f"seed*/{SUMMARY_FILE}"))]
 
 
 def summary_row(summ: Mapping, model: str, seed: int) -> dict:

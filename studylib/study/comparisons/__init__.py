@@ -18,13 +18,12 @@ import importlib
 import os
 import pkgutil
 import sys
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from studylib.config import ConfigError, Preset
 from studylib.config.study import GENERAL_KEYS
-from studylib.study.comparisons.base import Comparison, Runs, grids_of
+from studylib.study.comparisons.base import Comparison, Runs
 from studylib.study.comparisons.knobs import Context, Study
-from studylib.study.orchestration.plan import Grid
 
 def _folders_on_the_path() -> list[str]:
     """Folders ``studylib/study/comparisons`` under other entries of ``sys.path`` than this one."""
@@ -95,14 +94,5 @@ def study_of(preset: Preset, comparisons: Optional[Mapping[str, Comparison]] = N
     return Study(preset, {c.name: c.knobs.parse(raw, ctx) for c in comparisons.values()})
 
 
-def study_grids(study: Study, notebooks: Sequence[str],
-                parameters: Optional[Mapping[str, Mapping[str, Any]]] = None) -> list[Grid]:
-    """The grids of the named notebooks (file stems like ``03_headline_sweep``), given each
-    notebook's ``-p`` parameters (``{stem: {name: value}}``; e.g. notebook 04's ``model``); a
-    notebook without a comparison here adds none."""
-    found = by_notebook()
-    return grids_of([found[n] for n in notebooks if n in found], study, parameters)
-
-
 __all__ = ["Comparison", "Context", "Runs", "Study", "by_notebook", "check_owners", "comparison", "registry",
-           "study_grids", "study_of"]
+           "study_of"]

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional
 
 import pandas as pd
 
 from studylib.config import Preset
 from studylib.run.rundir import RunDir
-from studylib.run.spec import RunSpec
+from studylib.run.spec import RunSpec, budget_overrides
 from studylib.study.analysis.frames import runs_frame, runs_metrics
-from studylib.study.comparisons.knobs import Knobs, Study
+from studylib.study.comparisons.knobs import Knobs, Study, required
 from studylib.study.orchestration.plan import Grid, Plan, plan_runs
 from studylib.study.orchestration.train import train_plan
 
@@ -31,6 +31,16 @@ from studylib.study.orchestration.train import train_plan
 def no_runs(study: Study, knobs: Knobs, **parameters) -> list[Grid]:
     """The plan of a comparison that trains nothing (it reads configs, benchmarks or one run)."""
     return []
+
+
+def models_at_epochs(study: Study, knobs: Knobs, **parameters) -> list[Grid]:
+    """The plan of a comparison whose knobs hold ``models`` (a model list; absent: one ConfigError
+    line naming its key) and ``epochs``: those models at ``epochs`` times the preset's schedule, the
+    first ``study.comparison_seeds`` seeds."""
+    models = required(knobs.models, type(knobs).key("models"), study.preset,
+                      "a non-empty list of model names of the preset")
+    return [Grid(list(models), study.leading_seeds(study.general.comparison_seeds),
+                 budget_overrides(study.preset, knobs.epochs))]
 
 
 @dataclass(frozen=True)
@@ -114,11 +124,14 @@ class Comparison:
     words: Callable[[pd.DataFrame], list[str]] = family_sentences
     answer: Optional[Callable[[Path], Answer]] = None
 
+    def given(self, parameters: Optional[Mapping[str, Any]]) -> dict:
+        """The notebook's ``parameters`` the plan takes (the others are the notebook's alone)."""
+        return {k: v for k, v in (parameters or {}).items() if k in self.parameters}
+
     def plan(self, study: Study, parameters: Optional[Mapping[str, Any]] = None) -> list[Grid]:
         """The grids of this comparison under ``study`` and the notebook's ``parameters`` (those
-        the plan does not take are ignored: they are the notebook's alone)."""
-        given = {k: v for k, v in (parameters or {}).items() if k in self.parameters}
-        return self.grids(study, study[self], **given)
+        the plan does not take are ignored: :meth:`given`)."""
+        return self.grids(study, study[self], **self.given(parameters))
 
     def train(self, study: Study, jobs: Optional[int] = None, progress: bool = True,
               parameters: Optional[Mapping[str, Any]] = None) -> Runs:
@@ -128,11 +141,4 @@ class Comparison:
         return Runs.of(planned)
 
 
-def grids_of(comparisons: Sequence[Comparison], study: Study,
-             parameters: Optional[Mapping[str, Mapping[str, Any]]] = None) -> list[Grid]:
-    """The grids of several comparisons, in order; ``parameters``: ``{notebook stem: {name: value}}``."""
-    parameters = parameters or {}
-    return [g for c in comparisons for g in c.plan(study, parameters.get(c.notebook))]
-
-
-__all__ = ["Answer", "Comparison", "Runs", "family_sentences", "grids_of", "no_runs"]
+__all__ = ["Answer", "Comparison", "Runs", "family_sentences", "models_at_epochs", "no_runs"]

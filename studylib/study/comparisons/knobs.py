@@ -79,6 +79,11 @@ class Knobs:
         return tuple(f.metadata["key"] for f in fields(cls))
 
     @classmethod
+    def key(cls, name: str) -> str:
+        """The flat ``study`` key of field ``name``."""
+        return next(f.metadata["key"] for f in fields(cls) if f.name == name)
+
+    @classmethod
     def parse(cls, raw: Mapping[str, Any], ctx: Context) -> "Knobs":
         """The knobs from the flat ``study`` mapping (only their own keys are read), checked."""
         return cls(**{f.name: f.metadata["check"](raw[f.metadata["key"]], f"study.{f.metadata['key']}", ctx)
@@ -122,8 +127,8 @@ class Study:
 
     @property
     def reference_moe(self) -> str:
-        """``study.reference_moe``, else the headline's MoE (:meth:`StudyConfig.reference`)."""
-        return self.general.reference() or self.headline[1]
+        """``study.reference_moe``, else the headline's MoE (its second model)."""
+        return self.general.reference_moe or self.headline[1]
 
     def leading_seeds(self, k: Optional[int]) -> list[int]:
         """The first ``k`` of the preset's seeds (all of them for None)."""

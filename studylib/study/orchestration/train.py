@@ -13,8 +13,6 @@ checked and ordered before anything trains): :func:`train_plan`.
 * a failed run stops the training with an error naming the model, the seed, the log file and its
   last lines (the other runs stop too and resume later from their last checkpoint); a run still
   unfinished afterwards is a :class:`SweepError`.
-
-:func:`ensure_grids` (plan, then train) is the short form for a few grids.
 """
 from __future__ import annotations
 
@@ -30,7 +28,7 @@ from studylib.run.layout import outputs_root
 from studylib.run.provenance import flag_reused
 from studylib.run.spec import RunSpec
 from studylib.study.orchestration.common import ClusterError, SweepError, available_cores
-from studylib.study.orchestration.plan import Grid, Plan, plan_runs
+from studylib.study.orchestration.plan import Plan
 
 
 def default_jobs(preset: Preset) -> int:
@@ -89,23 +87,6 @@ def train_plan(plan: Plan, jobs: Optional[int] = None, progress: bool = True,
         raise SweepError(f"runs still missing after the sweep: {unfinished}")
 
 
-def ensure_grids(preset: Preset, grids: Sequence[Grid], jobs: Optional[int] = None,
-                 progress: bool = True, scheduler: Optional[str] = None) -> list[list[RunSpec]]:
-    """The runs of several grids (:func:`~studylib.study.orchestration.plan.plan_runs`, then
-    :func:`train_plan`): one list of finished runs per grid (models x seeds order), in order."""
-    plan = plan_runs(preset, grids, progress=progress)
-    train_plan(plan, jobs=jobs, progress=progress, scheduler=scheduler)
-    return [list(specs) for specs in plan.specs]
-
-
-def ensure_runs(preset: Preset, models: Sequence[str], seeds: Optional[Sequence[int]] = None,
-                jobs: Optional[int] = None, overrides=None, progress: bool = True, tag: Optional[str] = None,
-                scheduler: Optional[str] = None) -> list[RunSpec]:
-    """:func:`ensure_grids` of one grid ``models x seeds`` of ``preset`` + ``overrides``."""
-    return ensure_grids(preset, [Grid(models, seeds, overrides, tag)], jobs=jobs, progress=progress,
-                        scheduler=scheduler)[0]
-
-
 def _train_in_process(missing: Sequence[RunSpec], bar, progress: bool) -> None:
     from studylib.data.pipeline import shared_data
     from studylib.run.trainer import train_spec
@@ -149,5 +130,5 @@ def _step(spec: RunSpec) -> int:
         return 0
 
 
-__all__ = ["ensure_runs", "ensure_grids", "train_plan", "SweepError", "ClusterError", "available_cores",
+__all__ = ["train_plan", "SweepError", "ClusterError", "available_cores",
            "default_jobs", "scheduler_address", "SCHEDULER_ENV"]

@@ -146,7 +146,7 @@ def open_comparison(name: str, params: str, jobs: Optional[int] = None, seeds=No
     ctx = notebook_context(params, jobs, seeds, overrides)
     ctx.comparison, ctx.knobs = found, ctx.study[found]
     check_parameters(parameters)  # the notebook's own, e.g. model (in JupyterLab too)
-    given = {k: v for k, v in parameters.items() if k in found.parameters}
+    given = found.given(parameters)
     planned = read_plan(plan_path(ctx.out, found.name), plan_key(ctx.preset, found.name, given))
     if planned is not None:
         grids, specs = planned
@@ -282,11 +282,34 @@ def _environment(name: str, value: Optional[str]):
     return scoped() if value is not None else contextlib.nullcontext()
 
 
+def plan_study(preset, nbs: Sequence[Path], parameters: Optional[Mapping[Path, Mapping]] = None,
+               progress: bool = False) -> tuple[list, Optional[Any]]:
+    """The selected notebooks' comparisons in one plan: (``[(comparison, the notebook parameters its
+    plan takes, its grids)]`` in notebook order, the
+    :class:`~studylib.study.orchestration.plan.Plan` of all their grids, or None when they train
+    nothing); ``parameters``: ``{notebook: {name: value}}``. Nothing trains; a knob a comparison
+    needs that the preset lacks is one ConfigError line naming ``study.<key>``."""
+    from studylib.study.comparisons import by_notebook, study_of
+    from studylib.study.orchestration.plan import plan_runs
+
+    study, found = study_of(preset), by_notebook()
+    parts = []
+    for py in nbs:
+        if py.stem in found:
+            c = found[py.stem]
+            given = c.given((parameters or {}).get(py))
+            parts.append((c, given, c.plan(study, given)))
+    grids = [g for _, _, gs in parts for g in gs]
+    if not grids:
+        return parts, None
+    return parts, plan_runs(preset, grids, "notebook(s) " + ", ".join(py.name.split("_")[0] for py in nbs), progress)
+
+
 def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Path, progress: bool, echo,
                      scheduler: Optional[str] = None, parameters: Optional[Mapping[Path, Mapping]] = None) -> float:
-    """Plan the selected notebooks' comparisons in one plan (given each notebook's parameters
-    ``{notebook: {name: value}}``), train its missing runs in one queue before any notebook
-    executes (from the repository root, as the notebooks run; on the Dask scheduler at
+    """Plan the selected notebooks' comparisons in one plan (:func:`plan_study`, given each
+    notebook's parameters ``{notebook: {name: value}}``), train its missing runs in one queue before
+    any notebook executes (from the repository root, as the notebooks run; on the Dask scheduler at
     ``scheduler`` or here), and write each comparison's part under the preset's outputs
     (:func:`~studylib.study.orchestration.plan_file.write_plan`) for its notebook to read; the
     seconds it took. A failed run is the sweep's :class:`~studylib.study.orchestration.common.SweepError`
@@ -294,26 +317,16 @@ def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Pat
     for a cluster that cannot train it)."""
     import contextlib
 
-    from studylib.study.comparisons import by_notebook, study_of
-    from studylib.study.orchestration.plan import plan_runs
     from studylib.study.orchestration.plan_file import plan_key, plan_path, write_plan
     from studylib.study.orchestration.train import train_plan
 
     t0 = time.perf_counter()
-    study, found = study_of(preset), by_notebook()
     out = root / outputs_root(preset) / preset.name
     with contextlib.chdir(root):
-        parts = []  # (comparison, its plan parameters, its grids)
-        for py in nbs:
-            if py.stem in found:
-                c = found[py.stem]
-                given = {k: v for k, v in ((parameters or {}).get(py) or {}).items() if k in c.parameters}
-                parts.append((c, given, c.plan(study, given)))
-        grids = [g for _, _, gs in parts for g in gs]
-        if not grids:
+        parts, planned = plan_study(preset, nbs, parameters, progress)
+        if planned is None:
             return 0.0
-        planned = plan_runs(preset, grids, "notebook(s) " + ", ".join(py.name.split("_")[0] for py in nbs), progress)
-        echo(f"training the runs of {len(grids)} grid(s) in one queue, longest first, "
+        echo(f"training the runs of {len(planned.grids)} grid(s) in one queue, longest first, "
              + (f"on the Dask cluster at {scheduler}" if scheduler else f"{jobs or default_jobs(preset)} at a time")
              + "; the notebooks then read them")
         train_plan(planned, jobs=jobs, progress=progress, scheduler=scheduler)

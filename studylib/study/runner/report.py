@@ -70,10 +70,6 @@ def family_sentences(out_dir: Path) -> list[str]:
     return out
 
 
-def _summaries(out_dir: Path, model: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((out_dir / "runs" / model).glob("seed*/summary.json"))]
-
-
 def _machine(summaries: list[dict]) -> str:
     """The runs' device (the GPU's name on CUDA) and this machine's CPU model and cores (the
     machine that executed the notebooks; runs trained on a Dask cluster may have used others)."""
@@ -100,7 +96,9 @@ def _facts(out_dir: Path, moe: Optional[str], paths: Sequence[Path]) -> str:
     """The preset, seeds, machine and times, as one list."""
     import nbformat
 
-    runs = _summaries(out_dir, moe) if moe else []
+    from studylib.study.analysis.frames import model_summaries
+
+    runs = model_summaries(out_dir, moe) if moe else []
     nb_s = 0.0
     for p in paths:
         nb_s += float(nbformat.read(str(p), as_version=4).metadata.get("papermill", {}).get("duration") or 0.0)

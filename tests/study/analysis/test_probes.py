@@ -64,7 +64,7 @@ def test_uniform_gate_ablation(soft_runs, monkeypatch):
     k2 = probes.uniform_gate_ablation(runs["soft2"], n_windows=8, data=data, device="cpu")
     assert (k2["delta"].abs() > 0).all() and k2.attrs["n_windows"] == 8
     np.testing.assert_allclose(k2["loss"] - k2["base_loss"], k2["delta"])
-    assert all(blk.ffn.router_mode == "learned" for m in models for blk in m.blocks)
+    assert all(blk.ffn.router.mode == "learned" for m in models for blk in m.blocks)
 
 
 def test_uniform_gate_ablation_restores_the_gates_when_evaluation_fails(soft_runs, monkeypatch):
@@ -73,7 +73,7 @@ def test_uniform_gate_ablation_restores_the_gates_when_evaluation_fails(soft_run
     calls = []
 
     def failing_loss(model, *a):
-        calls.append(model.blocks[0].ffn.router_mode)
+        calls.append(model.blocks[0].ffn.router.mode)
         if len(calls) == 2:  # the first ablated evaluation
             raise RuntimeError("out of memory")
         return 1.0
@@ -82,7 +82,7 @@ def test_uniform_gate_ablation_restores_the_gates_when_evaluation_fails(soft_run
     with pytest.raises(RuntimeError, match="out of memory"):
         probes.uniform_gate_ablation(runs["soft2"], n_windows=8, data=data, device="cpu")
     assert calls == ["learned", "uniform"]
-    assert all(blk.ffn.router_mode == "learned" for blk in models[0].blocks)
+    assert all(blk.ffn.router.mode == "learned" for blk in models[0].blocks)
 
 
 def test_expert_cosine_matrices(soft_runs):

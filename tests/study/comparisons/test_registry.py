@@ -19,7 +19,8 @@ from studylib.study import comparisons as C
 from studylib.study.analysis.frames import runs_frame
 from studylib.study.comparisons import router_variants, routing
 from studylib.study.runner import notebooks as study
-from studylib.study.orchestration import plan, train as sweep
+from studylib.study.orchestration import plan
+from studylib.study.orchestration.train import train_plan
 
 ROOT = Path(__file__).resolve().parents[3]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
@@ -43,8 +44,9 @@ def test_the_ci_plan_trains_each_run_once(tmp_path, monkeypatch):
     monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run(calls))
     monkeypatch.setattr("studylib.data.pipeline.load_data", lambda *a, **k: None)  # max_steps: no epoch to count
     preset = load_preset("params/ci.yaml")
-    grids = C.study_grids(C.study_of(preset), [p.stem for p in NOTEBOOKS])
-    specs = sweep.ensure_grids(preset, grids, jobs=1, progress=False)
+    _, planned = study.plan_study(preset, NOTEBOOKS)
+    train_plan(planned, jobs=1, progress=False)
+    grids, specs = planned.grids, planned.specs
     planned = {spec.run_dir for per_grid in specs for spec in per_grid}
     assert len(calls) == len(set(calls)) == len(planned)
     assert {p.parent for p in tmp_path.rglob("summary.json")} == planned
@@ -63,9 +65,7 @@ def test_a_study_resolves_each_run_once(tmp_path, monkeypatch):
     monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run([]))
     monkeypatch.setattr("studylib.data.pipeline.load_data", lambda *a, **k: None)
     preset = load_preset("params/ci.yaml")
-    names = [p.stem for p in NOTEBOOKS]
-    study_ = C.study_of(preset)
-    sweep.ensure_grids(preset, C.study_grids(study_, names), jobs=1, progress=False)  # every run finished
+    train_plan(study.plan_study(preset, NOTEBOOKS)[1], jobs=1, progress=False)  # every run finished
     calls = []
     real = presets.override
 
@@ -77,8 +77,10 @@ def test_a_study_resolves_each_run_once(tmp_path, monkeypatch):
     for mod in [m for name, m in sys.modules.items() if name.startswith("studylib") and m is not None]:
         if getattr(mod, "override", None) is real:
             monkeypatch.setattr(mod, "override", counting)
-    grids = C.study_grids(study_, names)
-    frames = [runs_frame(s) for s in sweep.ensure_grids(preset, grids, jobs=1, progress=False)]
+    _, planned = study.plan_study(preset, NOTEBOOKS)
+    train_plan(planned, jobs=1, progress=False)  # nothing left to train
+    grids = planned.grids
+    frames = [runs_frame(s) for s in planned.specs]
     asked = {(m, s, tuple((k, repr(v)) for k, v, _ in override_pairs(g.overrides)))
              for g in grids for m in g.models for s in g.seeds_of(preset)}
     assert len(calls) == len(asked)
@@ -152,11 +154,11 @@ def test_fewer_seeds_for_the_comparisons_that_ask_for_them():
     p = load_preset(ROOT / "params" / "ci.yaml", ["seeds=[5,6,7,8]", "study.downstream_seeds=2",
                                                    "study.noise_split={seeds: 3}"])
     s = C.study_of(p)
-    assert s.leading_seeds(s["downstream"].seeds) == [5, 6] == list(C.study_grids(s, ["10_downstream"])[0].seeds)
-    assert list(C.study_grids(s, ["02_routing_ablation"])[0].seeds) == [5, 6]  # ci: comparison_seeds 2
+    assert s.leading_seeds(s["downstream"].seeds) == [5, 6] == list(C.comparison("10_downstream").plan(s)[0].seeds)
+    assert list(C.comparison("02_routing_ablation").plan(s)[0].seeds) == [5, 6]  # ci: comparison_seeds 2
     full = C.study_of(load_preset(ROOT / "params" / "cpu_full.yaml"))
-    assert list(C.study_grids(full, ["10_downstream"])[0].seeds) == list(full.preset.seeds)  # absent: every seed
-    headline = C.study_grids(s, ["03_headline_sweep"])
+    assert list(C.comparison("10_downstream").plan(full)[0].seeds) == list(full.preset.seeds)  # absent: every seed
+    headline = C.comparison("03_headline_sweep").plan(s)
     # the headline over every seed, then the noise split: init only (3 seeds), order only (one grid per data seed)
     assert list(headline[0].seeds) == [5, 6, 7, 8] and list(headline[2].seeds) == [5, 6, 7]
     assert [g.overrides for g in headline[3:]] == [{"train.data_seed": s} for s in (5, 6, 7)]
@@ -180,9 +182,8 @@ def test_notebook_04_reads_any_sparse_moe_where_its_runs_are():
     other = routing.grid(s, "moe_top1")  # an ablation MoE: the preset's budget
     assert other.models == ["moe_top1"] and not other.overrides
     # `studylib study --notebooks 04 -p model X` trains X's runs up front, not the reference's
-    assert C.study_grids(s, ["04_routing_diagnostics"], {"04_routing_diagnostics": {"model": "moe_sigmoid_bias"}}) \
-        == [variant]
-    assert C.study_grids(s, ["04_routing_diagnostics"]) == [ref]
+    assert C.comparison("04_routing_diagnostics").plan(s, {"model": "moe_sigmoid_bias", "seeds": None}) == [variant]
+    assert C.comparison("04_routing_diagnostics").plan(s) == [ref]
     with pytest.raises(ConfigError, match=r"'dense_active' is 'dense', not a sparse MoE.*moe_top2_z"):
         routing.grid(s, "dense_active")
     with pytest.raises(ConfigError, match="nope"):
@@ -198,3 +199,13 @@ def test_each_comparison_owns_its_knobs_and_the_registry_finds_every_package():
     assert set(C.registry()) == packages
     assert [c.notebook for c in C.registry().values()] == sorted(c.notebook for c in C.registry().values())
     assert C.comparison("02_routing_ablation").knobs.keys() == ("ablation", "ablation_epochs")
+
+
+@pytest.mark.parametrize("name, key", [("ablation", "ablation"), ("granularity", "granularity"),
+                                       ("iso_width", "iso_width")])
+def test_the_shared_plan_of_models_at_a_budget_names_each_comparisons_missing_key(name, key):
+    """02, 06 and 07 share one plan (base.models_at_epochs); a preset without the comparison's
+    model list is refused naming that comparison's own key."""
+    s = C.study_of(load_preset(ROOT / "params" / "ci.yaml", [f"study.{key}=null"]))
+    with pytest.raises(ConfigError, match=rf"^study\.{key}: missing from preset 'ci'"):
+        C.comparison(name).plan(s)

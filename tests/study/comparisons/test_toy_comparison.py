@@ -12,35 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _tiny import tiny_raw
+from _tiny import add_toy_comparison, tiny_raw
 from studylib.run.rundir import RunDir
 from studylib.study import comparisons as C
 from studylib.study.runner import notebooks as study
 from studylib.study.runner.report import answer_cells
-
-TOY = textwrap.dedent('''\
-    """A toy comparison: two models of the preset at a budget of their own."""
-    from dataclasses import dataclass
-    from typing import Optional
-
-    from studylib.run.spec import budget_overrides
-    from studylib.study.comparisons.base import Comparison
-    from studylib.study.comparisons.knobs import EPOCHS, MODELS, Knobs, knob
-    from studylib.study.orchestration.plan import Grid
-
-
-    @dataclass(frozen=True)
-    class ToyKnobs(Knobs):
-        models: Optional[tuple] = knob("toy_models", MODELS, models=True)
-        epochs: float = knob("toy_epochs", EPOCHS, 1.0)
-
-
-    def grids(study, knobs):
-        return [Grid(list(knobs.models), list(study.preset.seeds), budget_overrides(study.preset, knobs.epochs))]
-
-
-    COMPARISON = Comparison("toy", "13_toy", ToyKnobs, grids, tables=("toy_gaps",))
-    ''')
 
 NOTEBOOK = textwrap.dedent('''\
     # ---
@@ -92,11 +68,7 @@ def test_a_toy_comparison_in_its_own_folder_runs_through_the_registry_the_study_
     monkeypatch.delenv("STUDYLIB_OUTPUTS", raising=False)
     monkeypatch.delenv("STUDYLIB_ROOT", raising=False)
     extra = tmp_path / "plugins"
-    pkg = extra / "studylib" / "study" / "comparisons" / "toy"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(TOY)
-    # this process finds it as a kernel will: the folder on the path extends the comparisons' package
-    monkeypatch.setattr(C, "__path__", [*C.__path__, str(extra / "studylib" / "study" / "comparisons")])
+    add_toy_comparison(extra, monkeypatch)  # this process finds it as a kernel will: the folder on the path
     repo = Path(__file__).resolve().parents[3]  # studylib first, then the folder that extends it
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo), str(extra), os.environ.get("PYTHONPATH")])))
     root = tmp_path / "repo"

@@ -17,17 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from _tiny import comparable
+from _tiny import comparable, ensure_grids, ensure_runs
 from conftest import ROOT, require_subset
 from studylib.config import ConfigError, load_preset
 from studylib.run.dirlock import RunDirLocked, dir_lock
+from studylib.run.layout import LOG_FILE
 from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
 from studylib.study.orchestration import train as sweep
 from studylib.study.orchestration.cluster import SCHEDULER_TIMEOUT_S
 from studylib.study.orchestration.common import ClusterError
 from studylib.study.analysis.frames import runs_frame
-from studylib.study.comparisons import by_notebook, study_grids, study_of
+from studylib.study.comparisons import registry, study_of
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ def ci_preset(cache: Path, *sets: str):
 
 
 def _headers(rd: RunDir) -> list[str]:
-    return [ln for ln in rd.log_path.read_text().splitlines() if ln.startswith("$ dask worker")]
+    return [ln for ln in (rd.path / LOG_FILE).read_text().splitlines() if ln.startswith("$ dask worker")]
 
 
 def _pid(header: str) -> int:
@@ -113,7 +114,7 @@ def test_a_local_cluster_trains_each_run_once_in_persistent_workers_as_this_proc
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     p = ci_preset(cache)
     models, seeds = ["dense_active", "moe_top2_z"], [1337, 1338, 1339]
-    df = runs_frame(sweep.ensure_runs(p, models, seeds, jobs=2, progress=False))
+    df = runs_frame(ensure_runs(p, models, seeds, jobs=2, progress=False))
     assert list(zip(df["model"], df["seed"])) == [(m, s) for m in models for s in seeds]
     specs = [RunSpec.resolve(p, m, s) for m in models for s in seeds]
     headers = [_headers(spec.rundir) for spec in specs]
@@ -138,11 +139,11 @@ def test_a_run_that_fails_by_itself_names_model_seed_and_log_and_is_not_retried(
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     p = ci_preset(cache, "train.lr=1e6", "train.min_lr=1e5", "train.grad_clip=0")  # diverges at once
     with pytest.raises(sweep.SweepError) as ei:
-        sweep.ensure_runs(p, ["dense_active"], [1337], jobs=2, progress=False)
+        ensure_runs(p, ["dense_active"], [1337], jobs=2, progress=False)
     rd = RunDir.of(p, "dense_active", 1337)
     msg = str(ei.value)
     assert msg.startswith("training dense_active seed 1337 failed (NonFiniteLossError: non-finite training loss")
-    assert str(rd.log_path) in msg and "Traceback" in rd.log_path.read_text()
+    assert str(rd.path / LOG_FILE) in msg and "Traceback" in (rd.path / LOG_FILE).read_text()
     assert len(_headers(rd)) == 1  # not retried
 
 
@@ -155,9 +156,10 @@ def _default_sigint() -> None:
 _SWEEP = r"""
 import sys
 from studylib.config import load_preset
-from studylib.study.orchestration import train as sweep
+from studylib.study.orchestration.plan import Grid, plan_runs
+from studylib.study.orchestration.train import train_plan
 p = load_preset(sys.argv[1], sys.argv[2:])
-sweep.ensure_runs(p, ["dense_active", "moe_top2_z"], [1337], jobs=2, progress=False)
+train_plan(plan_runs(p, [Grid(["dense_active", "moe_top2_z"], [1337])]), jobs=2, progress=False)
 """
 
 
@@ -184,7 +186,7 @@ def test_a_killed_or_interrupted_sweep_leaves_no_worker_training_and_no_stale_lo
     _wait_for(lambda: all(_lock_free(rd) for rd in rds), "no stale lock (the kernel's lock goes with the process)",
               timeout=20)
     assert not any(rd.finished() for rd in rds)
-    df = runs_frame(sweep.ensure_runs(p, ["dense_active", "moe_top2_z"], [1337], jobs=2, progress=False))  # the next sweep
+    df = runs_frame(ensure_runs(p, ["dense_active", "moe_top2_z"], [1337], jobs=2, progress=False))  # the next sweep
     assert list(df["steps"]) == [300, 300]
 
 
@@ -251,7 +253,9 @@ def dask_dir(tmp_path) -> Path:
 
 
 def _ci_study_runs(p) -> list:
-    return study_grids(study_of(p), list(by_notebook()))
+    """The grids of every comparison (their plans, in notebook order)."""
+    study = study_of(p)
+    return [g for c in registry().values() for g in c.plan(study)]
 
 
 def _all_metrics(out: Path) -> dict:
@@ -266,13 +270,13 @@ def test_the_ci_study_on_two_dask_workers_equals_a_local_run(dask_dir, cache, mo
         grids = _ci_study_runs(p)
         monkeypatch.setenv("STUDYLIB_OUTPUTS", str(dask_dir / "remote"))
         t0 = time.perf_counter()
-        remote = sweep.ensure_grids(p, grids, progress=False, scheduler=d.address)
+        remote = ensure_grids(p, grids, progress=False, scheduler=d.address)
         t_remote = time.perf_counter() - t0
     finally:
         d.stop()
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(dask_dir / "local"))
     t0 = time.perf_counter()
-    local = sweep.ensure_grids(p, grids, jobs=2, progress=False)
+    local = ensure_grids(p, grids, jobs=2, progress=False)
     t_local = time.perf_counter() - t0
     print(f"ci study runs: two dask workers {t_remote:.1f} s, LocalCluster(2) {t_local:.1f} s")
     runs = _all_metrics(dask_dir / "remote")
@@ -290,14 +294,14 @@ def test_a_worker_killed_mid_run_has_its_run_resumed_elsewhere_bit_identical(das
     try:
         p = ci_preset(cache, *(f"{k}={v}" for k, v in LONG.items()))
         monkeypatch.setenv("STUDYLIB_OUTPUTS", str(dask_dir / "whole"))
-        sweep.ensure_runs(p, ["moe_top2_z"], [1337], progress=False, scheduler=d.address)
+        ensure_runs(p, ["moe_top2_z"], [1337], progress=False, scheduler=d.address)
         monkeypatch.setenv("STUDYLIB_OUTPUTS", str(dask_dir / "killed"))
         rd = RunDir.of(p, "moe_top2_z", 1337)
         box: dict = {}
 
         def sweep_in_thread():
             try:
-                box["df"] = sweep.ensure_runs(p, ["moe_top2_z"], [1337], progress=False, scheduler=d.address)
+                box["df"] = ensure_runs(p, ["moe_top2_z"], [1337], progress=False, scheduler=d.address)
             except BaseException as e:  # noqa: BLE001 - reported below
                 box["error"] = e
 
@@ -312,7 +316,7 @@ def test_a_worker_killed_mid_run_has_its_run_resumed_elsewhere_bit_identical(das
         d.stop()
     headers = _headers(rd)
     assert len(headers) == 2 and _pid(headers[0]) == victim and _pid(headers[1]) != victim
-    assert "resum" in rd.log_path.read_text().split(headers[1])[1].lower()  # it resumed, not restarted
+    assert "resum" in (rd.path / LOG_FILE).read_text().split(headers[1])[1].lower()  # it resumed, not restarted
     whole = RunDir(dask_dir / "whole" / rd.path.relative_to(dask_dir / "killed"))
     assert rd.summary()["best_val_loss"] == whole.summary()["best_val_loss"]
     assert comparable(rd.read_metrics()) == comparable(whole.read_metrics())
@@ -333,7 +337,7 @@ def test_a_worker_that_cannot_see_the_run_directory_or_runs_several_tasks_is_ref
         crowded = d.worker("crowded", nthreads=2)
         d.wait_for_workers(1)
         with pytest.raises(ClusterError, match=r"runs several tasks at once; start each worker with --nthreads 1"):
-            sweep.ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
+            ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
         os.killpg(crowded.pid, signal.SIGTERM)
         crowded.wait(timeout=30)
         if not _can_unshare():
@@ -345,7 +349,7 @@ def test_a_worker_that_cannot_see_the_run_directory_or_runs_several_tasks_is_ref
         d.worker("elsewhere", prefix=hidden)
         d.wait_for_workers(1)
         with pytest.raises(ClusterError) as ei:
-            sweep.ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
+            ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
     finally:
         d.stop()
     msg = str(ei.value)
@@ -435,7 +439,7 @@ def test_a_worker_running_other_code_or_other_threads_is_refused(dask_dir, cache
         stranger = d.worker("stranger", env={"PYTHONPATH": str(other), "STUDYLIB_THREADS": "1"})
         d.wait_for_workers(1)
         with pytest.raises(ClusterError) as ei:
-            sweep.ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
+            ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
         code_line = str(ei.value)
         os.killpg(stranger.pid, signal.SIGTERM)
         stranger.wait(timeout=30)
@@ -443,7 +447,7 @@ def test_a_worker_running_other_code_or_other_threads_is_refused(dask_dir, cache
         d.worker("two", env={"STUDYLIB_THREADS": "2"})
         d.wait_for_workers(2)
         with pytest.raises(ClusterError) as ei:
-            sweep.ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
+            ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=d.address)
         threads_line = str(ei.value)
     finally:
         d.stop()
@@ -466,7 +470,7 @@ def test_a_worker_with_other_code_that_joins_later_is_left_out_alone(dask_dir, c
 
     def study():
         try:
-            outcome["specs"] = sweep.ensure_runs(p, ["dense_active"], seeds, progress=False, scheduler=d.address)
+            outcome["specs"] = ensure_runs(p, ["dense_active"], seeds, progress=False, scheduler=d.address)
         except BaseException as e:  # noqa: BLE001 - reported below
             outcome["error"] = e
 
@@ -476,7 +480,7 @@ def test_a_worker_with_other_code_that_joins_later_is_left_out_alone(dask_dir, c
         thread = threading.Thread(target=study)
         thread.start()
         first = RunDir.of(p, "dense_active", seeds[0])
-        _wait_for(lambda: first.log_path.exists() and _headers(first), "the first run trains on the good worker", 120)
+        _wait_for(lambda: (first.path / LOG_FILE).exists() and _headers(first), "the first run trains on the good worker", 120)
         d.worker("stranger", env={"PYTHONPATH": str(other), "STUDYLIB_THREADS": "1"})
         thread.join(timeout=600)
         assert not thread.is_alive(), "the sweep did not end"
@@ -496,9 +500,10 @@ def test_a_worker_with_other_code_that_joins_later_is_left_out_alone(dask_dir, c
 _ENSURE = r"""
 import sys
 from studylib.config import load_preset
-from studylib.study.orchestration import train as sweep
+from studylib.study.orchestration.plan import Grid, plan_runs
+from studylib.study.orchestration.train import train_plan
 p = load_preset(sys.argv[1], sys.argv[3:])
-sweep.ensure_runs(p, ["dense_active"], [1337], progress=False, scheduler=sys.argv[2])
+train_plan(plan_runs(p, [Grid(["dense_active"], [1337])]), progress=False, scheduler=sys.argv[2])
 """
 
 

@@ -7,12 +7,11 @@ import json
 import pytest
 import yaml
 
-from _tiny import tiny_raw, write_stories
+from _tiny import ensure_runs, tiny_raw, write_stories
 from studylib.config import ConfigError, DataConfig, load_preset
 from studylib.data.split import fingerprint_now
 from studylib.run.provenance import ProvenanceError
 from studylib.study.analysis.frames import runs_frame
-from studylib.study.orchestration import train as sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -28,17 +27,17 @@ def test_a_finished_run_is_not_reused_on_other_stories(tmp_path, monkeypatch):
     monkeypatch.delenv("STUDYLIB_DATA_DIR", raising=False)
     monkeypatch.delenv("STUDYLIB_CACHE_DIR", raising=False)
     p = load_preset(tmp_path / "t.yaml")
-    sweep.ensure_runs(p, ["dense"], [1], jobs=1, progress=False)
+    ensure_runs(p, ["dense"], [1], jobs=1, progress=False)
     summary = next((tmp_path / "out").rglob("summary.json"))
     recorded = json.loads(summary.read_text())["provenance"]["corpus_sha256"]
     assert recorded == fingerprint_now(p.data)
     before = summary.stat().st_mtime_ns
-    assert len(sweep.ensure_runs(p, ["dense"], [1], jobs=1, progress=False)) == 1  # same stories: reused
+    assert len(ensure_runs(p, ["dense"], [1], jobs=1, progress=False)) == 1  # same stories: reused
 
     monkeypatch.setenv("STUDYLIB_DATA_DIR", str(tmp_path / "B"))  # other stories behind the same preset
     other = load_preset(tmp_path / "t.yaml")
     with pytest.raises(ProvenanceError) as e:
-        sweep.ensure_runs(other, ["dense"], [1], jobs=1, progress=False)
+        ensure_runs(other, ["dense"], [1], jobs=1, progress=False)
     msg = str(e.value)
     assert isinstance(e.value, ConfigError) and "\n" not in msg  # the CLI prints it as one line, exit 2
     assert f"corpus (story texts) sha256 {recorded[:12]} -> {fingerprint_now(other.data)[:12]}" in msg
@@ -63,9 +62,9 @@ def test_finished_runs_another_code_trained_are_reused_and_flagged_in_one_line(t
     monkeypatch.delenv("STUDYLIB_DATA_DIR", raising=False)
     monkeypatch.delenv("STUDYLIB_CACHE_DIR", raising=False)
     p = load_preset(tmp_path / "t.yaml")
-    sweep.ensure_runs(p, ["dense"], [1, 2, 3], jobs=1, progress=False)
+    ensure_runs(p, ["dense"], [1, 2, 3], jobs=1, progress=False)
     capsys.readouterr()
-    sweep.ensure_runs(p, ["dense"], [1, 2, 3], jobs=1, progress=False)
+    ensure_runs(p, ["dense"], [1, 2, 3], jobs=1, progress=False)
     assert "warning" not in capsys.readouterr().err  # this code trained them all: nothing to flag
 
     summaries = {s: next((tmp_path / "out").rglob(f"seed{s}/summary.json")) for s in (1, 2, 3)}
@@ -75,7 +74,7 @@ def test_finished_runs_another_code_trained_are_reused_and_flagged_in_one_line(t
         edit(doc["provenance"])
         summaries[seed].write_text(json.dumps(doc))
     before = {s: f.stat().st_mtime_ns for s, f in summaries.items()}
-    df = runs_frame(sweep.ensure_runs(p, ["dense"], [1, 2, 3], jobs=1, progress=False))
+    df = runs_frame(ensure_runs(p, ["dense"], [1, 2, 3], jobs=1, progress=False))
     assert list(df["seed"]) == [1, 2, 3]
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("warning: 2 finished run(s) reused"), lines

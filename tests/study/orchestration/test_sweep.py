@@ -1,15 +1,15 @@
-"""Training a plan (studylib.study.orchestration.train.ensure_runs): finished runs are reused, a run
+"""Training a plan (plan_runs, then train_plan: _tiny.ensure_runs): finished runs are reused, a run
 directory holding another config is refused, grids share one queue (in this process; the Dask
 engine's tests are test_cluster.py)."""
 from __future__ import annotations
 
 import pytest
-from _tiny import synthetic_data, tiny_preset
+from _tiny import ensure_grids, ensure_runs, synthetic_data, tiny_preset
 from studylib.config import ConfigError, run_document
 from studylib.run import spec
 from studylib.run.rundir import RunDir, RunDirConflict
 from studylib.study.analysis.frames import runs_frame
-from studylib.study.orchestration import train as sweep
+from studylib.study.orchestration.plan import Grid
 
 
 def _fake_finished_run(preset, model, seed, loss):
@@ -21,7 +21,7 @@ def _fake_finished_run(preset, model, seed, loss):
     return rd
 
 
-def test_ensure_runs_reuses_finished_runs_without_training(tmp_path, monkeypatch):
+def test_a_plan_reuses_finished_runs_without_training(tmp_path, monkeypatch):
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     p = tiny_preset()
     for s, loss in ((1, 2.0), (2, 2.5)):
@@ -31,18 +31,18 @@ def test_ensure_runs_reuses_finished_runs_without_training(tmp_path, monkeypatch
         raise AssertionError("nothing to train: the data must not be loaded")
 
     monkeypatch.setattr("studylib.data.pipeline.load_data", no_data)
-    df = runs_frame(sweep.ensure_runs(p, ["dense", "dense"], [1, 2], jobs=2, progress=False))
+    df = runs_frame(ensure_runs(p, ["dense", "dense"], [1, 2], jobs=2, progress=False))
     assert list(df["seed"]) == [1, 2] and list(df["best_val_loss"]) == [2.0, 2.5]
     assert df.loc[0, "params_total"] == 5
 
 
-def test_ensure_runs_refuses_a_run_dir_with_another_config(tmp_path, monkeypatch):
+def test_a_plan_refuses_a_run_dir_with_another_config(tmp_path, monkeypatch):
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     p = tiny_preset()
     other = tiny_preset(train={"lr": 1e-3})  # same name, same run dir, another config in it
     _fake_finished_run(other, "dense", 1, 2.0)
     with pytest.raises(RunDirConflict):
-        sweep.ensure_runs(p, ["dense"], [1], progress=False)
+        ensure_runs(p, ["dense"], [1], progress=False)
 
 
 def test_variant_runs_live_apart_and_an_unchanged_identity_reuses_the_base_run(tmp_path, monkeypatch):
@@ -64,14 +64,14 @@ def test_variant_runs_live_apart_and_an_unchanged_identity_reuses_the_base_run(t
         run_dir({"train.lr": 1e-3}, tag="a/b")
 
 
-def test_ensure_runs_trains_a_variant_into_its_own_dir_and_reuses_it(tmp_path, monkeypatch):
+def test_a_plan_trains_a_variant_into_its_own_dir_and_reuses_it(tmp_path, monkeypatch):
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     monkeypatch.setattr("studylib.data.pipeline.load_data", lambda *a, **k: synthetic_data())
     p = tiny_preset(train={"max_steps": 4, "eval_every": 2})
     _fake_finished_run(p, "dense", 1, 2.0)  # the base run: must stay untouched
     over = spec.budget_overrides(p, 0.5)
     assert over == {"train.max_steps": 2} and spec.budget_overrides(p, 1) == {}
-    df = runs_frame(sweep.ensure_runs(p, ["dense"], [1], jobs=1, overrides=over, progress=False))
+    df = runs_frame(ensure_runs(p, ["dense"], [1], jobs=1, overrides=over, progress=False))
     rd = spec.RunSpec.resolve(p, "dense", 1, over).rundir
     assert rd.path != RunDir.of(p, "dense", 1).path and rd.finished()
     assert int(df.loc[0, "steps"]) == 2 and df.loc[0, "best_val_loss"] != 2.0
@@ -81,7 +81,7 @@ def test_ensure_runs_trains_a_variant_into_its_own_dir_and_reuses_it(tmp_path, m
         raise AssertionError("the variant is finished: nothing may train again")
 
     monkeypatch.setattr("studylib.data.pipeline.load_data", no_data)
-    again = runs_frame(sweep.ensure_runs(p, ["dense"], [1], jobs=1, overrides=over, progress=False))
+    again = runs_frame(ensure_runs(p, ["dense"], [1], jobs=1, overrides=over, progress=False))
     assert again.loc[0, "best_val_loss"] == df.loc[0, "best_val_loss"]
 
 
@@ -112,8 +112,8 @@ def test_grids_share_one_queue_longest_runs_first(tmp_path, monkeypatch):
 
     monkeypatch.setattr("studylib.run.trainer.train_run", fake_train_run)
     p = tiny_preset()  # 12 steps; the moe has more training FLOPs per token than the dense model
-    grids = [sweep.Grid(["dense", "moe"], [1], {"train.max_steps": 3}), sweep.Grid(["dense", "moe"], [1]),
-             sweep.Grid(["moe"], [1, 2], {"train.max_steps": 6})]
-    frames = [runs_frame(specs) for specs in sweep.ensure_grids(p, grids, jobs=1, progress=False)]
+    grids = [Grid(["dense", "moe"], [1], {"train.max_steps": 3}), Grid(["dense", "moe"], [1]),
+             Grid(["moe"], [1, 2], {"train.max_steps": 6})]
+    frames = [runs_frame(specs) for specs in ensure_grids(p, grids, jobs=1, progress=False)]
     assert order == [("moe", 1, 12), ("dense", 1, 12), ("moe", 1, 6), ("moe", 2, 6), ("moe", 1, 3), ("dense", 1, 3)]
     assert [list(f["best_val_loss"]) for f in frames] == [[3.0, 3.0], [12.0, 12.0], [6.0, 6.0]]

@@ -6,10 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from studylib.run.spec import budget_overrides
-from studylib.study.comparisons.base import Comparison
-from studylib.study.comparisons.knobs import EPOCHS, MODELS, Knobs, Study, knob, required
-from studylib.study.orchestration.plan import Grid
+from studylib.study.comparisons.base import Comparison, models_at_epochs
+from studylib.study.comparisons.knobs import EPOCHS, MODELS, Knobs, knob
 
 
 @dataclass(frozen=True)
@@ -20,11 +18,5 @@ class AblationKnobs(Knobs):
     epochs: float = knob("ablation_epochs", EPOCHS, 1.0)
 
 
-def grids(study: Study, knobs: AblationKnobs) -> list[Grid]:
-    models = required(knobs.models, "ablation", study.preset, "a non-empty list of model names of the preset")
-    return [Grid(list(models), study.leading_seeds(study.general.comparison_seeds),
-                 budget_overrides(study.preset, knobs.epochs))]
-
-
-COMPARISON = Comparison("ablation", "02_routing_ablation", AblationKnobs, grids,
+COMPARISON = Comparison("ablation", "02_routing_ablation", AblationKnobs, models_at_epochs,
                         tables=("table1_gaps_vs_reference",))

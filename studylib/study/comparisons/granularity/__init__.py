@@ -6,10 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from studylib.run.spec import budget_overrides
-from studylib.study.comparisons.base import Comparison
-from studylib.study.comparisons.knobs import EPOCHS, MODELS, POSITIVE_INT, Knobs, Study, knob, required
-from studylib.study.orchestration.plan import Grid
+from studylib.study.comparisons.base import Comparison, models_at_epochs
+from studylib.study.comparisons.knobs import EPOCHS, MODELS, POSITIVE_INT, Knobs, knob
 
 
 @dataclass(frozen=True)
@@ -22,10 +20,4 @@ class GranularityKnobs(Knobs):
     probe_windows: int = knob("probe_windows", POSITIVE_INT, 64)
 
 
-def grids(study: Study, knobs: GranularityKnobs) -> list[Grid]:
-    models = required(knobs.models, "granularity", study.preset, "a non-empty list of model names of the preset")
-    return [Grid(list(models), study.leading_seeds(study.general.comparison_seeds),
-                 budget_overrides(study.preset, knobs.epochs))]
-
-
-COMPARISON = Comparison("granularity", "06_granularity_sweep", GranularityKnobs, grids, tables=("granularity_gaps",))
+COMPARISON = Comparison("granularity", "06_granularity_sweep", GranularityKnobs, models_at_epochs, tables=("granularity_gaps",))

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional, Sequence
 import pandas as pd
 
 from studylib.config import ConfigError
+from studylib.study.analysis.frames import model_summaries
 from studylib.study.comparisons.base import Answer, Comparison, Runs
 from studylib.study.comparisons.headline.glance import headline_glance
 from studylib.study.comparisons.knobs import POSITIVE_INT, STRINGS, Knobs, Study, knob
@@ -84,12 +85,6 @@ def noise_frame(runs: Runs, seeds: Sequence[int]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def _summaries(out_dir: Path, model: str) -> list[dict]:
-    import json
-
-    return [json.loads(p.read_text()) for p in sorted((out_dir / "runs" / model).glob("seed*/summary.json"))]
-
-
 def answer(out_dir: Path) -> Answer:
     """The headline verdict and what it does not show, the two gaps' numbers and verdicts as
     ``headline_gaps.csv`` holds them (the words of
@@ -103,7 +98,7 @@ def answer(out_dir: Path) -> Answer:
     g = gaps.copy()
     g.index = ["active", "total"]  # notebook 03 writes the matched-active row, then the matched-total one
     dense_active, moe, dense_total = g.loc["active", "a"], g.loc["active", "b"], g.loc["total", "b"]
-    summaries = _summaries(out_dir, moe)
+    summaries = model_summaries(out_dir, moe)
     tokens = summaries[0].get("tokens") if summaries else None
     preset = summaries[0].get("preset", "") if summaries else ""
     verdict, _, limit = text.headline_verdict(g, dense_active, moe, dense_total, preset, tokens).partition(

@@ -6,10 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from studylib.run.spec import budget_overrides
-from studylib.study.comparisons.base import Comparison
-from studylib.study.comparisons.knobs import EPOCHS, MAPPING, MODELS, Knobs, Study, knob, required
-from studylib.study.orchestration.plan import Grid
+from studylib.study.comparisons.base import Comparison, models_at_epochs
+from studylib.study.comparisons.knobs import EPOCHS, MAPPING, MODELS, Knobs, knob
 
 
 @dataclass(frozen=True)
@@ -22,10 +20,4 @@ class IsoWidthKnobs(Knobs):
     decode: dict = knob("decode", MAPPING, {})
 
 
-def grids(study: Study, knobs: IsoWidthKnobs) -> list[Grid]:
-    models = required(knobs.models, "iso_width", study.preset, "a non-empty list of model names of the preset")
-    return [Grid(list(models), study.leading_seeds(study.general.comparison_seeds),
-                 budget_overrides(study.preset, knobs.epochs))]
-
-
-COMPARISON = Comparison("iso_width", "07_iso_width", IsoWidthKnobs, grids, tables=("iso_width_gap",))
+COMPARISON = Comparison("iso_width", "07_iso_width", IsoWidthKnobs, models_at_epochs, tables=("iso_width_gap",))
