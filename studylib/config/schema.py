@@ -55,6 +55,10 @@ class FFNConfig:
     n_shared: int = 0  # always-active shared experts of width `hidden` beside the routed ones
     balance_scope: Literal["micro", "global"] = "micro"  # the balance loss's loads f: per micro-batch,
     # or over the whole optimizer step (every micro-batch and rank; Qwen's global-batch balance)
+    # --- router controls (moe only; studylib.nn.router): learned (the reference); frozen (the
+    # learned router's weight kept at its initial value); hash (no weight: a fixed table maps a
+    # token's id to its top_k experts, equal weights; its balance, z and sequence losses must be 0)
+    router: Literal["learned", "frozen", "hash"] = "learned"
 
     def validate(self, where: str = "ffn") -> None:
         _positive(self.hidden, f"{where}.hidden")
@@ -75,7 +79,8 @@ class FFNConfig:
             raise ConfigError(f"{where}.router_scale: must be > 0, got {self.router_scale}")
         variant = {"score": self.score != "softmax", "bias_balance": self.bias_balance,
                    "seq_balance_coef": self.seq_balance_coef != 0.0, "route_scale": self.route_scale != 1.0,
-                   "n_shared": self.n_shared != 0, "balance_scope": self.balance_scope != "micro"}
+                   "n_shared": self.n_shared != 0, "balance_scope": self.balance_scope != "micro",
+                   "router": self.router != "learned"}
         if self.kind != "moe" and any(variant.values()):
             name = next(k for k, v in variant.items() if v)
             raise ConfigError(f"{where}.{name}: a router variant of the routed MoE (kind: moe), not of kind {self.kind!r}")
@@ -91,6 +96,18 @@ class FFNConfig:
             raise ConfigError(f"{where}.balance_scope: must be 'micro' or 'global', got {self.balance_scope!r}")
         if self.n_shared < 0:
             raise ConfigError(f"{where}.n_shared: must be >= 0, got {self.n_shared}")
+        if self.router not in ("learned", "frozen", "hash"):
+            raise ConfigError(f"{where}.router: must be 'learned', 'frozen' or 'hash', got {self.router!r}")
+        if self.router == "hash":
+            scored = {"balance_coef": self.balance_coef != 0.0, "z_coef": self.z_coef != 0.0,
+                      "seq_balance_coef": self.seq_balance_coef != 0.0, "bias_balance": self.bias_balance,
+                      "score": self.score != "softmax", "balance_scope": self.balance_scope != "micro",
+                      "router_scale": self.router_scale != 1.0}
+            name = next((k for k, v in scored.items() if v), None)
+            if name:
+                raise ConfigError(f"{where}.{name}: the hash router has no scores (its experts are a fixed "
+                                  f"function of the token id); leave {name} at its default "
+                                  f"({'0' if name.endswith('coef') else FFNConfig.__dataclass_fields__[name].default!r})")
 
 
 @dataclass(frozen=True)
