@@ -89,7 +89,9 @@ else:
 # ## What the routers learn
 #
 # Per routed layer, mean ± std over seeds: `changed` (share of validation tokens whose experts
-# differ from the initial router's choice for the same input), `busiest` (E x the largest expert
+# differ from the initial router weights' choice for the same input: what the router's weights
+# learned; 0 for the hash and frozen routers by construction), `changed_model` (the same against
+# the initial model's own forward: the router's input moved too), `busiest` (E x the largest expert
 # share; 1 = balanced), `entropy` (H of the expert set, bits) and `entropy_given_id` (H of the expert
 # set given the token id, bits; 0 for the hash router).
 
