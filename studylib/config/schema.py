@@ -230,6 +230,9 @@ class TrainConfig:
     # the seed of the data order (which windows each step reads); None = the run's seed, which
     # also seeds the initialisation. Set it to vary the two apart (notebook 03's noise split).
     data_seed: Optional[int] = None
+    # the routers' learning rate as a multiple of the schedule's (studylib.run.optim: their own
+    # AdamW group; 1.0 = one group with the other matrices, as before the key existed)
+    router_lr_scale: float = 1.0
 
     def validate(self) -> None:
         for name in ("batch_size", "grad_accum", "eval_every"):
@@ -244,6 +247,10 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}: must be a positive finite number, got {v!r}")
         if not 0 < self.min_lr <= self.lr:
             raise ConfigError(f"train.min_lr: must be in (0, lr={self.lr}], got {self.min_lr}")
+        v = self.router_lr_scale
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"train.router_lr_scale: must be a positive finite number (the routers' lr / the "
+                              f"schedule's), got {v!r}")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ConfigError(f"train.warmup_frac: must be in [0, 1), got {self.warmup_frac}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
