@@ -6,6 +6,7 @@ dense twin (TOST within the margin: "equivalent", or the machinery's cost), and 
 worded from them. Losses: each run's best validation loss (nats)."""
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -120,7 +121,46 @@ def sentences(tables: dict, cells: Sequence[ControlCell]) -> str:
     return " ".join(s for s in out if s)
 
 
-__all__ = ["ROLE_LABELS", "cell_tables", "control_table", "gaps", "learns_to_route", "position_intervals", "positions", "sentences",
+def recipe_runs(runs, first: int) -> pd.DataFrame:
+    """The recipe's runs (grids ``first`` onward of :class:`~studylib.study.comparisons.base.Runs`)
+    in one frame with their ``lr``."""
+    frames = [runs.frame(i).assign(lr=float(g.overrides["train.lr"])) for i, g in enumerate(runs.grids) if i >= first]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def recipe_tables(recipe: pd.DataFrame, base: pd.DataFrame, cell: ControlCell, n_boot: int = 2000) -> dict:
+    """The recipe at ``cell``: ``lrs`` (per model and lr: n, mean, sample std of the loss; ``best``:
+    the lr of the lowest mean, chosen on these seeds) and ``position`` (the MoE's p with each model
+    at its best lr, beside its p under the preset's recipe from ``base``, the cell's own runs)."""
+    g = recipe.groupby(["model", "lr"], sort=True)[VALUE]
+    lrs = pd.DataFrame({"n": g.size(), "mean": g.mean(), "std": g.std(ddof=1)}).reset_index()
+    best = lrs.loc[lrs.groupby("model")["mean"].idxmin()].set_index("model")["lr"]
+    lrs["best"] = [best[m] == lr for m, lr in zip(lrs["model"], lrs["lr"])]
+    at_best = recipe[[best.get(m) == lr for m, lr in zip(recipe["model"], recipe["lr"])]]
+    rows = []
+    for label, frame in (("the preset's recipe", base), ("the MoE's recipe (each model at its best lr)", at_best)):
+        da, moe, dt = cell.trio
+        wide = frame.pivot_table(index="seed", columns="model", values=VALUE)[[da, moe, dt]].dropna()
+        ga, gt = (wide[da] - wide[moe]).to_numpy(), (wide[dt] - wide[moe]).to_numpy()
+        rows.append({"recipe": label, "n": len(wide), "moe_loss": float(wide[moe].mean()),
+                     **{f"lr_{r}": (float(best[m]) if frame is at_best else math.nan) for r, m in zip(("dense_active", "moe", "dense_total"), cell.trio)},
+                     **position_row(ga, gt, n_boot=n_boot)})
+    return {"lrs": lrs, "position": pd.DataFrame(rows)}
+
+
+def recipe_sentence(pos: pd.DataFrame, n_lrs: int, batch_scale: int, router: float) -> str:
+    """The recipe's outcome in one sentence, from :func:`recipe_tables`' ``position``."""
+    def p(r):
+        return (f"{r.position:+.2f} [{r.position_low:+.2f}, {r.position_high:+.2f}]" if r.position_defined
+                else r.position_reason)
+    base, new = pos.iloc[0], pos.iloc[1]
+    return (f"With the MoE's recipe ({batch_scale}x fewer, {batch_scale}x larger steps, each model at the best of "
+            f"{n_lrs} learning rates, the router at {router:g}x the lr) the MoE's position is {p(new)} against "
+            f"{p(base)} under the preset's recipe (n={int(new.n)} seeds; the best lr is chosen on the same seeds, "
+            f"which favours the recipe).")
+
+
+__all__ = ["recipe_runs", "recipe_sentence", "recipe_tables", "ROLE_LABELS", "cell_tables", "control_table", "gaps", "learns_to_route", "position_intervals", "positions", "sentences",
            "twin"]
 
 

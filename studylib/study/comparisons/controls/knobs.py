@@ -108,12 +108,51 @@ def CELLS(v, where, ctx: Context) -> tuple[ControlCell, ...]:
 
 
 @dataclass(frozen=True)
+class Recipe:
+    """The MoE's recipe at one cell (``cell``: its index in ``study.controls``): the same tokens
+    in ``batch_scale`` x fewer, ``batch_scale`` x larger steps, each model of the cell's trio at
+    every lr of ``lrs`` (min_lr keeps the preset's min_lr / lr), the MoE's routers at
+    ``router_lr_scale`` x the lr."""
+
+    cell: int
+    lrs: tuple[float, ...]
+    batch_scale: int = 4
+    router_lr_scale: float = 0.1
+
+
+RECIPE_SHAPE = "{cell: 1, lrs: [1.0e-2, 2.0e-2, 4.0e-2], batch_scale: 4, router_lr_scale: 0.1}"
+
+
+def RECIPE(v, where, ctx: Context) -> Recipe:
+    if not isinstance(v, dict):
+        raise ConfigError(f"{where}: expected {RECIPE_SHAPE}, got {v!r}")
+    unknown = sorted(set(v) - {"cell", "lrs", "batch_scale", "router_lr_scale"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; expected {RECIPE_SHAPE}")
+    cell = v.get("cell")
+    if isinstance(cell, bool) or not isinstance(cell, int) or cell < 0:
+        raise ConfigError(f"{where}.cell: expected the index of a cell of study.controls (0, 1, ...), got {cell!r}")
+    lrs = v.get("lrs")
+    if not isinstance(lrs, (list, tuple)) or len(lrs) < 2:
+        raise ConfigError(f"{where}.lrs: expected at least two learning rates, got {lrs!r}")
+    lrs = tuple(positive(x, f"{where}.lrs[{i}]", "a learning rate") for i, x in enumerate(lrs))
+    if len(set(lrs)) != len(lrs):
+        raise ConfigError(f"{where}.lrs: each learning rate once, got {list(lrs)}")
+    scale = v.get("batch_scale", 4)
+    if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
+        raise ConfigError(f"{where}.batch_scale: expected a positive integer, got {scale!r}")
+    router = positive(v.get("router_lr_scale", 0.1), f"{where}.router_lr_scale", "the routers' lr / the lr")
+    return Recipe(cell, lrs, scale, router)
+
+
+@dataclass(frozen=True)
 class ControlsKnobs(Knobs):
     """The cells (``controls``) and how many of the preset's seeds each trains (``controls_seeds``;
     None: all of them)."""
 
     cells: Optional[tuple[ControlCell, ...]] = knob("controls", CELLS)
     seeds: Optional[int] = knob("controls_seeds", SEEDS)
+    recipe: Optional[Recipe] = knob("controls_recipe", RECIPE)
 
     def model_lists(self) -> dict[str, tuple[str, ...]]:
         """``{"controls": every model the cells name}`` (for the lists naming a model)."""

@@ -153,3 +153,50 @@ def test_conditional_entropy_is_zero_for_a_function_of_the_id_and_the_plug_in_va
     joint = np.array([[4, 0], [0, 2], [1, 1]])
     assert R._conditional_entropy_bits(joint[:2]) == 0.0
     assert R._conditional_entropy_bits(joint) == pytest.approx(2 / 8 * 1.0)  # id 2: one bit, a quarter of tokens
+
+
+def test_the_recipe_plans_the_same_tokens_in_larger_steps_with_the_router_lr_on_the_moe_only():
+    preset = load_preset("params/ci.yaml")
+    study = study_of(preset)
+    r = study["controls"].recipe
+    grids = registry()["controls"].plan(study)[2:]
+    cell = registry()["controls"].plan(study)[1]
+    assert len(grids) == 2 * len(r.lrs)
+    for dense, moe in zip(grids[::2], grids[1::2]):
+        assert dense.models == ["dense_active_s", "dense_total_s"] and moe.models == ["moe_s"]
+        assert dense.overrides["train.max_steps"] == round(cell.overrides["train.max_steps"] / r.batch_scale)
+        assert dense.overrides["train.batch_size"] == preset.train.batch_size * r.batch_scale
+        assert "train.router_lr_scale" not in dense.overrides
+        assert moe.overrides == {**dense.overrides, "train.router_lr_scale": r.router_lr_scale}
+        assert dense.overrides["train.min_lr"] / dense.overrides["train.lr"] == pytest.approx(
+            preset.train.min_lr / preset.train.lr)
+    assert [g.overrides["train.lr"] for g in grids[::2]] == list(r.lrs)
+
+
+@pytest.mark.parametrize("raw,match", [
+    ({"cell": 1, "lrs": [0.01]}, r"study.controls_recipe.lrs: expected at least two"),
+    ({"cell": -1, "lrs": [0.01, 0.02]}, r"study.controls_recipe.cell: expected the index"),
+    ({"cell": 0, "lrs": [0.01, 0.01]}, r"study.controls_recipe.lrs: each learning rate once"),
+    ({"cell": 0, "lrs": [0.01, 0.02], "batch": 4}, r"study.controls_recipe: unknown key\(s\) \['batch'\]"),
+])
+def test_a_bad_recipe_is_one_line_naming_its_field(raw, match):
+    from studylib.study.comparisons.controls.knobs import RECIPE
+
+    with pytest.raises(ConfigError, match=match):
+        RECIPE(raw, "study.controls_recipe", _ctx())
+
+
+def test_the_recipe_tables_pick_each_models_best_lr_and_place_the_moe_there():
+    base = _summaries()
+    rows = []
+    for lr, shift in ((0.01, {"da": 0.0, "moe": 0.02, "dt": 0.01}), (0.02, {"da": 0.01, "moe": -0.03, "dt": 0.0})):
+        for m, d in shift.items():
+            rows += [{"model": m, "seed": s, "best_val_loss": v + d, "lr": lr} for s, v in zip((1, 2, 3, 4), LOSS[m])]
+    t = A.recipe_tables(pd.DataFrame(rows), base, TCELL)
+    best = t["lrs"][t["lrs"]["best"]].set_index("model")["lr"].to_dict()
+    assert best == {"da": 0.01, "moe": 0.02, "dt": 0.02}
+    la, lm, lt = (np.array(LOSS[m]) for m in ("da", "moe", "dt"))
+    p_new = t["position"].iloc[1]["position"]
+    assert p_new == pytest.approx(((la + 0.0) - (lm - 0.03)).mean() / ((la + 0.0) - (lt + 0.0)).mean())
+    assert t["position"].iloc[0]["position"] == pytest.approx((la - lm).mean() / (la - lt).mean())
+    assert "the router at 0.1x" in A.recipe_sentence(t["position"], 2, 4, 0.1)
