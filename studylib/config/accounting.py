@@ -90,4 +90,5 @@ def ffn_label(cfg: ModelConfig) -> str:
         return f"dense {f.hidden}"
     if f.kind == "soft":
         return f"soft {f.num_experts}x{f.hidden}"
-    return f"{f.num_experts}x{f.hidden} top-{f.top_k}" + (f" +{f.n_shared} shared" if f.n_shared else "")
+    return (f"{f.num_experts}x{f.hidden} top-{f.top_k}" + (f" +{f.n_shared} shared" if f.n_shared else "")
+            + (f" {f.router} router" if f.router != "learned" else ""))
