@@ -71,15 +71,6 @@ def gap_phrase(gap, a: str, b: str, digits: int = 4) -> str:
             f"{sf.format(p.ci_high)}] includes 0 ({seeds})")
 
 
-def better_verdict(p: Paired, a: str, b: str, higher_is_better: bool) -> str:
-    """The verdict on one paired gap ``a - b`` judged on its own, worded from its 95% CI and the
-    metric's direction: "<a> better" / "<b> better" only when the CI excludes 0, else "not
-    resolved". (A family's comparisons use :func:`verdict_label` of their adjusted verdict.)"""
-    if not p.resolved:
-        return "not resolved"
-    return f"{a if (p.mean > 0) == higher_is_better else b} better"
-
-
 def verdict_label(row, a: str, b: str, unit: str = "nats") -> str:
     """A family row's verdict in a few words: "<a> better", "<b> better", "equivalent within
     ±0.03 nats" or "inconclusive" (:func:`studylib.study.analysis.stats.family`)."""
