@@ -81,6 +81,11 @@ def _rests_on(law: JointLaw, quantity: str, repeats: bool) -> tuple[list, list]:
     return [k for k in out if k not in law.on_bound], [k for k in out if k in law.on_bound]
 
 
+#: what a prediction resting on a parameter held on its bound carries instead of an interval (every
+#: replicate holds it there too: the width left is the other parameters', not the law's)
+ON_BOUND = ": on the bound, no interval"
+
+
 def bound_note(law: JointLaw, names) -> str:
     """"lambda held at its bound 0 by the fit" for ``names`` in ``law.on_bound`` ('' for none)."""
     return "; ".join(f"{k} held at its bound {law.on_bound[k]:g} by the fit" for k in names)
@@ -357,18 +362,21 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
     mix = law.coefs[law.mix]
     rows = [{"quantity": mix.name, "estimate": law.on_bound.get(mix.name, mix.estimate), "ci_low": mix.ci_low,
              "ci_high": mix.ci_high, "identified": mix.identified, "reason": mix.reason}]
-    for q in QUANTITIES:
+    for q in QUANTITIES:  # one resting on a parameter held on its bound: the constrained fit's value, no interval
         miss, held = _rests_on(law, q, False)
-        lo, hi = (float(x[0]) if not miss else math.nan for x in percentile_ci(dq[q][:, None], law.level))
+        lo, hi = (float(x[0]) if not (miss or held) else math.nan
+                  for x in percentile_ci(dq[q][:, None], law.level))
         rows.append({"quantity": q, "estimate": math.nan if miss else float(pq[q]), "ci_low": lo, "ci_high": hi,
                      "identified": not miss, "reason": f"{', '.join(miss)} not identified by this map" if miss else
-                     bound_note(law, held)})
-    rows[-1].update(paper=PAPER_POSITION, paper_inside=bool(lo <= PAPER_POSITION <= hi))
+                     bound_note(law, held) + (ON_BOUND if held else "")})
+    rows[-1].update(paper=PAPER_POSITION, paper_inside=bool(lo <= PAPER_POSITION <= hi) if lo == lo else None)
     ok = all(r["identified"] for r in rows[1:4])
-    unresolved = [r["quantity"] for r in rows[4:6] if not (r["ci_low"] > 0 or r["ci_high"] < 0)]
-    rows.append({"quantity": "ordering", "identified": ok,
-                 "reason": f"not resolved: the {' and '.join(unresolved)} interval includes 0" if ok and unresolved
-                 else "", "note": " < ".join(sorted(ROLES, key=lambda r: pq[f"loss_{r}"])) if ok else "",
+    open_ = [r["quantity"] for r in rows[4:6] if r["ci_low"] != r["ci_low"]]
+    unresolved = [r["quantity"] for r in rows[4:6] if r["ci_low"] == r["ci_low"] and r["ci_low"] <= 0 <= r["ci_high"]]
+    why = "; ".join([f"the {' and '.join(unresolved)} interval includes 0"] * bool(unresolved)
+                    + [f"{' and '.join(open_)} {'carries' if len(open_) == 1 else 'carry'} no interval"] * bool(open_))
+    rows.append({"quantity": "ordering", "identified": ok, "reason": f"not resolved: {why}" if ok and why else "",
+                 "note": " < ".join(sorted(ROLES, key=lambda r: pq[f"loss_{r}"])) if ok else "",
                  "paper_note": " < ".join(sorted(ROLES, key=lambda r: PAPER_TABLE6[PAPER_MODELS[r]].mean()))})
     rows.append({"quantity": "decades", "estimate": decades, "identified": True,
                  "note": f"{decades:.1f} decades beyond the largest measured N_active ({law.largest_moe_active:.3g})"})
@@ -467,5 +475,5 @@ def extrapolation_table(models: Mapping[str, GapModel], laws: Mapping) -> pd.Dat
 
 
 
-__all__ = ["QUANTITIES", "PASS_SHARE", "TIE", "position_ci", "Choice", "choice_sentence", "choose", "held_out_verdict",
+__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "position_ci", "Choice", "choice_sentence", "choose", "held_out_verdict",
            "HeldOut", "held_out", "paper_point", "role_laws", "role_law_table", "role_loo_table", "extrapolation_table"]

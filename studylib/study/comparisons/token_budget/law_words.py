@@ -62,7 +62,8 @@ def paper_sentences(table: pd.DataFrame) -> list:
     p, mix = t.loc["position"], t.index[0]
     if not p["identified"]:
         return [f"The joint law is not carried to the paper's point {where}: {p['reason']}."]
-    inside = (f", {'inside' if p['paper_inside'] else 'outside'} the interval" if p["ci_low"] == p["ci_low"] else
+    inside = (f", {'inside' if p['paper_inside'] in (True, 'True') else 'outside'} the interval"
+              if p["ci_low"] == p["ci_low"] else f" ({p['reason']})" if p["reason"] else
               " (the law's p carries no interval)")
     out = [f"Extrapolated {where}, the joint law places the MoE at p = {_ci(p, '.2f')} of the way from its active "
            f"match (0) to its total match (1); the paper measured {p['paper']:.2f}{inside}."]

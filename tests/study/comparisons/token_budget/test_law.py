@@ -20,6 +20,7 @@ from studylib.study.comparisons.token_budget import law_form as F
 from studylib.study.comparisons.token_budget.knobs import ROLES
 from studylib.study.comparisons.token_budget import law_checks as C
 from studylib.study.comparisons.token_budget import law_words as W
+from studylib.study.comparisons.token_budget.glance import map_glance
 
 TRUE = {"E": 0.8, "A": 34.0, "alpha": 0.35, "B": 32.0, "beta": 0.3, "lambda": 0.6, "R*": 5.0}
 SIZES = {"s": 9e4, "m": 2e5, "l": 3.6e5}
@@ -219,8 +220,20 @@ def test_a_mix_on_its_bound_predicts_at_the_bound_and_says_so():
     assert size.verdict().endswith("interval (lambda held at its bound 0 by the fit)")
     paper = C.paper_point(law).set_index("quantity")
     assert paper.loc["lambda", "estimate"] == 0.0 and paper.loc["position", "identified"]
-    assert paper.loc["gap_active", "reason"] == "lambda held at its bound 0 by the fit"
-    assert "lambda = 0, held at its bound by the fit (no interval)" in W.paper_sentences(C.paper_point(law))[1]
+    # issue 49: every replicate holds lambda there too, so what rests on it has no interval of its own
+    # (before: a near-zero-width one, "p = -0.03 [-0.03, -0.03]"), and the first screen says "on the bound"
+    assert paper.loc["gap_active", "reason"] == "lambda held at its bound 0 by the fit" + C.ON_BOUND
+    rests = ["loss_dense_active", "loss_moe", "gap_active", "gap_total", "position"]
+    assert paper.loc[rests, "estimate"].notna().all() and paper.loc[rests, ["ci_low", "ci_high"]].isna().all().all()
+    assert paper.loc["position", "paper_inside"] is None
+    words = W.paper_sentences(C.paper_point(law))
+    assert "lambda = 0, held at its bound by the fit (no interval)" in words[1]
+    assert "(lambda held at its bound 0 by the fit: on the bound, no interval)" in words[0]
+    rows, lead = map_glance(pd.DataFrame({"tokens_per_param": [1.0]}), None, C.paper_point(law))
+    law_row = rows[-1]
+    for cell in (law_row.dense_active, law_row.moe, law_row.gap_active, law_row.gap_total, law_row.position):
+        assert cell.endswith(" (on the bound)") and "[" not in cell  # a loss rests on every parameter but R*
+    assert "on the bound, no interval" in lead[-1]
     both = C.held_out(_map(6, m=0.9), "budget", n_boot=5)  # several refits: the note names each one's
     assert "held at its bound 0 by the fit without 1 tokens/param" in both.verdict()
 
