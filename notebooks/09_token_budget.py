@@ -242,7 +242,9 @@ display(extrapolation)
 # two 95% intervals (seeds resampled within cells; whole map cells resampled within each size).
 # Then the law refitted without the largest size, and without each budget in turn, predicts what
 # it never saw (each role's loss, both gaps, the position; the interval adds the noise of a mean
-# of that cell's seeds). Last, the law at the paper's N and 426.3M fresh tokens beside the paper.
+# of that cell's seeds). Then the law at the paper's N and 426.3M fresh tokens beside the paper. Last,
+# the runs that move it: each run's standardised residual (a robust sd: 1.4826 x the median absolute
+# deviation) and the paper-point position refitted without it; a run beyond 4 sd is named.
 
 # %%
 law_runs = losses.rename(columns={"params": "active"})
@@ -253,15 +255,19 @@ law_table = law_words.law_table(joint)
 held = pd.concat([law_checks.held_out(law_runs, by, choice.form, choice.per_role_rstar, n_boot=n_boot).table
                   for by in ("size", "budget")], ignore_index=True)
 at_paper = law_checks.paper_point(joint)
+influence = law_checks.influence(law_runs, joint)
 for name, t in ((token_budget.LAW, law_table), (token_budget.LAW_CHOICE, choice.errors),
-                (token_budget.LAW_HELD_OUT, held), (token_budget.LAW_PAPER, at_paper)):
+                (token_budget.LAW_HELD_OUT, held), (token_budget.LAW_PAPER, at_paper),
+                (token_budget.LAW_INFLUENCE, influence)):
     plots.save_table(t, name, out, index=False)
 display(choice.errors)
 display(law_table[["parameter", "estimate", "ci_low", "ci_high", "cell_ci_low", "cell_ci_high", "identified",
                    "reason"]])
 display(held)
 display(at_paper)
-for s in law_words.law_sentences(law_table, choice.errors, held, at_paper):
+display(influence[influence["beyond"]] if influence["beyond"].any() else
+        influence.loc[influence["position_change"].abs().nlargest(3).index])
+for s in law_words.law_sentences(law_table, choice.errors, held, at_paper, runs=influence):
     print(s, "\n")
 
 # %% [markdown]
@@ -290,7 +296,7 @@ lines = [gaps.point_sentences(table, gap) for gap in gaps.GAPS] + [gaps.position
 lines += repetition.repetition_sentences(repetition_fit, repeated_cells)
 lines += plane.plane_sentences(coefs, crossing, loo)
 lines += law_words.role_law_sentences(laws, loss_loo) + law_words.extrapolation_sentences(extrapolation)
-lines += law_words.law_sentences(law_table, choice.errors, held, at_paper)
+lines += law_words.law_sentences(law_table, choice.errors, held, at_paper, runs=influence)
 lines.append(gaps.paper_sentence(table))
 for s in lines:
     print(s, "\n")

@@ -39,6 +39,7 @@ LOSSES, LOSS_LAW, LOSS_LOO = "token_budget_losses", "token_budget_loss_law", "to
 EXTRAPOLATION = "token_budget_extrapolation"
 LAW, LAW_CHOICE = "token_budget_law", "token_budget_law_choice"
 LAW_HELD_OUT, LAW_PAPER = "token_budget_law_held_out", "token_budget_law_paper"
+LAW_INFLUENCE = "token_budget_law_influence"
 PAPER_PRESET = "token_budget_gaps_paper_preset"
 
 
@@ -97,7 +98,7 @@ def map_sentences(out_dir: Path, table: pd.DataFrame) -> list[str]:
         out += law_words.extrapolation_sentences(fits[4])
     joint = [_table(out_dir, n) for n in (LAW, LAW_CHOICE, LAW_HELD_OUT, LAW_PAPER)]
     if all(t is not None for t in joint):
-        out += law_words.law_sentences(*joint)
+        out += law_words.law_sentences(*joint, runs=_table(out_dir, LAW_INFLUENCE))
     return out + [gaps.paper_sentence(table)]
 
 

@@ -305,12 +305,13 @@ def fit_law(runs: pd.DataFrame, form: str = "lambda", per_role_rstar: bool = Fal
     rng = np.random.default_rng(seed)
     lonely = no_interval(df, cells) or ("" if n_boot else "no interval (n_boot=0)")
     P = len(theta)
-    if lonely:
+    reps = None if lonely else bootstrap_values(df["value"].to_numpy(), df["cell"].to_numpy(), n_boot, rng)
+    if reps is not None and (reps <= 0).any():  # no log of a replicate: the fit stands, its intervals do not
+        lonely, reps = (f"no interval: {int((reps <= 0).any(axis=1).sum())} of {n_boot} bootstrap replicates hold a "
+                        f"loss <= 0 (a cell's seeds spread more than their mean: a run far off, see its residual)"), None
+    if reps is None:
         draws = np.full((n_boot, P), math.nan)
     else:
-        reps = bootstrap_values(df["value"].to_numpy(), df["cell"].to_numpy(), n_boot, rng)
-        if (reps <= 0).any():
-            raise ValueError(f"{who}: a bootstrap replicate of a loss is not positive (noise larger than the loss)")
         draws = np.array([_refit(X, np.log(r), form, per_role_rstar, huber_delta, theta) for r in reps]).reshape(-1, P)
     cells_, note = _cell_draws(df, X, lnL, theta, form, per_role_rstar, huber_delta,
                                n_boot if n_boot_cell is None else n_boot_cell, rng)

@@ -79,21 +79,52 @@ def paper_sentences(table: pd.DataFrame) -> list:
     out.append(s + ".")
     o = t.loc["ordering"]
     if o["identified"]:
-        out.append(f"Predicted ordering {o['note']}" + (f" ({o['reason']})" if o["reason"] else "")
+        out.append(f"Predicted ordering {o['note']}" + (f" ({o['reason']})" if isinstance(o["reason"], str)
+                                                        and o["reason"] else "")
                    + f"; the paper measured {o['paper_note']}.")
     return out
 
 
-def law_sentences(law: pd.DataFrame, choice: pd.DataFrame, held: pd.DataFrame, paper: pd.DataFrame) -> list[str]:
-    """The joint law in words, from notebook 09's four tables: the form chosen, the parameters, the
-    held-out-size and held-out-budget checks, and the paper's point (:func:`paper_sentences`)."""
+def law_sentences(law: pd.DataFrame, choice: pd.DataFrame, held: pd.DataFrame, paper: pd.DataFrame,
+                  runs: pd.DataFrame | None = None) -> list[str]:
+    """The joint law in words, from notebook 09's tables: the form chosen, the parameters, the
+    held-out-size and held-out-budget checks, the paper's point (:func:`paper_sentences`) and, given
+    ``runs`` (:func:`~.law_checks.influence`), the runs that move it (:func:`influence_sentence`)."""
     out = [choice_sentence(choice), parameter_sentence(law)]
     level = float(law["level"].iloc[0])
     checks = [held_out_verdict(held[held["by"] == by], by, level) for by in ("size", "budget")
               if len(held) and (held["by"] == by).any()]
     if checks:
         out.append("Refitted without what it predicts, " + "; ".join(checks) + ".")
-    return out + paper_sentences(paper)
+    return out + paper_sentences(paper) + ([influence_sentence(runs, paper)] if runs is not None and len(runs) else [])
+
+
+def influence_sentence(runs: pd.DataFrame, paper: pd.DataFrame) -> str:
+    """:func:`~.law_checks.influence`'s table in one sentence: the runs beyond the limit by name (or
+    the largest residual), and whether leaving one run out changes the answer at the paper's point:
+    the refitted position outside the full fit's interval (or, without one, by how much it moves)."""
+    from studylib.study.comparisons.token_budget.law_checks import RESIDUAL_LIMIT
+
+    p = paper.set_index("quantity").loc["position"]
+    name = lambda r: (f"{r['role']} of size {r['size']} seed {int(r['seed'])} at {r['tokens']:.3g} tokens"  # noqa: E731
+                      + (f" from {r['stories']:g} of the stories" if r.get("stories", 1.0) != 1.0 else ""))
+    far = runs[runs["beyond"].astype(bool)]
+    moved = runs.loc[runs["position_change"].abs().idxmax()] if runs["position_change"].notna().any() else None
+    if len(far):
+        s = (f"{len(far)} of {len(runs)} runs lie beyond {RESIDUAL_LIMIT:g} robust sd of the joint law: "
+             + "; ".join(f"{name(r)} ({r['std_residual']:+.1f} sd)" for _, r in far.iterrows()))
+    else:
+        top = runs.loc[runs["std_residual"].abs().idxmax()] if runs["std_residual"].notna().any() else None
+        s = (f"No run lies beyond {RESIDUAL_LIMIT:g} robust sd of the joint law"
+             + (f" (the largest: {name(top)}, {top['std_residual']:+.1f} sd)" if top is not None else ""))
+    if moved is None:
+        return s + "."
+    p1 = moved["position_without"]
+    verdict = (("outside" if not p["ci_low"] <= p1 <= p["ci_high"] else "inside") + " the full fit's interval, so "
+               + ("it changes the answer" if not p["ci_low"] <= p1 <= p["ci_high"] else "the answer stands")
+               if p["ci_low"] == p["ci_low"] else "the full fit's position has no interval to judge it by")
+    return (s + f"; left out one at a time, the run that moves the paper-point position most ({name(moved)}) moves it "
+            f"from {p['estimate']:.3f} to {p1:.3f} ({p1 - p['estimate']:+.2g}), {verdict}.")
 
 
 #: what each role's N is
@@ -167,5 +198,5 @@ def extrapolation_sentences(ex: pd.DataFrame) -> list[str]:
     return out
 
 
-__all__ = ["law_table", "parameter_sentence", "paper_sentences", "law_sentences", "role_law_sentences",
+__all__ = ["law_table", "parameter_sentence", "paper_sentences", "law_sentences", "influence_sentence", "role_law_sentences",
            "extrapolation_sentences"]

@@ -305,3 +305,31 @@ def test_a_frame_that_is_not_the_map_is_refused():
         J.fit_law(df.assign(total=df["active"] * 1.43))
     with pytest.raises(ValueError, match="form must be one of"):
         J.fit_law(df, form="clark")
+
+
+def test_a_run_far_off_is_named_and_its_weight_on_the_answer_measured():
+    """issue 49: one run's loss x 3 (a damaged or diverged run) moved the whole answer silently; x 100
+    raised a ValueError. Now the run is named by its standardised residual, the position at the paper's
+    point is refitted without each run, and a non-positive bootstrap replicate costs the intervals,
+    in one reason, not the fit."""
+    df = _map(7)
+    clean = C.influence(df, J.fit_law(df, n_boot=0, n_boot_cell=0))
+    assert len(clean) == len(df) and not clean["beyond"].any()
+    assert clean["std_residual"].abs().max() < C.RESIDUAL_LIMIT and clean["position_change"].abs().max() < 0.1
+    bad = df.copy()
+    hit = (bad["role"] == "moe") & (bad["size"] == "l") & (bad["seed"] == 1) & (bad["tokens"] == 10 * SIZES["l"])
+    bad.loc[hit, "value"] *= 3
+    law = J.fit_law(bad, n_boot=20, n_boot_cell=0)
+    runs = C.influence(bad, law)
+    far = runs[runs["beyond"]]
+    assert len(far) == 1 and (far["role"].iloc[0], far["size"].iloc[0], far["seed"].iloc[0]) == ("moe", "l", 1)
+    assert far["std_residual"].iloc[0] > 10 * C.RESIDUAL_LIMIT
+    # without it the position is the clean map's: leaving one run out undoes it
+    assert far["position_without"].iloc[0] == pytest.approx(clean["position"].iloc[0], abs=0.02)
+    words = W.influence_sentence(runs, C.paper_point(law))
+    assert words.startswith(f"1 of {len(bad)} runs lie beyond 4 robust sd of the joint law: moe of size l seed 1 at ")
+    assert " tokens (+" in words and "moves it from" in words
+    huge = df.copy()
+    huge.loc[hit, "value"] *= 100
+    t = J.fit_law(huge, n_boot=20, n_boot_cell=0).table()
+    assert t["ci_low"].isna().all() and t["reason"].str.contains("bootstrap replicates hold a loss <= 0").all()
