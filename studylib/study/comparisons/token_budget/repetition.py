@@ -1,4 +1,4 @@
-"""What repeating the data does, and what each point takes, on the token-budget map of notebook 09 (:mod:`.gaps`):
+"""What repeating the data does, and the power, on the token-budget map of notebook 09 (:mod:`.gaps`):
 what each point takes to resolve (:func:`power_frame`, the power table of
 :func:`studylib.study.analysis.tables.power_rows` against the paper's gap at its own point), what
 passing over the data more than once does to the training loss (:func:`memorisation_table`:
