@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 
 from studylib.study.analysis.paper import PAPER_POSITION, PAPER_TOKENS_PER_PARAM
+from studylib.study.analysis.position import position_text
 from studylib.study.comparisons.glance import GlanceRow, ci_text, mean_ci
-from studylib.study.comparisons.token_budget.gaps import position_text
 from studylib.study.comparisons.token_budget.knobs import ROLES
+from studylib.study.comparisons.token_budget.law_checks import ON_BOUND
 
 
 def best_point(table: pd.DataFrame) -> Optional[pd.Series]:
@@ -41,12 +42,19 @@ def _map_row(r: pd.Series, per_seed: Optional[pd.DataFrame]) -> GlanceRow:
                      ci_text(r["total_mean"], r["total_ci_low"], r["total_ci_high"], "+.4f"), pos)
 
 
+def _on_bound(r) -> bool:
+    """A prediction of :func:`~.law_checks.paper_point` resting on a parameter held on its bound."""
+    return isinstance(r["reason"], str) and r["reason"].endswith(ON_BOUND)
+
+
 def _law_row(paper: pd.DataFrame) -> GlanceRow:
     t = paper.set_index("quantity")
 
     def cell(q, fmt):
         r = t.loc[q]
-        return ci_text(r["estimate"], r["ci_low"], r["ci_high"], fmt) if r["identified"] else "not identified"
+        if not r["identified"]:
+            return "not identified"
+        return ci_text(r["estimate"], r["ci_low"], r["ci_high"], fmt) + (" (on the bound)" if _on_bound(r) else "")
 
     return GlanceRow(f"joint law at the paper's N and D ({t.loc['decades', 'estimate']:.1f} decades beyond)",
                      "bits per byte", *(cell(f"loss_{r}", ".3f") for r in ROLES), cell("gap_active", "+.4f"),
@@ -79,7 +87,8 @@ def law_sentence(paper: pd.DataFrame) -> str:
     p, d = t.loc["position"], t.loc["decades", "estimate"]
     if not p["identified"]:
         return f"The joint law is not carried to the paper's scale ({d:.1f} decades beyond the map): {p['reason']}."
-    inside = ("" if p["ci_low"] != p["ci_low"] else
+    inside = (f" ({p['reason'][:-len(ON_BOUND)]}: on the bound, no interval)" if _on_bound(p) else
+              "" if p["ci_low"] != p["ci_low"] else
               f", {'inside' if p['paper_inside'] in (True, 'True') else 'outside'} of which lies the paper's "
               f"{PAPER_POSITION:.2f}")
     return (f"Carried {d:.1f} decades beyond the largest model measured, the joint law puts the MoE at p = "
