@@ -90,3 +90,17 @@ def test_profile_groups_rows():
         assert sum(r["groups"].values()) == pytest.approx(r["step_ms"])
         assert r["tok_s"] == pytest.approx(4 * 32 / (r["step_ms"] / 1e3))
         assert r["frac_peak"] == pytest.approx(r["gflops"] / r["peak_gflops"])
+
+
+def test_bench_paths_pairs_plain_against_the_preset():
+    import dataclasses
+
+    from studylib.tools.bench.paths import bench_paths, plain
+
+    fast = dataclasses.replace(CFG["moe"], lm_head_chunk=48)
+    assert plain(fast) == CFG["moe"]  # the plain path is the schema default
+    df = bench_paths({"moe": fast, "dense": CFG["dense"]}, ["moe", "dense"], batch=4, context=32, rounds=2,
+                     warmup=1, progress=False)
+    assert list(df.model) == ["moe", "dense"]
+    assert list(df.differs) == ["lm_head_chunk 2048 -> 48", "nothing"]
+    assert (df.tok_s_plain > 0).all() and (df.tok_s_preset > 0).all() and (df.ratio > 0).all()

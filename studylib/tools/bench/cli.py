@@ -75,11 +75,26 @@ def _add_alloc(sub) -> None:
     a.add_argument("train_args", nargs="*", help="arguments for `bench train` (after --)")
 
 
+def _add_paths(sub) -> None:
+    p = sub.add_parser("paths", help="today's plain eager step against the preset's faster settings, "
+                                     "tokens per CPU-second side by side (interleaved)")
+    p.add_argument("--params", default="params/cpu.yaml", help="preset YAML")
+    p.add_argument("--models", nargs="+", default=None, help="model names (default: study.headline)")
+    p.add_argument("--threads", type=T.non_negative_int, default=1, help="torch threads (the study's: 1)")
+    p.add_argument("--batch", type=T.positive_int, default=8)
+    p.add_argument("--context", type=T.positive_int, default=128)
+    p.add_argument("--rounds", type=T.positive_int, default=10)
+    p.add_argument("--warmup", type=T.non_negative_int, default=2)
+    p.add_argument("--seed", type=T.seed, default=0)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
 def add_cli(parser) -> None:
-    sub = parser.add_subparsers(dest="bench_kind", metavar="{train,decode,alloc}")
+    sub = parser.add_subparsers(dest="bench_kind", metavar="{train,decode,alloc,paths}")
     _add_train(sub)
     _add_decode(sub)
     _add_alloc(sub)
+    _add_paths(sub)
 
 
 def json_safe(obj):
@@ -189,6 +204,21 @@ def _run_decode(args) -> int:
     return 0
 
 
+def _run_paths(args) -> int:
+    from studylib.tools.bench.paths import bench_paths
+
+    df = bench_paths(args.params, args.models, args.batch, args.context, args.rounds, args.warmup, args.seed)
+    if args.json:
+        _print_json({"attrs": df.attrs, "rows": df.to_dict(orient="records")})
+        return 0
+    a = df.attrs
+    print(f"# bench paths: batch {a['batch']} x {a['context']}, fp32, {a['threads']} thread(s), {a['rounds']} rounds "
+          f"after {a['warmup']} warm-up, allocator {allocator_info()}, load average {a['loadavg'][0]:.1f} -> "
+          f"{a['loadavg'][1]:.1f}; tokens per CPU-second (fastest round); ratio: median paired plain / preset")
+    print(fmt_table(df, ["model", "params", "tok_s_plain", "tok_s_preset", "ratio", "ratio_min", "differs"]))
+    return 0
+
+
 def run_cli(args) -> int:
     if not getattr(args, "bench_kind", None):
         args._parser.print_help()
@@ -197,6 +227,8 @@ def run_cli(args) -> int:
         torch.set_num_threads(args.threads)
     if args.bench_kind == "alloc":
         return _run_alloc(args)
+    if args.bench_kind == "paths":
+        return _run_paths(args)
     if args.peer == "hf":
         try:
             import transformers  # noqa: F401
