@@ -4,8 +4,9 @@ A run is (preset name, model name, seed, data settings, training settings, resol
 config). The identity document keeps only what changes results, by two rules:
 
 * execution-only settings are left out: where the data and cache live, threads, device,
-  ``torch.compile``, checkpoint cadence, and the MoE's dispatch path (naive / grouped / stacked
-  compute the same function; their parity is tested);
+  ``torch.compile``, checkpoint cadence, the MoE's dispatch path (naive / grouped / stacked
+  compute the same function; their parity is tested) and the LM-head loss's chunk (the same
+  function to fp32 rounding; tested);
 * a setting at its schema default is left out (``train.data_seed`` equal to the run's seed is
   its default: the run's own data order). So a field added to the schema later, at its
   default, changes no existing run's identity, and a stored ``config.yaml`` written by any
@@ -34,7 +35,7 @@ EXEC_ONLY = {
     DataConfig: ("source", "data_dir", "cache_dir", "tokenizer_threads"),
     TrainConfig: ("device", "num_threads", "compile", "keep_checkpoints", "checkpoint_every"),
     FFNConfig: ("dispatch", "grouped_mm"),
-    ModelConfig: (),
+    ModelConfig: ("lm_head_chunk",),
 }
 
 

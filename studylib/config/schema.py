@@ -129,6 +129,9 @@ class ModelConfig:
     # rest of the model; "fan_in" = std 1/sqrt(fan_in) for both expert projections, no residual
     # scaling (seed 003's fan-in expert init; see studylib.nn.model.Decoder.init_weights)
     expert_init: Literal["normal", "fan_in"] = "normal"
+    # rows per logits matmul of the fused LM-head loss (studylib.nn.lm_loss): execution only, the
+    # same function to fp32 rounding (not part of a run's identity); docs/measurements.md#speed
+    lm_head_chunk: int = 2048
 
     @property
     def head_dim(self) -> int:
@@ -152,7 +155,7 @@ class ModelConfig:
         return FFNConfig(kind="dense", hidden=width)
 
     def validate(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context", "lm_head_chunk"):
             _positive(getattr(self, name), f"model.{name}")
         if self.d_model % self.n_heads:
             raise ConfigError(

@@ -243,7 +243,8 @@ class Decoder(nn.Module):
         h = self.norm(x)
         logits = loss = None
         if targets_BS is not None and not return_logits:  # fused chunked LM head + CE (no logits kept)
-            loss = linear_cross_entropy(h.reshape(B * S, -1), self.tok_emb.weight, targets_BS.reshape(-1))
+            loss = linear_cross_entropy(h.reshape(B * S, -1), self.tok_emb.weight, targets_BS.reshape(-1),
+                                        chunk=self.cfg.lm_head_chunk)
         else:
             if last_only:  # decoding needs the next-token logits only (S-fold less LM-head work)
                 h = h[:, -1:]

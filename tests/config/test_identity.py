@@ -41,7 +41,8 @@ def test_execution_only_settings_leave_the_identity_alone():
     base = _doc()
     for key, value in (("models.moe_top1.ffn.dispatch", "naive"), ("models.moe_top1.ffn.grouped_mm", "\"off\""),
                        ("train.num_threads", 1), ("train.compile", "true"), ("train.keep_checkpoints", "false"),
-                       ("data.cache_dir", "/elsewhere"), ("data.tokenizer_threads", 1)):
+                       ("data.cache_dir", "/elsewhere"), ("data.tokenizer_threads", 1),
+                       ("models.moe_top1.lm_head_chunk", 256)):
         other = _doc(**{key: value})
         assert same_run(base, other), key
         assert other["run"]["config_hash"] == base["run"]["config_hash"], key

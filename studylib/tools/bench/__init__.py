@@ -14,12 +14,17 @@
   ``generate``; trials interleaved across variants.
 ``python -m studylib bench alloc``  the train bench in fresh processes under different memory
   allocators (glibc default, glibc tunables, tcmalloc via ``LD_PRELOAD``), interleaved.
-``--profile`` (train)  prints torch.profiler's top-ops table of one step per variant instead of timing.
+``--profile`` (train)  instead of timing: each variant's step by kind of work
+  (:mod:`studylib.tools.bench.opgroups`), tokens per CPU-second and fraction of the matmul peak,
+  then torch.profiler's top-ops table.
+``python -m studylib bench paths``  the plain eager step against the preset's faster execution
+  settings, side by side (:mod:`studylib.tools.bench.paths`).
 
 One module per job: ``variant`` (the one :class:`Variant` type, model resolution, building ours),
 ``timing`` (the one interleaved-rounds harness), ``flops`` (analytic FLOPs, matmul peak, MFU),
 ``hf`` (the transformers peer), ``step`` (the benchmarked training step and its optimizer),
-``memory`` (peak memory), ``train`` / ``decode`` (the benches), ``allocators``, ``cli``.
+``memory`` (peak memory), ``train`` / ``decode`` / ``paths`` (the benches), ``opgroups`` (the
+profile's groups), ``allocators``, ``cli``.
 """
 from studylib.tools.bench.allocators import ALLOCATORS, allocator_info, bench_allocators
 from studylib.tools.bench.cli import add_cli, run_cli

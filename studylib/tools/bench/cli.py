@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -11,7 +12,7 @@ from studylib.config import args as T
 from studylib.tools.bench.allocators import ALLOCATORS, allocator_info, bench_allocators
 from studylib.tools.bench.decode import DECODE_DTYPES, bench_decode
 from studylib.tools.bench.memory import MEMORY_MODES
-from studylib.tools.bench.train import bench_train, profile_train
+from studylib.tools.bench.train import bench_train, profile_groups, profile_train
 from studylib.tools.bench.variant import COMPILE_MODES, DISPATCHES
 
 
@@ -43,9 +44,12 @@ def _add_train(sub) -> None:
     t.add_argument("--dropout", type=T.dropout, default=None,
                    help="override the preset's dropout for every variant (0: identical computations "
                         "on both sides; HF has attention-probability dropout only)")
-    t.add_argument("--profile", action="store_true", help="print torch.profiler top ops of one step per "
-                                                         "variant (no timing rounds)")
-    t.add_argument("--profile-rows", type=T.positive_int, default=15)
+    t.add_argument("--profile", action="store_true",
+                   help="each variant's step time by kind of work (matmul, attention, rotary, norms, FFN "
+                        "activation, MoE router + dispatch, LM head + loss, embedding, optimizer with "
+                        "clipping, data), tokens per CPU-second and fraction of the fp32/bf16 matmul "
+                        "peak, then torch.profiler's top ops (no timing rounds)")
+    t.add_argument("--profile-rows", type=T.non_negative_int, default=15, help="top ops rows (0: none)")
 
 
 def _add_decode(sub) -> None:
@@ -71,11 +75,26 @@ def _add_alloc(sub) -> None:
     a.add_argument("train_args", nargs="*", help="arguments for `bench train` (after --)")
 
 
+def _add_paths(sub) -> None:
+    p = sub.add_parser("paths", help="today's plain eager step against the preset's faster settings, "
+                                     "tokens per CPU-second side by side (interleaved)")
+    p.add_argument("--params", default="params/cpu.yaml", help="preset YAML")
+    p.add_argument("--models", nargs="+", default=None, help="model names (default: study.headline)")
+    p.add_argument("--threads", type=T.non_negative_int, default=1, help="torch threads (the study's: 1)")
+    p.add_argument("--batch", type=T.positive_int, default=8)
+    p.add_argument("--context", type=T.positive_int, default=128)
+    p.add_argument("--rounds", type=T.positive_int, default=10)
+    p.add_argument("--warmup", type=T.non_negative_int, default=2)
+    p.add_argument("--seed", type=T.seed, default=0)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
 def add_cli(parser) -> None:
-    sub = parser.add_subparsers(dest="bench_kind", metavar="{train,decode,alloc}")
+    sub = parser.add_subparsers(dest="bench_kind", metavar="{train,decode,alloc,paths}")
     _add_train(sub)
     _add_decode(sub)
     _add_alloc(sub)
+    _add_paths(sub)
 
 
 def json_safe(obj):
@@ -113,12 +132,24 @@ def _run_alloc(args) -> int:
 
 
 def _run_profile(args) -> int:
-    tabs = profile_train(args.params, args.models, args.dispatch, args.dtype, args.batch,
-                         args.context, max(args.warmup, 1), args.peer, args.device, args.seed,
-                         args.profile_rows, args.hf_experts, dropout=args.dropout)
-    for label, tab in tabs.items():
-        print(f"\n=== {label}: one training step, batch {args.batch} x {args.context}, {args.dtype}, "
-              f"allocator {allocator_info()} ===\n{tab}")
+    from studylib.tools.bench.opgroups import table
+
+    groups = profile_groups(args.params, args.models, args.dispatch, args.batch, args.context,
+                            max(args.warmup, 1), device=args.device, seed=args.seed, dtype=args.dtype)
+    print(f"# bench train --profile: batch {args.batch} x {args.context}, {args.dtype}, "
+          f"{torch.get_num_threads()} thread(s), allocator {allocator_info()}, load average "
+          f"{os.getloadavg()[0]:.1f}; times are process CPU time (tokens/s = per CPU-second)")
+    for label, r in groups.items():
+        print(f"\n=== {label}: {r['params']:,} parameters, step {r['step_ms']:.1f} ms CPU "
+              f"(fastest of 10 unprofiled), {r['flops_per_token'] * args.batch * args.context / 1e9:.3f} GFLOP ===")
+        print(table(r["groups"], args.batch * args.context, r["flops_per_token"] * args.batch * args.context,
+                    r["peak_gflops"]))
+    if args.profile_rows:
+        tabs = profile_train(args.params, args.models, args.dispatch, args.dtype, args.batch,
+                             args.context, max(args.warmup, 1), args.peer, args.device, args.seed,
+                             args.profile_rows, args.hf_experts, dropout=args.dropout)
+        for label, tab in tabs.items():
+            print(f"\n=== {label}: top ops of one training step ===\n{tab}")
     return 0
 
 
@@ -173,6 +204,21 @@ def _run_decode(args) -> int:
     return 0
 
 
+def _run_paths(args) -> int:
+    from studylib.tools.bench.paths import bench_paths
+
+    df = bench_paths(args.params, args.models, args.batch, args.context, args.rounds, args.warmup, args.seed)
+    if args.json:
+        _print_json({"attrs": df.attrs, "rows": df.to_dict(orient="records")})
+        return 0
+    a = df.attrs
+    print(f"# bench paths: batch {a['batch']} x {a['context']}, fp32, {a['threads']} thread(s), {a['rounds']} rounds "
+          f"after {a['warmup']} warm-up, allocator {allocator_info()}, load average {a['loadavg'][0]:.1f} -> "
+          f"{a['loadavg'][1]:.1f}; tokens per CPU-second (fastest round); ratio: median paired plain / preset")
+    print(fmt_table(df, ["model", "params", "tok_s_plain", "tok_s_preset", "ratio", "ratio_min", "differs"]))
+    return 0
+
+
 def run_cli(args) -> int:
     if not getattr(args, "bench_kind", None):
         args._parser.print_help()
@@ -181,6 +227,8 @@ def run_cli(args) -> int:
         torch.set_num_threads(args.threads)
     if args.bench_kind == "alloc":
         return _run_alloc(args)
+    if args.bench_kind == "paths":
+        return _run_paths(args)
     if args.peer == "hf":
         try:
             import transformers  # noqa: F401

@@ -18,6 +18,7 @@ from studylib.config import ConfigError, ModelConfig, TrainConfig
 from studylib.nn.precision import autocast
 from studylib.run.optim import make_optimizer
 from studylib.tools.bench.hf import build_hf, hf_supported
+from studylib.tools.bench.opgroups import scope
 from studylib.tools.bench.variant import COMPILE_MODES, Variant, build_ours, built_params
 
 OPTIMIZER_SETTINGS = TrainConfig()  # lr, betas and weight decay: the trainer's defaults
@@ -62,8 +63,9 @@ def build_variant(v: Variant, device, seed: int, hf_experts: str = "eager", trai
 
 
 def train_step(v: Variant, idx: torch.Tensor, tgt: torch.Tensor, device: torch.device,
-               amp: Optional[torch.dtype]) -> None:
-    """One full training step of ``v`` on the batch ``idx`` -> ``tgt``."""
+               amp: Optional[torch.dtype], clip: float = 0.0) -> None:
+    """One full training step of ``v`` on the batch ``idx`` -> ``tgt``; ``clip > 0`` clips the
+    gradients' norm first, as the trainer does (in the profiler's ``optimizer`` scope)."""
     with autocast(device, amp):
         if v.impl == "hf":
             out = v.net(input_ids=idx, labels=idx, use_cache=False)  # HF shifts labels itself
@@ -72,6 +74,9 @@ def train_step(v: Variant, idx: torch.Tensor, tgt: torch.Tensor, device: torch.d
             out = v.net(idx, tgt, return_logits=False)
             loss = out.loss + out.aux_loss
     loss.backward()
+    if clip > 0:
+        with scope("optimizer"):
+            torch.nn.utils.clip_grad_norm_(v.net.parameters(), clip)
     v.opt.step()
     v.opt.zero_grad(set_to_none=True)
 

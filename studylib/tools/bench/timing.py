@@ -3,7 +3,8 @@
 Every variant is built once and kept. Round r runs every variant's call once, in an order
 rotated by r, so slow drifts of a shared machine hit all variants alike; the first ``warmup``
 rounds are not recorded. Per timed call a variant records its wall time (between device
-synchronisations), its process CPU time (user, sys) and its minor page faults. Speeds are
+synchronisations), its process CPU time (user, sys in clock ticks; and the total at ns
+resolution) and its minor page faults. Speeds are
 summarised by their median and spread; ratios between variants are medians of per-round paired
 ratios (``t_ref / t_variant`` of the same round), which cancel most of the drift.
 """
@@ -35,14 +36,15 @@ def sync(device: torch.device) -> None:
 def _timed_call(v: Variant, device: torch.device, record: bool) -> None:
     sync(device)
     c0, f0 = os.times(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    t0 = time.perf_counter()
+    p0, t0 = time.process_time(), time.perf_counter()
     v.output = v.call()
     sync(device)
-    dt = time.perf_counter() - t0
+    dt, dp = time.perf_counter() - t0, time.process_time() - p0
     c1, f1 = os.times(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     if record:
         v.times.append(dt)
-        v.cpu.append((c1.user - c0.user, c1.system - c0.system))
+        v.cpu.append((c1.user - c0.user, c1.system - c0.system))  # clock ticks (10 ms): sums only
+        v.cpu_total.append(dp)
         v.faults.append(f1 - f0)
 
 

@@ -21,7 +21,7 @@ import torch
 from studylib.config import ConfigError
 from studylib.nn.precision import parse_dtype
 from studylib.tools.bench.allocators import allocator_info
-from studylib.tools.bench.flops import matmul_peak, train_flops_per_token
+from studylib.tools.bench.flops import cpu_matmul_peak, matmul_peak, train_flops_per_token
 from studylib.tools.bench.flops import peak_size as flops_peak_size
 from studylib.tools.bench.memory import NO_MEMORY, measure_memory
 from studylib.tools.bench.step import build_variant, random_batch, train_step, train_variants
@@ -160,4 +160,66 @@ def profile_train(preset: Any, models=None, dispatches=DISPATCHES, dtype="bf16",
             sync(device)
         out[v.label] = prof.key_averages().table(sort_by=sort_by, row_limit=rows)
         v.net = v.opt = None  # free before the next variant
+    return out
+
+
+def profile_groups(preset: Any, models=None, dispatches=("grouped",), batch=8, context=128, warmup=2,
+                   steps=5, timed=10, device="cpu", seed=0, clip: float = 1.0, peak_size: int = 2048,
+                   dtype: str = "fp32") -> dict:
+    """One step's time by kind of work (:mod:`studylib.tools.bench.opgroups`), per variant.
+
+    Every variant trains on the trainer's own batch reading (a synthetic corpus) with clipping,
+    fused AdamW and zero_grad, as the trainer does. The profiler's per-op overhead inflates the
+    profiled step, so the groups' *shares* come from ``steps`` profiled steps (each group's time
+    the least over them: a shared machine only ever adds time) and the step time from the fastest
+    of ``timed`` unprofiled steps (both after ``warmup``); ms per group = share x that time. Step
+    times are the process's CPU time (user + system, all threads), so ``tok_s`` is tokens per
+    CPU-second: per core, and not inflated by other processes taking the cores (with one torch
+    thread it equals wall time on an idle machine). Returns {label: {"groups": {group: ms}, "step_ms", "tok_s", "gflops", "peak_gflops",
+    "frac_peak", "flops_per_token", "profiled_ms"}}; the peak is an fp32 ``peak_size``^3 matmul on
+    this process's threads, probed before each variant (median of 5).
+    """
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from studylib.tools.bench.opgroups import DataProbe, group_events, scoped_model
+
+    device = torch.device(device)
+    amp = parse_dtype(dtype)
+    pairs = [(n, with_context(c, context)) for n, c in resolve_models(preset, models)]
+    out = {}
+    for v in train_variants(pairs, dispatches, None):
+        build_variant(v, device, seed)
+        probe = DataProbe(v.cfg.vocab_size, batch, context, seed=seed)
+
+        def step():
+            idx, tgt = probe()
+            train_step(v, idx.to(device), tgt.to(device), device, amp, clip)
+
+        for _ in range(warmup):
+            step()
+        times = []
+        for _ in range(timed):
+            t0 = time.process_time()
+            step()
+            sync(device)
+            times.append(time.process_time() - t0)
+        per_step = []  # each profiled step on its own: a group's time is its fastest step's
+        with scoped_model(v.net):
+            for _ in range(steps):
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    step()
+                per_step.append(group_events(prof.events()))
+        groups = {g: min(s[g] for s in per_step) for g in per_step[0]}
+        total = sum(groups.values())
+        step_s = min(times)
+        peak = cpu_matmul_peak(amp, n=peak_size)
+        fpt = train_flops_per_token(v.cfg, context)
+        tok_s = batch * context / step_s
+        out[v.label] = {"groups": {g: t / total * step_s * 1e3 for g, t in groups.items()},
+                        "step_ms": step_s * 1e3, "tok_s": tok_s, "gflops": tok_s * fpt / 1e9, "peak_gflops": peak,
+                        "frac_peak": tok_s * fpt / 1e9 / peak, "flops_per_token": fpt,
+                        "profiled_ms": total / 1e3, "params": v.n_params}
+        v.net = v.opt = None
     return out

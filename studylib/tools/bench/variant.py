@@ -40,6 +40,7 @@ class Variant:
     output: Any = None  # the last call's result (decode: the generated tokens)
     times: list = field(default_factory=list)  # wall seconds per timed call
     cpu: list = field(default_factory=list)  # process CPU seconds (user, sys) per timed call
+    cpu_total: list = field(default_factory=list)  # process CPU seconds per timed call (ns resolution)
     faults: list = field(default_factory=list)  # minor page faults per timed call
 
     @property

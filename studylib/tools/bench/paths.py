@@ -1,0 +1,77 @@
+"""``bench paths``: today's plain eager training step against the preset's faster execution
+settings, per model, side by side in one process.
+
+The plain path is each model as the preset has it with every execution-only speed setting at
+its schema default (today: ``model.lm_head_chunk`` 2,048); the preset path is the model as the
+preset has it (``params/cpu.yaml``: 256). Both compute the same function to fp32 rounding
+(tests/run/test_fast_paths.py). Each round runs one trainer step of every variant (the
+trainer's batch reading on a synthetic corpus, forward, backward, clipping, fused AdamW) in
+an order rotated by round (:mod:`studylib.tools.bench.timing`); speed is tokens per CPU-second
+(process CPU time, so other processes on the cores do not count: per core with one thread),
+from the fastest round; ``ratio`` is the median over rounds of the paired CPU-time ratio
+plain / preset (> 1: the preset's path is faster).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+from typing import Any, Optional, Sequence
+
+import torch
+
+from studylib.config import ModelConfig
+from studylib.tools.bench.opgroups import DataProbe
+from studylib.tools.bench.step import build_variant, train_step
+from studylib.tools.bench.timing import interleaved_rounds, progress_printer
+from studylib.tools.bench.variant import Variant, resolve_models, with_context
+
+SPEED_KEYS = ("lm_head_chunk",)  # execution-only ModelConfig fields the plain path resets
+
+
+def plain(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with every speed setting of :data:`SPEED_KEYS` at its schema default."""
+    base = ModelConfig()
+    return dataclasses.replace(cfg, **{k: getattr(base, k) for k in SPEED_KEYS})
+
+
+def bench_paths(preset: Any, models: Optional[Sequence[str]] = None, batch: int = 8, context: int = 128,
+                rounds: int = 10, warmup: int = 2, seed: int = 0, clip: float = 1.0, progress: bool = True):
+    """A DataFrame, one row per model: tok_s_plain, tok_s_preset (tokens per CPU-second, fastest
+    round), ratio (median paired CPU-time ratio plain / preset), ratio_min (of the fastest
+    rounds), the settings that differ."""
+    import pandas as pd
+
+    say = progress_printer(progress)
+    device = torch.device("cpu")
+    variants = []
+    for name, cfg in resolve_models(preset, models):
+        cfg = with_context(cfg, context)
+        for path, c in (("plain", plain(cfg)), ("preset", cfg)):
+            v = Variant(name, "studylib", None, c)
+            v.path = path
+            build_variant(v, device, seed)
+            probe = DataProbe(c.vocab_size, batch, context, seed=seed)
+
+            def call(v=v, probe=probe):
+                idx, tgt = probe()
+                train_step(v, idx, tgt, device, None, clip)
+
+            v.call = call
+            variants.append(v)
+    load0 = os.getloadavg()[0]
+    for i, timed in interleaved_rounds(variants, warmup, rounds, device):
+        say(f"{'round' if timed else 'warm-up round'} {i} done")
+    rows = []
+    tokens = batch * context
+    for a, b in zip(variants[::2], variants[1::2]):
+        ca, cb = a.cpu_total, b.cpu_total
+        rows.append({"model": a.model, "params": a.n_params,
+                     "differs": ", ".join(f"{k} {getattr(a.cfg, k)} -> {getattr(b.cfg, k)}" for k in SPEED_KEYS
+                                          if getattr(a.cfg, k) != getattr(b.cfg, k)) or "nothing",
+                     "tok_s_plain": tokens / min(ca), "tok_s_preset": tokens / min(cb),
+                     "ratio": statistics.median(x / y for x, y in zip(ca, cb)), "ratio_min": min(ca) / min(cb)})
+    df = pd.DataFrame(rows)
+    df.attrs.update(loadavg=(load0, os.getloadavg()[0]), threads=torch.get_num_threads(), rounds=rounds,
+                    warmup=warmup, batch=batch, context=context)
+    return df
