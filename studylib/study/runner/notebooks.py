@@ -346,6 +346,11 @@ def add_cli(parser) -> None:
                         help="notebooks executed at a time, after the runs trained (default: 2, or 1 on one "
                              "core); a notebook marked run_alone in its header always runs alone")
     parser.add_argument("--no-report", action="store_true", help="skip outputs/<preset>/report.html")
+    parser.add_argument("--comparison-module", action="append", default=[], metavar="MODULE",
+                        help="a comparison kept outside studylib: a module (importable here and by the "
+                             "notebook kernels) whose COMPARISON is a studylib Comparison; repeatable; added to "
+                             "$STUDYLIB_COMPARISONS, which the kernels inherit (installed packages declare theirs "
+                             "as entry points of the group studylib.comparisons instead)")
     parser.add_argument("--timeout", type=T.positive_float, default=None, metavar="S",
                         help="per-cell execution timeout in seconds (default: none)")
     parser.add_argument("--no-progress", action="store_true",
@@ -354,6 +359,20 @@ def add_cli(parser) -> None:
                         help="a notebook parameter, repeatable; VALUE is parsed as YAML (as papermill -y). "
                              "Every notebook takes seeds (e.g. 1337-1346 or [1,2]) and overrides "
                              "(e.g. '{\"train.amp\": \"off\"}'); a preset with overrides gets a derived name")
+
+
+def add_comparison_modules(modules: Sequence[str]) -> None:
+    """Name comparison modules for this process and the kernels it starts (``--comparison-module``:
+    :data:`studylib.study.comparisons.MODULES_ENV`); each is loaded here first, so one that cannot
+    be is one line before anything trains."""
+    from studylib.study.comparisons import MODULES_ENV, registry
+
+    for m in modules:
+        if not m or not all(part.isidentifier() for part in m.replace(":", ".").split(".")):
+            raise ConfigError(f"--comparison-module {m!r}: expected a module name (e.g. mypkg.mycomparison)")
+    before = [m for m in os.environ.get(MODULES_ENV, "").split(",") if m.strip()]
+    os.environ[MODULES_ENV] = ",".join(dict.fromkeys([*before, *modules]))
+    registry()
 
 
 def cli_parameters(pairs: Sequence[Sequence[str]]) -> dict:
@@ -372,6 +391,8 @@ def cli_parameters(pairs: Sequence[Sequence[str]]) -> dict:
 def run_cli(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
+    if args.comparison_module:
+        add_comparison_modules(args.comparison_module)
     try:
         run_study(args.params, args.notebooks, args.jobs, report=not args.no_report, timeout=args.timeout,
                   progress=not args.no_progress, parameters=cli_parameters(args.parameter),
