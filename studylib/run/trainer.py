@@ -45,6 +45,7 @@ from studylib.nn.precision import autocast, describe_amp, precision_label, resol
 from studylib.run import checkpoint, provenance
 from studylib.data.windows import BatchSampler, eval_subset
 from studylib.data.pipeline import load_data
+from studylib.data.split import fingerprint_now
 from studylib.run.dist import Dist, resolve_device, seed_everything
 from studylib.run.evaluation import evaluate
 from studylib.storage.files import clean_temp_files
@@ -87,9 +88,11 @@ class Trainer:
         if self.dist.main:
             print(msg, file=sys.stderr, flush=True)
 
-    def finished_summary(self) -> Optional[dict]:
+    def finished_summary(self, data=None) -> Optional[dict]:
         """Claim the run directory (:class:`studylib.run.rundir.RunDirConflict` if it holds another
-        run); the summary of a finished run, else None."""
+        run); the summary of a finished run, else None. A finished run trained on other stories than
+        the preset reads now (``data``'s corpus fingerprint, else the local stories': a hub corpus
+        is not re-read) is refused (:func:`studylib.run.provenance.check_reuse`), not skipped."""
         self.chash = self.rd.check(self.doc)  # an existing run keeps the hash its checkpoints carry
         self.doc["run"]["config_hash"] = self.chash
         missing = self.rd.summary_missing(SUMMARY_REQUIRED)
@@ -99,6 +102,11 @@ class Trainer:
                          f"resuming the run to rewrite it")
             return None
         summary = self.rd.summary()
+        recorded = summary.get("provenance") or {}
+        if recorded.get("corpus_sha256"):
+            now = (getattr(data, "build", None) or {}).get("corpus_sha256") if data is not None \
+                else fingerprint_now(self.preset.data)
+            provenance.check_reuse(self.rd.path, recorded, {"corpus_sha256": now})
         self.say(f"{self.rd.path}: finished run found (best val loss {summary.get('best_val_loss'):.4f} "
                  f"at step {summary.get('best_step')}); skipping")
         return summary
@@ -372,7 +380,7 @@ def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.Path
     trainer = Trainer(preset, model_name, seed, run_dir, progress)
     # one writer per run directory: rank 0 holds its lock for the whole run (RunDirLocked if taken)
     with trainer.rd.lock() if trainer.dist.main else contextlib.nullcontext():
-        summary = trainer.finished_summary()
+        summary = trainer.finished_summary(data)
         if summary is not None:
             return summary
         threads = torch.get_num_threads()
