@@ -149,6 +149,18 @@ def check_reuse(run: os.PathLike, recorded: Optional[Mapping], now: Mapping) -> 
             f"folders trained on the other data (or the preset's whole runs/ folder) to retrain")
 
 
+def check_finished_corpus(run: os.PathLike, recorded: Optional[Mapping], data, cfg) -> None:
+    """``train`` on a finished run (summary fingerprints ``recorded``): :func:`check_reuse` against
+    ``data``'s corpus fingerprint, else the stories ``cfg`` reads when they are local files (a hub
+    corpus is not re-read: that needs the network)."""
+    if not (recorded or {}).get("corpus_sha256"):
+        return
+    from studylib.data.split import fingerprint_now
+
+    now = (getattr(data, "build", None) or {}).get("corpus_sha256") if data is not None else fingerprint_now(cfg)
+    check_reuse(run, recorded, {"corpus_sha256": now})
+
+
 def code_differs(recorded: Optional[Mapping], now: Optional[Mapping] = None) -> bool:
     """Whether a run's recorded code (:data:`CODE_KEYS`) is not ``now``'s (default: this
     process's), or was never recorded (a run trained before code fingerprints existed)."""
@@ -265,5 +277,5 @@ def _by_vocab_size(candidates: list, doc: Mapping, vocab_size: int) -> Optional[
 
 
 __all__ = ["KEYS", "CODE_KEYS", "THREADS", "ProvenanceError", "code_sha256", "of_code", "of_data", "mismatches",
-           "check_resume", "check_reuse", "code_differs", "flag_reused", "check_checkpoint", "check_tokenizer",
+           "check_resume", "check_reuse", "check_finished_corpus", "code_differs", "flag_reused", "check_checkpoint", "check_tokenizer",
            "find_tokenizer", "anchored"]

@@ -45,7 +45,6 @@ from studylib.nn.precision import autocast, describe_amp, precision_label, resol
 from studylib.run import checkpoint, provenance
 from studylib.data.windows import BatchSampler, eval_subset
 from studylib.data.pipeline import load_data
-from studylib.data.split import fingerprint_now
 from studylib.run.dist import Dist, resolve_device, seed_everything
 from studylib.run.evaluation import evaluate
 from studylib.storage.files import clean_temp_files
@@ -102,11 +101,7 @@ class Trainer:
                          f"resuming the run to rewrite it")
             return None
         summary = self.rd.summary()
-        recorded = summary.get("provenance") or {}
-        if recorded.get("corpus_sha256"):
-            now = (getattr(data, "build", None) or {}).get("corpus_sha256") if data is not None \
-                else fingerprint_now(self.preset.data)
-            provenance.check_reuse(self.rd.path, recorded, {"corpus_sha256": now})
+        provenance.check_finished_corpus(self.rd.path, summary.get("provenance"), data, self.preset.data)
         self.say(f"{self.rd.path}: finished run found (best val loss {summary.get('best_val_loss'):.4f} "
                  f"at step {summary.get('best_step')}); skipping")
         return summary

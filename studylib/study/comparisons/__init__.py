@@ -55,6 +55,18 @@ def registry() -> dict[str, Comparison]:
     return _registry(_OWN, external_names())
 
 
+def name_modules(modules: Sequence[str], label: str = MODULES_ENV) -> None:
+    """Name comparison modules for this process and the processes it starts (the notebook kernels
+    inherit :data:`MODULES_ENV`): ``studylib study --comparison-module``. Each is loaded here
+    first, so one that cannot be is one line before anything trains."""
+    for m in modules:
+        if not m or not all(part.isidentifier() for part in m.replace(":", ".").split(".")):
+            raise ConfigError(f"{label} {m!r}: expected a module name (e.g. mypkg.mycomparison)")
+    before = [m for m in os.environ.get(MODULES_ENV, "").split(",") if m.strip()]
+    os.environ[MODULES_ENV] = ",".join(dict.fromkeys([*before, *modules]))
+    registry()
+
+
 def load_external(where: str, value: str) -> Comparison:
     """The :class:`Comparison` at ``value`` (``module`` with a ``COMPARISON``, or
     ``module:attribute``); one ConfigError line naming it when it cannot be had."""
@@ -138,4 +150,4 @@ def study_grids(study: Study, notebooks: Sequence[str],
 
 
 __all__ = ["ENTRY_POINT_GROUP", "MODULES_ENV", "Comparison", "Context", "Runs", "Study", "by_notebook", "check_owners",
-           "comparison", "external_names", "load_external", "registry", "study_grids", "study_of"]
+           "comparison", "external_names", "load_external", "name_modules", "registry", "study_grids", "study_of"]

@@ -361,20 +361,6 @@ def add_cli(parser) -> None:
                              "(e.g. '{\"train.amp\": \"off\"}'); a preset with overrides gets a derived name")
 
 
-def add_comparison_modules(modules: Sequence[str]) -> None:
-    """Name comparison modules for this process and the kernels it starts (``--comparison-module``:
-    :data:`studylib.study.comparisons.MODULES_ENV`); each is loaded here first, so one that cannot
-    be is one line before anything trains."""
-    from studylib.study.comparisons import MODULES_ENV, registry
-
-    for m in modules:
-        if not m or not all(part.isidentifier() for part in m.replace(":", ".").split(".")):
-            raise ConfigError(f"--comparison-module {m!r}: expected a module name (e.g. mypkg.mycomparison)")
-    before = [m for m in os.environ.get(MODULES_ENV, "").split(",") if m.strip()]
-    os.environ[MODULES_ENV] = ",".join(dict.fromkeys([*before, *modules]))
-    registry()
-
-
 def cli_parameters(pairs: Sequence[Sequence[str]]) -> dict:
     """``-p NAME VALUE`` pairs as ``{NAME: VALUE parsed as YAML}`` (a name given twice is an error)."""
     out = {}
@@ -392,7 +378,9 @@ def run_cli(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
     if args.comparison_module:
-        add_comparison_modules(args.comparison_module)
+        from studylib.study.comparisons import name_modules
+
+        name_modules(args.comparison_module, "--comparison-module")
     try:
         run_study(args.params, args.notebooks, args.jobs, report=not args.no_report, timeout=args.timeout,
                   progress=not args.no_progress, parameters=cli_parameters(args.parameter),

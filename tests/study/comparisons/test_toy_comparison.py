@@ -164,7 +164,7 @@ def test_a_module_named_with_comparison_module_joins_the_registry(tmp_path, monk
     monkeypatch.delenv(C.MODULES_ENV, raising=False)
     _on_the_path(monkeypatch, _installed(tmp_path / "named", "toy_named", TOY))
     assert "toy" not in C.registry()
-    study.add_comparison_modules(["toy_named"])
+    C.name_modules(["toy_named"])
     assert os.environ[C.MODULES_ENV] == "toy_named"  # what the kernels inherit
     assert C.comparison("13_toy").knobs.keys() == ("toy_models", "toy_epochs")
 
