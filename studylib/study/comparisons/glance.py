@@ -69,11 +69,6 @@ def read_table(out_dir: Path, name: str, columns: Sequence[str] = (), **read_csv
     return t
 
 
-def missing_row(point: str, path: str) -> GlanceRow:
-    """The first screen's row of a point whose table is missing: it says so in place of the numbers."""
-    return GlanceRow(f"{point}: not computed (no {path})", "–")
-
-
 @dataclass(frozen=True)
 class GlanceRow:
     """One point of the first screen's table, every cell already worded (mean [95% CI])."""
@@ -86,6 +81,11 @@ class GlanceRow:
     gap_active: str = "–"
     gap_total: str = "–"
     position: str = "–"
+
+
+def missing_row(point: str, path: str) -> GlanceRow:
+    """The first screen's row of a point whose table is missing: it says so in place of the numbers."""
+    return GlanceRow(f"{point}: not computed (no {path})", "–")
 
 
 HEADER = ("point", "unit", "dense, active match", "MoE", "dense, total match", "gap active", "gap total",
