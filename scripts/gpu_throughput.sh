@@ -12,6 +12,10 @@ cd "$(dirname "$0")/.."
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 log=${OUT:-/tmp}/gpu_throughput.txt
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "error: gpu_throughput.sh: no CUDA device here (torch.cuda.is_available() is False with $PY); run it on a machine with an NVIDIA GPU" >&2
+  exit 2
+fi
 {
   echo "# paper (seed 000, Table 8, one RTX 3060, bf16 AMP): dense active-match 58.1k tok/s, MoE 54.7k,"
   echo "#   dense total-match 59.3k; MoE dispatch naive 42.8-48.4k, grouped 54.4-57.6k, stacked 61.0-61.7k"

@@ -19,7 +19,6 @@ resampled within each size), the held-out shares, and the time taken.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -30,6 +29,8 @@ from statsmodels.stats.proportion import proportion_confint
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from studylib.cli import Parser  # noqa: E402
+from studylib.config import args as T  # noqa: E402
 from studylib.study.comparisons.token_budget import law_fit as J  # noqa: E402
 from studylib.study.comparisons.token_budget import law_checks as C  # noqa: E402
 from tests.study.comparisons.token_budget.test_law import TRUE, _map, _true_theta  # noqa: E402
@@ -60,12 +61,15 @@ def _run(fn, work, jobs, what) -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--maps", type=int, default=200, help="synthetic maps (default 200)")
-    ap.add_argument("--boot", type=int, default=200, help="bootstrap replicates per interval (default 200)")
-    ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
-    ap.add_argument("--held-out", type=int, default=0, help="maps put to the held-out-size check (default 0)")
+    ap = Parser(prog="law_coverage.py", description=__doc__.split("\n\n")[0])  # one error: line, exit 2
+    ap.add_argument("--maps", type=T.non_negative_int, default=200, help="synthetic maps (default 200)")
+    ap.add_argument("--boot", type=T.positive_int, default=200, help="bootstrap replicates per interval (default 200)")
+    ap.add_argument("--jobs", type=T.positive_int, default=2, help="processes (default 2)")
+    ap.add_argument("--held-out", type=T.non_negative_int, default=0,
+                    help="maps put to the held-out-size check (default 0)")
     a = ap.parse_args(argv)
+    if not a.maps and not a.held_out:
+        ap.error("--maps 0 and --held-out 0: nothing to measure; give at least one map")
     t0 = time.perf_counter()
     pd.set_option("display.width", 120)
     pd.set_option("display.float_format", "{:.3f}".format)

@@ -6,8 +6,10 @@ Importable from tests (``from _tiny import ...``) and from subprocess scripts th
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -128,7 +130,7 @@ def ensure_runs(preset: Preset, models, seeds=None, jobs=None, overrides=None, p
 
 
 #: a toy comparison as docs/architecture.md adds one: its knobs (two flat keys), its plan (the models
-#: at a budget of their own, every seed) and one family table; notebook 13_toy
+#: at a budget of their own, every seed) and one family table; notebook 14_toy
 TOY_COMPARISON = '''"""A toy comparison: two models of the preset at a budget of their own."""
 from dataclasses import dataclass
 from typing import Optional
@@ -150,20 +152,38 @@ def grids(study, knobs):
     return [Grid(list(models), list(study.preset.seeds), budget_overrides(study.preset, knobs.epochs))]
 
 
-COMPARISON = Comparison("toy", "13_toy", ToyKnobs, grids, tables=("toy_gaps",))
+COMPARISON = Comparison("toy", "14_toy", ToyKnobs, grids, tables=("toy_gaps",))
 '''
 
 
-def add_toy_comparison(folder: Path, monkeypatch) -> Path:
-    """:data:`TOY_COMPARISON` as the package ``toy`` of ``folder/studylib/study/comparisons``, a
-    folder this process's registry then finds (as one on ``PYTHONPATH``); returns that folder."""
+def installed_comparison(folder: Path, module: str, source: str, entry: Optional[str] = None) -> Path:
+    """``folder`` holding the module ``module`` and, with ``entry``, a distribution's metadata that
+    declares it as the entry point ``entry`` of ``studylib.comparisons`` (what ``pip install`` of a
+    package with ``[project.entry-points."studylib.comparisons"]`` leaves)."""
     from studylib.study import comparisons as C
 
-    comparisons = folder / "studylib" / "study" / "comparisons"
-    (comparisons / "toy").mkdir(parents=True)
-    (comparisons / "toy" / "__init__.py").write_text(TOY_COMPARISON)
-    monkeypatch.setattr(C, "__path__", [*C.__path__, str(comparisons)])
-    return comparisons
+    (folder / module).mkdir(parents=True)
+    (folder / module / "__init__.py").write_text(source)
+    if entry:
+        info = folder / f"{module}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(f"[{C.ENTRY_POINT_GROUP}]\n{entry} = {module}\n")
+    return folder
+
+
+def on_the_path(monkeypatch, folder: Path) -> None:
+    """``folder`` on this process's path and on the kernels' (PYTHONPATH, after the repository)."""
+    monkeypatch.syspath_prepend(str(folder))
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo), str(folder), os.environ.get("PYTHONPATH")])))
+
+
+def add_toy_comparison(folder: Path, monkeypatch) -> Path:
+    """:data:`TOY_COMPARISON` installed in ``folder`` as the entry point ``toy`` of
+    ``studylib.comparisons``, on this process's path and the kernels'; returns ``folder``."""
+    on_the_path(monkeypatch, installed_comparison(folder, "toy_comparison", TOY_COMPARISON, entry="toy"))
+    return folder
 
 
 TIMING_KEYS = ("tok_per_s", "elapsed_s", "eval_s")

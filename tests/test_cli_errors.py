@@ -76,8 +76,33 @@ def test_a_key_set_twice_is_refused_naming_both_values(box, capsys, argv):
     """It trained with the last value (exit 0); the same key twice in a preset file is refused too."""
     line = _call(argv + ["--set", "train.lr=0.002", "--set", "train.max_steps=3", "--set", " train.lr=0.004"],
                  capsys, box)
-    assert line == ("error: --set train.lr: given twice ('train.lr=0.002' and ' train.lr=0.004'); "
+    assert line == ("error: --set ' train.lr=0.004' sets train.lr, which --set 'train.lr=0.002' sets too; "
                     "give each key once"), line
+
+
+@pytest.mark.parametrize("first, second", [
+    ("train={lr: 0.004}", "train.lr=0.002"),
+    ("train.lr=0.002", "train={lr: 0.004, max_steps: 3}"),
+    ("model={ffn: {z_coef: 0.1}}", "model.ffn={z_coef: 0.2}"),
+])
+def test_a_key_set_twice_by_either_spelling_is_refused(box, capsys, first, second):
+    line = _call(["budget", CI, "--set", first, "--set", second], capsys, box)
+    assert line.startswith(f"error: --set {second!r} sets ") and f"which --set {first!r} sets too" in line, line
+
+
+def test_set_of_a_section_merges_into_it():
+    """``train={lr: 0.004}`` replaced the whole section: batch 16, eval every 250, min_lr 3e-5
+    (the schema's defaults) came with it without a word; it changes the learning rate only."""
+    from studylib.config import load_preset, to_dict
+
+    base, merged = load_preset(CI), load_preset(CI, ["train={lr: 0.004}"])
+    assert to_dict(merged.train) == {**to_dict(base.train), "lr": 0.004}
+    assert merged == load_preset(CI, ["train.lr=0.004"])
+    deep = load_preset(CI, ["models.moe_top2_z={ffn: {z_coef: 0.01}}"]).model_config("moe_top2_z")
+    assert deep.ffn.z_coef == 0.01 and deep.ffn.num_experts == base.model_config("moe_top2_z").ffn.num_experts
+    from studylib.config.presets import variant_tag
+
+    assert variant_tag(["train={lr: 0.004}"]) == variant_tag(["train.lr=0.004"]) == "train.lr=0.004"
 
 
 @pytest.mark.parametrize("value", ["0", "48", "32"])

@@ -191,3 +191,36 @@ def test_study_with_too_many_seeds_is_one_line_before_any_run(box, capsys):
 def test_bench_numeric_options_are_range_checked(box, capsys, argv, option):
     line = _call(["bench", *argv], capsys, box)
     assert f"argument {option}: expected" in line
+
+
+# ---- the scripts' arguments (issue #49) -------------------------------------------------------
+@pytest.mark.parametrize("args, expected", [
+    (["--boot", "0"], "argument --boot: expected a positive integer, got '0'"),  # printed coverage of no replicate
+    (["--maps", "-1"], "argument --maps: expected a non-negative integer, got '-1'"),  # a KeyError
+    (["--held-out", "-1"], "argument --held-out: expected a non-negative integer, got '-1'"),
+    (["--jobs", "-3"], "argument --jobs: expected a positive integer, got '-3'"),  # "-3 process(es)"
+    (["--maps", "0"], "--maps 0 and --held-out 0: nothing to measure"),  # "0 of 0 points"
+])
+def test_law_coverage_arguments_are_one_error_line(args, expected):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "law_coverage.py"), *args], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and r.stdout == "", (r.stdout, r.stderr)
+    assert err[0].startswith("error: law_coverage.py: ") and expected in err[0], err
+
+
+def test_gpu_throughput_without_cuda_says_so_in_one_line():
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_throughput.sh")], capture_output=True, text=True,
+                       timeout=120, env={**__import__("os").environ, "PY": sys.executable})
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "no CUDA device" in r.stderr, r.stderr

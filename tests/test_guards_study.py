@@ -154,3 +154,60 @@ def test_a_map_budget_out_of_range_is_one_line_before_anything_trains(box, capsy
     assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
     assert re.match("error: " + line, errors[0]), errors
     assert not (box / "out" / "ci" / "runs").exists()
+
+
+# ---- finished runs read on other stories (issue #49) ------------------------------------------------
+def _edit_one_word(data: Path) -> None:
+    import gzip
+
+    text = gzip.decompress((data / "train.txt.gz").read_bytes()).decode()
+    i = text.index(" the ")
+    (data / "train.txt.gz").write_bytes(gzip.compress((text[:i] + " a " + text[i + 5:]).encode()))
+
+
+def test_a_finished_run_read_on_other_stories_is_refused_by_train_and_by_the_studys_plan(box, capsys, monkeypatch):
+    """``study`` refused it ("finished on other data"); ``train`` on the finished run said "skipping"
+    and a notebook kernel on the study's plan (papermill by hand) wrote tables from it, exit 0."""
+    import shutil
+
+    from studylib.run.spec import RunSpec
+    from studylib.study.orchestration.plan import Grid
+    from studylib.study.orchestration.plan_file import read_plan, write_plan
+
+    data = box / "stories"
+    data.mkdir()
+    shutil.copy(require_subset() / "train.txt.gz", data / "train.txt.gz")
+    monkeypatch.setenv("STUDYLIB_DATA_DIR", str(data))
+    argv = ["train", "--params", CI, "--model", "moe_top2_z", "--seed", "1338"]
+    assert main(argv) == 0
+    assert main(argv) == 0 and "finished run found" in capsys.readouterr().err  # the same stories: skipped
+    spec = RunSpec.resolve(load_preset(CI), "moe_top2_z", 1338)
+    plan = write_plan(box / "plan.json", "k", [Grid(["moe_top2_z"], [1338])], [[spec]])
+    assert read_plan(plan, "k")[1][0][0].run_dir == spec.run_dir
+    _edit_one_word(data)
+    rc, errors, err = _errors(argv, capsys)
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert errors[0].startswith(f"error: {spec.run_dir}: finished on other data than the stories read now "
+                                f"(corpus (story texts) sha256 "), errors
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(spec.run_dir))}: finished on other data"):
+        read_plan(plan, "k")  # the kernel's path: the plan's key holds, the stories changed
+
+
+@pytest.mark.parametrize("damage", [lambda d: d.pop("grids"), lambda d: d["grids"][0].pop("runs"),
+                                    lambda d: d["grids"][0]["runs"][0].pop()])
+def test_a_plan_file_with_its_key_but_damaged_fields_is_one_line_naming_it(tmp_path, damage):
+    import json
+
+    from studylib.run.spec import RunSpec
+    from studylib.study.orchestration.plan import Grid
+    from studylib.study.orchestration.plan_file import read_plan, write_plan
+
+    spec = RunSpec.resolve(load_preset(CI), "moe_top2_z", 1338, root=tmp_path)
+    plan = write_plan(tmp_path / "plan.json", "k", [Grid(["moe_top2_z"], [1338])], [[spec]])
+    doc = json.loads(plan.read_text())
+    damage(doc)
+    plan.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(plan))}: a damaged plan \(") as e:
+        read_plan(plan, "k")
+    assert "\n" not in str(e.value)
+    assert read_plan(plan, "another key") is None  # another plan's file: the kernel plans by itself

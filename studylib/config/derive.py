@@ -176,8 +176,26 @@ def derive_model(preset, name: str, raw: dict, resolve: Callable[[str], ModelCon
     except TypeError as e:  # pragma: no cover - defensive
         raise ConfigError(f"{where}: {e}") from None
     if overrides:
+        solved = cfg
         cfg = model_from_dict(deep_merge(to_dict(cfg), overrides), where)
+        if rule in ("matched_active", "matched_total"):
+            check_match(cfg, solved, ref, rule.split("_")[1], raw.get("tolerance"), where)
     return cfg
+
+
+def check_match(cfg: ModelConfig, solved: ModelConfig, ref: ModelConfig, target: str, tolerance: Optional[float],
+                where: str) -> None:
+    """A matched model as resolved (its ``set:`` applied, ``cfg``) within the tolerance its rule
+    states (:data:`TOLERANCE`, or its own ``tolerance``) of ``ref``'s active or total parameters,
+    unless its ``set:`` left the solver's count (``solved``'s) as it was (the solver's closest width
+    stands when none is inside, as :func:`match_dense` says): one ConfigError line otherwise."""
+    tol = TOLERANCE[target] if tolerance is None else tolerance
+    got, goal = getattr(count_params(cfg), target), getattr(count_params(ref), target)
+    off = (got - goal) / goal
+    if abs(off) > tol and got != getattr(count_params(solved), target):
+        raise ConfigError(f"{where}: {got:,} {target} parameters after its set:, {off:+.3%} from {ref.name}'s "
+                          f"{goal:,}: outside the matched-{target} tolerance {tol:.1%} (a set: that changes the "
+                          f"parameter count moves the model off its match; or state a wider tolerance: in the rule)")
 
 
 def _check_keys(raw: dict, allowed: set, where: str) -> None:

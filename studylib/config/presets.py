@@ -229,29 +229,48 @@ Overrides = Union[None, Sequence[str], Mapping[str, Any]]
 def override_pairs(overrides: Overrides, label: str = "--set") -> list[tuple[str, Any, str]]:
     """``overrides`` as ``(dotted key, value, where)`` triples: a mapping ``{"a.b.c": value}`` as it
     is, ``["a.b.c=value", ...]`` with each value parsed as YAML (as ``--set`` gives them); ``where``
-    names the item for errors (``label`` prefixes the string form's). A key given twice in the
-    string form is a :class:`ConfigError` naming both items (as the same key twice in a preset
-    file is): which one was meant cannot be told."""
+    names the item for errors (``label`` prefixes the string form's). A key set twice, by either
+    spelling, is a :class:`ConfigError` naming both items (:func:`check_once`)."""
     if not overrides:
         return []
     if isinstance(overrides, Mapping):
-        return [(str(k), v, f"override {k!r}") for k, v in overrides.items()]
-    items, seen = [], {}
+        items = [(str(k), v, f"override {k!r}") for k, v in overrides.items()]
+        check_once(items)
+        return items
+    items = []
     for item in overrides:
         if not isinstance(item, str) or "=" not in item:
             raise ConfigError(f"{label} {item!r}: not 'key.path=value'; expected key.path=value, "
                               "e.g. train.max_steps=100")
         key, value = item.split("=", 1)
-        if key.strip() in seen:
-            raise ConfigError(f"{label} {key.strip()}: given twice ({seen[key.strip()]!r} and {item!r}); "
-                              "give each key once")
-        seen[key.strip()] = item
         try:
             parsed = yaml.safe_load(value)
         except yaml.YAMLError as e:
             raise ConfigError(f"{label} {item!r}: the value is not valid YAML ({_first_line(e)})") from None
         items.append((key.strip(), parsed, f"{label} {item!r}"))
+    check_once(items)
     return items
+
+
+def _leaves(key: str, value: Any) -> list[str]:
+    """The dotted keys a setting writes: ``key`` itself, or for a mapping each of its leaves
+    (``train={lr: 1, warmup: 2}`` -> ``train.lr``, ``train.warmup``)."""
+    if isinstance(value, Mapping) and value:
+        return [leaf for k, v in value.items() for leaf in _leaves(f"{key}.{k}", v)]
+    return [key]
+
+
+def check_once(items: Sequence[tuple[str, Any, str]]) -> None:
+    """Each key set once, whichever spelling sets it (``train.lr=...`` and ``train={lr: ...}``, or
+    the same key twice): a :class:`ConfigError` naming both items, as the same key twice in a
+    preset file is (which one was meant cannot be told)."""
+    seen: dict = {}
+    for key, value, where in items:
+        for leaf in _leaves(key, value):
+            clash = next((k for k in seen if k == leaf or k.startswith(leaf + ".") or leaf.startswith(k + ".")), None)
+            if clash is not None and seen[clash] != where:
+                raise ConfigError(f"{where} sets {leaf}, which {seen[clash]} sets too; give each key once")
+            seen.setdefault(leaf, where)
 
 
 def value_at(doc: Mapping, key: str, default: Any = None) -> Any:
@@ -266,15 +285,17 @@ def value_at(doc: Mapping, key: str, default: Any = None) -> Any:
 
 def variant_tag(overrides: Overrides, preset: Optional[Preset] = None) -> str:
     """The name of a variant run's directory: its overrides as ``key=value``, sorted, joined by ``,``
-    (``{"train.lr": 0.001, "train.max_steps": 66}`` -> ``train.lr=0.001,train.max_steps=66``). With
+    (``{"train.lr": 0.001, "train.max_steps": 66}`` -> ``train.lr=0.001,train.max_steps=66``; a
+    mapping by its leaves: ``train={lr: 0.001}`` is ``train.lr=0.001``). With
     ``preset`` (the preset *with* the overrides applied) each value is read back from it, so the
     ``--set`` strings and the dict form of one variant give one name."""
     pairs = override_pairs(overrides)
     if not pairs:
         raise ConfigError("variant_tag: no overrides")
     resolved = to_dict(preset) if preset is not None else None
+    leaves = [(leaf, value_at({k: v}, leaf) if leaf != k else v) for k, v, _ in pairs for leaf in _leaves(k, v)]
     parts = []
-    for k, v, _ in sorted(pairs, key=lambda kv: kv[0]):
+    for k, v in sorted(leaves, key=lambda kv: kv[0]):
         if resolved is not None:
             v = value_at(resolved, k, v)
         parts.append(f"{k}={v.strip() if isinstance(v, str) else json.dumps(v)}")
@@ -282,7 +303,10 @@ def variant_tag(overrides: Overrides, preset: Optional[Preset] = None) -> str:
 
 
 def apply_overrides(raw: dict, overrides: Overrides) -> dict:
-    """A copy of the nested mapping ``raw`` with overrides applied (:func:`override_pairs`)."""
+    """A copy of the nested mapping ``raw`` with overrides applied (:func:`override_pairs`). A
+    mapping set where the preset holds a mapping merges into it key by key (as ``extends`` does:
+    ``train={lr: 0.004}`` changes the learning rate and keeps the section's other keys); a value
+    of another kind replaces what is there."""
     raw = copy.deepcopy(raw)
     items = override_pairs(overrides)
     for key, value, where in items:
@@ -292,7 +316,8 @@ def apply_overrides(raw: dict, overrides: Overrides) -> dict:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"{where}: {p!r} is not a section")
-        node[parts[-1]] = value
+        old = node.get(parts[-1])
+        node[parts[-1]] = deep_merge(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     return raw
 
 

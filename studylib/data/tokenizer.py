@@ -58,8 +58,9 @@ def tokenizer_for(cfg: DataConfig, corpus: str, train_stories: Callable[[], Iter
     ``train_stories()`` (``n_train`` of them) and written there."""
     tok_key = cache_key("tokenizer", corpus, split_key(cfg), cfg.vocab_size, SPM_OPTIONS)
     tok_path = cache / f"tokenizer-{tok_key}.model"
-    sp = None
+    sp, sha = None, None
     if tok_path.exists():
+        sha = check_tokenizer_file(tok_path)
         try:
             sp = load_tokenizer(tok_path)
         except (OSError, RuntimeError) as e:
@@ -72,6 +73,30 @@ def tokenizer_for(cfg: DataConfig, corpus: str, train_stories: Callable[[], Iter
         train_tokenizer(train_stories(), cfg.vocab_size, tok_path, threads)
         build["tokenizer_seconds"] = time.perf_counter() - t0
         log(progress, f"tokenizer trained in {build['tokenizer_seconds']:.1f} s -> {tok_path}")
-        sp = load_tokenizer(tok_path)
-    build["tokenizer_sha256"] = sha256_file(tok_path)  # the run's fingerprint of it (studylib.run.provenance)
+        sp, sha = load_tokenizer(tok_path), sha256_file(tok_path)
+        write_atomic(sha_path(tok_path), sha + "\n")
+    build["tokenizer_sha256"] = sha  # the run's fingerprint of it (studylib.run.provenance)
     return sp, tok_path, tok_key
+
+
+def sha_path(tok_path: Path) -> Path:
+    """Where the sha256 of a cached tokenizer is recorded when it is trained: beside it, under its name."""
+    return tok_path.with_name(tok_path.name + ".sha256")
+
+
+def check_tokenizer_file(tok_path: Path) -> str:
+    """The sha256 of the cached tokenizer ``tok_path``, checked against the one recorded when it was
+    trained under this name (its cache key: corpus, split, vocabulary, options): a file replaced or
+    swapped with another cache entry is a :class:`DataError` naming it, never a run trained (and
+    recorded) with another tokenizer. A cache from before the record was kept gets it now."""
+    got, record = sha256_file(tok_path), sha_path(tok_path)
+    try:
+        want = record.read_text().strip()
+    except FileNotFoundError:
+        write_atomic(record, got + "\n")
+        return got
+    if got != want:
+        raise DataError(f"{tok_path}: its sha256 {got[:12]} is not the {want[:12]} recorded when it was trained "
+                        f"under this name ({record.name}): the file was replaced (two cache files swapped?); "
+                        f"delete it and {record.name} to train it again")
+    return got

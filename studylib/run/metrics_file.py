@@ -84,9 +84,11 @@ def read(path: Path, kind: Optional[str] = None) -> list[dict]:
 
 def record_problem(rec) -> Optional[str]:
     """What keeps ``rec`` from being a record a trainer writes (None: nothing): not a JSON object,
-    or a loss field (a key ending in ``loss``) that is not a finite number."""
+    one without its ``kind`` and ``step`` (``{}``), or a loss field (a key ending in ``loss``) that is not a finite number."""
     if not isinstance(rec, dict):
         return f"expected a JSON object (a record), got {_shown(json.dumps(rec))}"
+    if not isinstance(rec.get("kind"), str) or "step" not in rec:
+        return f"expected a record with its kind and step, got {_shown(json.dumps(rec))}"
     for key, value in rec.items():
         if key.endswith("loss") and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                          and math.isfinite(value)):

@@ -18,7 +18,8 @@ model, the seed and the data split (:mod:`studylib.config.identity`). Then:
   (its config hash), a checkpoint whose fingerprints differ from the run's summary, and a
   tokenizer that is not the run's (:func:`check_tokenizer`);
 * **reusing a finished run** (``studylib study`` and every notebook, through
-  :func:`studylib.study.orchestration.plan.plan_runs`) refuses one whose corpus fingerprint
+  :func:`studylib.study.orchestration.plan.plan_runs` or the study's plan file, and ``train`` on a
+  finished run) refuses one whose corpus fingerprint
   differs from the stories the preset reads now, when they are local files (:func:`check_reuse`;
   a hub corpus is not re-read for it: that needs the network); one reused although *other code*
   trained it, or trained before code fingerprints existed, is only flagged, in one line for the
@@ -138,14 +139,26 @@ def check_resume(run: os.PathLike, head, finished: bool, now: Mapping) -> dict:
 
 
 def check_reuse(run: os.PathLike, recorded: Optional[Mapping], now: Mapping) -> None:
-    """Refuse to reuse a finished run (summary fingerprints ``recorded``) for a study that reads
-    other data now."""
+    """Refuse to reuse a finished run (summary fingerprints ``recorded``) where other data is read
+    now (a study, a notebook on the study's plan, ``train`` on the finished run)."""
     diff = mismatches(recorded, now)
     if diff:
         raise ProvenanceError(
-            f"{run}: finished on other data than this study reads ({'; '.join(diff)}; the run -> now): "
+            f"{run}: finished on other data than the stories read now ({'; '.join(diff)}; the run -> now): "
             f"STUDYLIB_DATA_DIR / data.data_dir point elsewhere? Point them back, or delete the run "
             f"folders trained on the other data (or the preset's whole runs/ folder) to retrain")
+
+
+def check_finished_corpus(run: os.PathLike, recorded: Optional[Mapping], data, cfg) -> None:
+    """``train`` on a finished run (summary fingerprints ``recorded``): :func:`check_reuse` against
+    ``data``'s corpus fingerprint, else the stories ``cfg`` reads when they are local files (a hub
+    corpus is not re-read: that needs the network)."""
+    if not (recorded or {}).get("corpus_sha256"):
+        return
+    from studylib.data.split import fingerprint_now
+
+    now = (getattr(data, "build", None) or {}).get("corpus_sha256") if data is not None else fingerprint_now(cfg)
+    check_reuse(run, recorded, {"corpus_sha256": now})
 
 
 def code_differs(recorded: Optional[Mapping], now: Optional[Mapping] = None) -> bool:
@@ -264,5 +277,5 @@ def _by_vocab_size(candidates: list, doc: Mapping, vocab_size: int) -> Optional[
 
 
 __all__ = ["KEYS", "CODE_KEYS", "THREADS", "ProvenanceError", "code_sha256", "of_code", "of_data", "mismatches",
-           "check_resume", "check_reuse", "code_differs", "flag_reused", "check_checkpoint", "check_tokenizer",
+           "check_resume", "check_reuse", "check_finished_corpus", "code_differs", "flag_reused", "check_checkpoint", "check_tokenizer",
            "find_tokenizer", "anchored"]

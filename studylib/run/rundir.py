@@ -195,8 +195,15 @@ class RunDir:
     def read_metrics(self, kind: Optional[str] = None) -> list[dict]:
         """The records of ``metrics.jsonl`` (optionally only ``kind`` "train" or "eval"), read
         strictly (:func:`studylib.run.metrics_file.read`): a torn last line, from a crash, is left
-        out with a warning; any other damage is a ConfigError naming the file and the line."""
-        return metrics_file.read(self.metrics_path, kind)
+        out with a warning; any other damage is a ConfigError naming the file and the line. A
+        finished run whose file holds no record (emptied, or lines of ``{}``) is one too: its curve
+        would drop out of every frame without a word."""
+        recs = metrics_file.read(self.metrics_path)
+        if not recs and self.metrics_path.is_file() and self.finished():
+            raise metrics_file.MetricsDamaged(
+                f"{self.metrics_path}: a finished run's metrics.jsonl holds no record; restore the file or delete "
+                f"the run's folder to rerun it")
+        return recs if kind is None else [r for r in recs if r.get("kind") == kind]
 
     def append_metrics(self, rec: dict) -> str:
         """Append ``rec`` as one line; returns the line written (its newline included)."""

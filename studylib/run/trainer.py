@@ -87,9 +87,11 @@ class Trainer:
         if self.dist.main:
             print(msg, file=sys.stderr, flush=True)
 
-    def finished_summary(self) -> Optional[dict]:
+    def finished_summary(self, data=None) -> Optional[dict]:
         """Claim the run directory (:class:`studylib.run.rundir.RunDirConflict` if it holds another
-        run); the summary of a finished run, else None."""
+        run); the summary of a finished run, else None. A finished run trained on other stories than
+        the preset reads now (``data``'s corpus fingerprint, else the local stories': a hub corpus
+        is not re-read) is refused (:func:`studylib.run.provenance.check_reuse`), not skipped."""
         self.chash = self.rd.check(self.doc)  # an existing run keeps the hash its checkpoints carry
         self.doc["run"]["config_hash"] = self.chash
         missing = self.rd.summary_missing(SUMMARY_REQUIRED)
@@ -99,6 +101,7 @@ class Trainer:
                          f"resuming the run to rewrite it")
             return None
         summary = self.rd.summary()
+        provenance.check_finished_corpus(self.rd.path, summary.get("provenance"), data, self.preset.data)
         self.say(f"{self.rd.path}: finished run found (best val loss {summary.get('best_val_loss'):.4f} "
                  f"at step {summary.get('best_step')}); skipping")
         return summary
@@ -371,7 +374,7 @@ def train_run(preset: Preset, model_name: str, seed: int, run_dir: str | os.Path
     trainer = Trainer(preset, model_name, seed, run_dir, progress)
     # one writer per run directory: rank 0 holds its lock for the whole run (RunDirLocked if taken)
     with trainer.rd.lock() if trainer.dist.main else contextlib.nullcontext():
-        summary = trainer.finished_summary()
+        summary = trainer.finished_summary(data)
         if summary is not None:
             return summary
         threads = torch.get_num_threads()

@@ -12,6 +12,7 @@ import pytest
 
 from studylib.data import cache as C, pipeline as P, split as SP, tokenizer as TK, tokens as TF, windows as W
 from studylib.data import stories as S
+from studylib.data.stories import DataError
 from studylib.config import ConfigError, DataConfig
 
 from conftest import require_subset, subset_dir
@@ -210,6 +211,36 @@ def test_a_killed_writers_temp_files_are_removed_and_a_live_ones_kept(tiny_corpu
     live.touch()
     P.load_data(_tiny_cfg(root, cache_dir=str(cache)), progress=False)
     assert not dead.exists() and live.exists()
+
+
+def test_two_tokenizers_swapped_in_the_cache_are_refused_naming_the_file(tiny_corpus, tmp_path):
+    """Each cached tokenizer's sha256 is recorded under its name when it is trained; a file whose
+    own sha is not its name's (two cache files swapped) is refused, naming it: a run trained (and
+    recorded) with the other tokenizer, and decoded with it, before (issue #49)."""
+    root, _, _ = tiny_corpus
+    cache = tmp_path / "cache"
+    a = P.load_data(_tiny_cfg(root, cache_dir=str(cache)), progress=False)
+    b = P.load_data(_tiny_cfg(root, cache_dir=str(cache), vocab_size=320), progress=False)
+    pa, pb = a.tokenizer_path, b.tokenizer_path
+    assert pa != pb and TK.sha_path(pa).read_text().strip() == a.build["tokenizer_sha256"]
+    assert P.load_data(_tiny_cfg(root, cache_dir=str(cache)), progress=False).build["tokenizer_sha256"] == \
+        a.build["tokenizer_sha256"]  # intact: reused
+    ta, tb = pa.read_bytes(), pb.read_bytes()
+    pa.write_bytes(tb)
+    pb.write_bytes(ta)
+    with pytest.raises(DataError, match=rf"^{re.escape(str(pa))}: its sha256 {b.build['tokenizer_sha256'][:12]} is "
+                                        rf"not the {a.build['tokenizer_sha256'][:12]} recorded"):
+        P.load_data(_tiny_cfg(root, cache_dir=str(cache)), progress=False)
+
+
+def test_a_cached_tokenizer_without_its_record_gets_one(tiny_corpus, tmp_path):
+    root, _, _ = tiny_corpus
+    cache = tmp_path / "cache"
+    a = P.load_data(_tiny_cfg(root, cache_dir=str(cache)), progress=False)
+    TK.sha_path(a.tokenizer_path).unlink()  # a cache from before the record was kept
+    again = P.load_data(_tiny_cfg(root, cache_dir=str(cache)), progress=False)
+    assert not again.build["tokenizer_trained"]
+    assert TK.sha_path(a.tokenizer_path).read_text().strip() == a.build["tokenizer_sha256"]
 
 
 def test_window_split_caches_are_never_reused(tiny_corpus, tmp_path):

@@ -118,6 +118,31 @@ def test_a_finished_run_with_damaged_metrics_is_refused_when_checked(tmp_path):
         rd.check(doc)  # finished: reused as it is, so refused
 
 
+@pytest.mark.parametrize("text", ["", "\n", "{}\n{}\n"])
+def test_a_finished_run_whose_metrics_hold_no_record_is_refused_naming_the_file(tmp_path, text):
+    """Emptied, or only ``{}`` lines: the curves lost that seed without a word (n 2 -> 1)."""
+    p = load_preset(ROOT / "params" / "ci.yaml")
+    doc = run_document(p, p.model_config("moe_top1"), "moe_top1", 1)
+    rd = RunDir(tmp_path / "r")
+    rd.write_config(doc)
+    _four_records(rd)
+    rd.write_summary({"finished": True, "best_val_loss": 2.5, "config_hash": doc["run"]["config_hash"]})
+    assert len(rd.read_metrics("eval")) == 1
+    rd.metrics_path.write_text(text)
+    with pytest.raises(MetricsDamaged, match=rf"^{rd.metrics_path}: "):
+        rd.read_metrics("eval")
+    with pytest.raises(MetricsDamaged, match=rf"^{rd.metrics_path}: "):
+        rd.check(doc)
+
+
+def test_a_record_without_its_kind_and_step_is_damage(tmp_path):
+    rd = RunDir(tmp_path)
+    _four_records(rd)
+    rd.metrics_path.write_text("\n".join(_lines(rd)[:2] + ["{}"] + _lines(rd)[2:]) + "\n")
+    with pytest.raises(MetricsDamaged, match=r"line 3: expected a record with its kind and step, got '\{\}'"):
+        rd.read_metrics()
+
+
 def test_summary_and_finished(tmp_path):
     rd = RunDir(tmp_path)
     assert rd.summary() is None and not rd.finished()

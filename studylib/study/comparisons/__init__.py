@@ -7,9 +7,15 @@ Adding a comparison: a package in this folder whose ``__init__`` defines ``COMPA
 :class:`~studylib.study.comparisons.knobs.Knobs` type, its plan, its family tables and what it adds
 to the report's answer), found by :func:`registry`; its notebook (``notebooks/NN_name.py``, opening
 with :func:`studylib.study.runner.notebooks.open_comparison`); its preset entries. Nothing else
-lists it. A folder ``studylib/study/comparisons/`` under another entry of ``sys.path`` (e.g. on
-``PYTHONPATH``, after the repository's own folder) adds its packages too
-(:func:`_folders_on_the_path`): a comparison kept outside this repository.
+lists it.
+
+A comparison kept outside this package comes only from where a user installs or names it, never
+from walking ``sys.path`` (:func:`external_names`): an entry point of the group
+:data:`ENTRY_POINT_GROUP` that an installed distribution declares (its value a module whose
+``COMPARISON`` is the comparison, or ``module:attribute``), or a module named in
+:data:`MODULES_ENV` (comma-separated; ``studylib study --comparison-module`` sets it, so the notebook
+kernels see it too). One that cannot be imported, or is not a ``Comparison``, is one ConfigError
+line naming it.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import functools
 import importlib
 import os
 import pkgutil
-import sys
+from importlib import metadata
 from typing import Mapping, Optional, Sequence
 
 from studylib.config import ConfigError, Preset
@@ -25,27 +31,66 @@ from studylib.config.study import GENERAL_KEYS
 from studylib.study.comparisons.base import Comparison, Runs
 from studylib.study.comparisons.knobs import Context, Study
 
-def _folders_on_the_path() -> list[str]:
-    """Folders ``studylib/study/comparisons`` under other entries of ``sys.path`` than this one."""
-    rel = os.path.join(*__name__.split("."))
-    mine = {os.path.realpath(p) for p in __path__}
-    found = [os.path.join(e or ".", rel) for e in sys.path if isinstance(e, str)]
-    return list(dict.fromkeys(d for d in found if os.path.isdir(d) and os.path.realpath(d) not in mine))
+#: the entry-point group an installed distribution declares its comparisons under
+ENTRY_POINT_GROUP = "studylib.comparisons"
+#: comma-separated modules that each define ``COMPARISON`` (``studylib study --comparison-module``)
+MODULES_ENV = "STUDYLIB_COMPARISONS"
+#: this package's own folder(s), the only ones walked for comparison packages
+_OWN = tuple(__path__)
 
 
-__path__ = [*__path__, *_folders_on_the_path()]
+def external_names() -> tuple[tuple[str, str], ...]:
+    """``(where, "module[:attribute]")`` of each comparison from outside this package: the entry
+    points of :data:`ENTRY_POINT_GROUP`, then the modules named in ``$STUDYLIB_COMPARISONS``."""
+    eps = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.name, e.value))
+    found = [(f"entry point {e.name!r} ({ENTRY_POINT_GROUP})", e.value.replace(" ", "")) for e in eps]
+    named = [m.strip() for m in os.environ.get(MODULES_ENV, "").split(",") if m.strip()]
+    return tuple(found + [(f"{MODULES_ENV}={os.environ[MODULES_ENV]}", m) for m in named])
 
 
 def registry() -> dict[str, Comparison]:
-    """``{name: Comparison}`` of every package of this folder (every folder of its ``__path__``), in
-    notebook order; a study key two comparisons claim is an error."""
-    return _registry(tuple(__path__))
+    """``{name: Comparison}`` of every package of this folder and every external comparison
+    (:func:`external_names`), in notebook order; a study key two comparisons claim is an error."""
+    return _registry(_OWN, external_names())
+
+
+def name_modules(modules: Sequence[str], label: str = MODULES_ENV) -> None:
+    """Name comparison modules for this process and the processes it starts (the notebook kernels
+    inherit :data:`MODULES_ENV`): ``studylib study --comparison-module``. Each is loaded here
+    first, so one that cannot be is one line before anything trains."""
+    for m in modules:
+        if not m or not all(part.isidentifier() for part in m.replace(":", ".").split(".")):
+            raise ConfigError(f"{label} {m!r}: expected a module name (e.g. mypkg.mycomparison)")
+    before = [m for m in os.environ.get(MODULES_ENV, "").split(",") if m.strip()]
+    os.environ[MODULES_ENV] = ",".join(dict.fromkeys([*before, *modules]))
+    registry()
+
+
+def load_external(where: str, value: str) -> Comparison:
+    """The :class:`Comparison` at ``value`` (``module`` with a ``COMPARISON``, or
+    ``module:attribute``); one ConfigError line naming it when it cannot be had."""
+    module, _, attr = value.partition(":")
+    what = f"comparison {value!r} ({where})"
+    try:
+        found = importlib.import_module(module)
+        for part in (attr or "COMPARISON").split("."):
+            found = getattr(found, part)
+    except Exception as e:  # noqa: BLE001 - any failure of a module a user named is one line naming it
+        raise ConfigError(f"{what}: cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+                          f"fix or uninstall it, or leave it out of ${MODULES_ENV}") from None
+    if not isinstance(found, Comparison):
+        raise ConfigError(f"{what}: expected a studylib Comparison, got {type(found).__name__}")
+    return found
 
 
 @functools.cache
-def _registry(paths: tuple) -> dict[str, Comparison]:
+def _registry(paths: tuple, external: tuple) -> dict[str, Comparison]:
     found = [importlib.import_module(f"{__name__}.{m.name}").COMPARISON
              for m in pkgutil.iter_modules(list(paths)) if m.ispkg]
+    named = {}
+    for where, value in external:  # one module named twice (an entry point and $STUDYLIB_COMPARISONS) is one
+        named.setdefault(value, where)
+    found += [load_external(where, value) for value, where in named.items()]
     check_owners(found)
     return {c.name: c for c in sorted(found, key=lambda c: c.notebook)}
 
@@ -94,5 +139,5 @@ def study_of(preset: Preset, comparisons: Optional[Mapping[str, Comparison]] = N
     return Study(preset, {c.name: c.knobs.parse(raw, ctx) for c in comparisons.values()})
 
 
-__all__ = ["Comparison", "Context", "Runs", "Study", "by_notebook", "check_owners", "comparison", "registry",
-           "study_of"]
+__all__ = ["ENTRY_POINT_GROUP", "MODULES_ENV", "Comparison", "Context", "Runs", "Study", "by_notebook", "check_owners",
+           "comparison", "external_names", "load_external", "name_modules", "registry", "study_of"]

@@ -12,9 +12,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, fields
-from typing import Sequence
+from pathlib import Path
+from typing import Optional, Sequence
 
 import numpy as np
+import pandas as pd
+
+from studylib.config import ConfigError
 
 #: the sentences of the first screen: at most three, at most this many words together
 MAX_SENTENCES, MAX_WORDS = 3, 120
@@ -44,6 +48,27 @@ def mean_ci(values: Sequence[float], fmt: str = ".3f") -> str:
     return ci_text(p.mean, p.ci_low, p.ci_high, fmt)
 
 
+def read_table(out_dir: Path, name: str, columns: Sequence[str] = (), **read_csv) -> Optional[pd.DataFrame]:
+    """``tables/<name>.csv`` under the preset's outputs ``out_dir`` as its notebook wrote it, for the
+    answer: None when it is not there (the answer says what is missing); a file that is not a
+    table, or lacks one of ``columns``, is one ConfigError line naming it (a table of another
+    version, or edited by hand), never a KeyError or an answer that drops its row."""
+    path = Path(out_dir) / "tables" / f"{name}.csv"
+    if not path.is_file():
+        return None
+    try:
+        t = pd.read_csv(path, **read_csv)
+    except (ValueError, UnicodeDecodeError) as e:  # pandas' ParserError and EmptyDataError are ValueErrors
+        raise ConfigError(f"{path}: not a table its notebook writes ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:160]}); run the notebook again or delete the file") from None
+    lacking = [c for c in columns if c not in t.columns]
+    if lacking:
+        raise ConfigError(f"{path}: lacks the column(s) {lacking} its notebook writes (its header: "
+                          f"{list(t.columns)[:8]}{' ...' if len(t.columns) > 8 else ''}); run the notebook again or "
+                          f"delete the file")
+    return t
+
+
 @dataclass(frozen=True)
 class GlanceRow:
     """One point of the first screen's table, every cell already worded (mean [95% CI])."""
@@ -56,6 +81,11 @@ class GlanceRow:
     gap_active: str = "–"
     gap_total: str = "–"
     position: str = "–"
+
+
+def missing_row(point: str, path: str) -> GlanceRow:
+    """The first screen's row of a point whose table is missing: it says so in place of the numbers."""
+    return GlanceRow(f"{point}: not computed (no {path})", "–")
 
 
 HEADER = ("point", "unit", "dense, active match", "MoE", "dense, total match", "gap active", "gap total",
@@ -103,4 +133,4 @@ def readme_answer(lead: Sequence[str], report: str = "outputs/cpu/report.html") 
 
 
 __all__ = ["MAX_SENTENCES", "MAX_WORDS", "README_WORDS", "GlanceRow", "HEADER", "ci_text", "mean_ci",
-           "table_markdown", "words", "check_lead", "glance_markdown", "readme_answer"]
+           "missing_row", "read_table", "table_markdown", "words", "check_lead", "glance_markdown", "readme_answer"]

@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from studylib.config import Preset, config_hash, preset_from_dict, to_dict
+from studylib.config import ConfigError, Preset, config_hash, preset_from_dict, to_dict
 from studylib.run.spec import RunSpec
 from studylib.storage.files import write_atomic
-from studylib.study.orchestration.plan import Grid
+from studylib.study.orchestration.plan import Grid, check_finished_data
 
 VERSION = 1
 
@@ -65,20 +65,30 @@ def write_plan(path: Path, key: str, grids: Sequence[Grid], specs: Sequence[Sequ
 
 def read_plan(path: Path, key: str) -> Optional[tuple[list[Grid], list[list[RunSpec]]]]:
     """(grids, their runs) of the plan at ``path`` when it exists, holds ``key`` and every run it
-    names is finished; else None (the kernel plans by itself)."""
+    names is finished; else None (the kernel plans by itself). The finished runs are checked
+    against the stories their preset reads now, as ``study`` checks them
+    (:func:`~studylib.study.orchestration.plan.check_finished_data`: "finished on other data" is
+    one line, never tables from runs of other stories), and a plan file with this key whose
+    fields are damaged is one line naming it."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict) or doc.get("version") != VERSION or doc.get("key") != key:
         return None
-    presets = [preset_from_dict(p["doc"], p["path"]) for p in doc["presets"]]
-    grids, specs = [], []
-    for g in doc["grids"]:
-        grids.append(Grid(list(g["models"]), g["seeds"], g["overrides"], g["tag"]))
-        specs.append([RunSpec(presets[i], model, int(seed), Path(run_dir)) for model, seed, run_dir, i in g["runs"]])
+    try:
+        presets = [preset_from_dict(p["doc"], p["path"]) for p in doc["presets"]]
+        grids, specs = [], []
+        for g in doc["grids"]:
+            grids.append(Grid(list(g["models"]), g["seeds"], g["overrides"], g["tag"]))
+            specs.append([RunSpec(presets[i], model, int(seed), Path(run_dir)) for model, seed, run_dir, i in g["runs"]])
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        what = f"the field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        raise ConfigError(f"{path}: a damaged plan ({what}); delete it (studylib study writes it again, or the "
+                          f"notebook plans by itself)") from None
     if not all(s.rundir.finished() for row in specs for s in row):
         return None
+    check_finished_data([s for row in specs for s in row])  # the code they were trained by: flagged by study
     return grids, specs
 
 

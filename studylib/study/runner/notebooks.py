@@ -359,6 +359,11 @@ def add_cli(parser) -> None:
                         help="notebooks executed at a time, after the runs trained (default: 2, or 1 on one "
                              "core); a notebook marked run_alone in its header always runs alone")
     parser.add_argument("--no-report", action="store_true", help="skip outputs/<preset>/report.html")
+    parser.add_argument("--comparison-module", action="append", default=[], metavar="MODULE",
+                        help="a comparison kept outside studylib: a module (importable here and by the "
+                             "notebook kernels) whose COMPARISON is a studylib Comparison; repeatable; added to "
+                             "$STUDYLIB_COMPARISONS, which the kernels inherit (installed packages declare theirs "
+                             "as entry points of the group studylib.comparisons instead)")
     parser.add_argument("--timeout", type=T.positive_float, default=None, metavar="S",
                         help="per-cell execution timeout in seconds (default: none)")
     parser.add_argument("--no-progress", action="store_true",
@@ -385,6 +390,10 @@ def cli_parameters(pairs: Sequence[Sequence[str]]) -> dict:
 def run_cli(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
+    if args.comparison_module:
+        from studylib.study.comparisons import name_modules
+
+        name_modules(args.comparison_module, "--comparison-module")
     try:
         run_study(args.params, args.notebooks, args.jobs, report=not args.no_report, timeout=args.timeout,
                   progress=not args.no_progress, parameters=cli_parameters(args.parameter),

@@ -54,16 +54,14 @@ def family_sentences(out_dir: Path) -> list[str]:
     """One line per family of every comparison table the study wrote (each comparison's
     ``tables``, in notebook order), in the notebook's own words (``Comparison.words``). Tables
     without the family's columns (written before the verdicts) are left out."""
-    import pandas as pd
-
     from studylib.study.comparisons import registry
+    from studylib.study.comparisons.glance import read_table
 
     out = []
     for c in registry().values():
         nb = c.notebook.split("_")[0]
         for name in c.tables:
-            path = out_dir / "tables" / f"{name}.csv"
-            t = pd.read_csv(path) if path.is_file() else None
+            t = read_table(out_dir, name)
             if t is None or t.empty or "verdict" not in t or "p_holm" not in t:
                 continue
             out += [f"Notebook {nb}: {line}" for line in c.words(t)]
@@ -122,9 +120,20 @@ def _details(summary: str, markdown: str, figures: Sequence[Path] = ()) -> str:
 
 def _parts(out_dir: Path) -> list:
     """[(comparison, its Answer)] of every comparison with an answer, in notebook order."""
+    from studylib.config import ConfigError
     from studylib.study.comparisons import registry
 
-    return [(c, c.answer(out_dir)) for c in registry().values() if c.answer is not None]
+    parts = []
+    for c in registry().values():
+        if c.answer is None:
+            continue
+        try:
+            parts.append((c, c.answer(out_dir)))
+        except KeyError as e:  # a column or row its answer reads that no check named: still one line
+            nb = c.notebook.split("_")[0]
+            raise ConfigError(f"{Path(out_dir) / 'tables'}: a table of notebook {nb} lacks {e}, which its answer "
+                              f"reads (a table of another version, or edited): run notebook {nb} again") from None
+    return parts
 
 
 def answer_cells(out_dir: os.PathLike, paths: Sequence[Path] = ()) -> list:

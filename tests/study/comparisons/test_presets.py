@@ -64,6 +64,6 @@ def test_a_new_comparison_whose_keys_a_preset_lacks_fails_here(tmp_path, monkeyp
     notebooks.mkdir()
     for py in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
         (notebooks / py.name).symlink_to(py)
-    (notebooks / "13_toy.py").write_text("")
+    (notebooks / "14_toy.py").write_text("")
     with pytest.raises(ConfigError, match=r"^study\.toy_models: missing from preset 'paper'"):
         plan_preset(ROOT / "params" / "paper.yaml", notebooks, monkeypatch, cache)

@@ -245,6 +245,57 @@ def test_the_first_screen_is_one_table_three_sentences_and_the_key_figure(out):
     assert "Headline (notebook 03)" in rest and "The token-budget map (notebook 09)" in rest
 
 
+def _full(out):
+    g = _headline(out)
+    _per_seed_losses(out, g)
+    _map(out)
+    _law_paper(out)
+    return g
+
+
+def test_a_missing_table_under_the_answer_is_said_not_a_row_dropped(out):
+    """issue #49: without token_budget_law_paper.csv answer.md (and the README's block) lost the
+    joint law's row and sentence, exit 0, no line."""
+    _full(out)
+    (out / "tables" / "token_budget_law_paper.csv").unlink()
+    (out / "tables" / "table6_per_seed.csv").unlink()
+    text_md = report.write_answer(out).read_text()
+    rows = [ln for ln in text_md.splitlines() if ln.startswith("| ") and not ln.startswith("| point")]
+    assert [r.split("|")[1].split(":")[0].strip() for r in rows] == ["headline", "paper", "map",
+                                                                   "joint law at the paper's N and D"]
+    assert "not computed (no tables/token_budget_law_paper.csv)" in rows[3]
+    assert "(no tables/table6_per_seed.csv: losses and p not computed)" in rows[0]
+    assert "The joint law's answer is missing: no tables/token_budget_law_paper.csv" in text_md
+
+
+@pytest.mark.parametrize("name, damage, lacking", [
+    ("token_budget_gaps", lambda t: t.rename(columns={"active_mean": "mean_active"}), "['active_mean']"),
+    ("token_budget_law_paper", lambda t: t.drop(columns=["identified"]), "['identified']"),
+    ("headline_gaps", lambda t: t.drop(columns=["ci_low"]), "['ci_low']"),
+    ("token_budget_per_seed", lambda t: t.drop(columns=["dense"]), "['dense']"),
+])
+def test_a_table_with_a_wrong_header_is_one_line_naming_it(out, name, damage, lacking):
+    """A KeyError 'active_mean' traceback (exit 1) before."""
+    from studylib.config import ConfigError
+
+    _full(out)
+    path = out / "tables" / f"{name}.csv"
+    damage(pd.read_csv(path, index_col=0 if name == "headline_gaps" else None)).to_csv(
+        path, index=name == "headline_gaps")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: lacks the column\(s\) {re.escape(lacking)}"):
+        report.write_answer(out)
+
+
+def test_a_table_that_is_not_csv_is_one_line_naming_it(out):
+    from studylib.config import ConfigError
+
+    _full(out)
+    path = out / "tables" / "token_budget_gaps.csv"
+    path.write_bytes(b"\x89PNG\x00\xff\xfe binary")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: "):
+        report.write_answer(out)
+
+
 def test_the_glance_refuses_a_long_first_screen():
     from studylib.study.comparisons import glance
 

@@ -13,12 +13,14 @@ import pandas as pd
 from studylib.config import ConfigError
 from studylib.study.analysis.frames import model_summaries
 from studylib.study.comparisons.base import Answer, Comparison, Runs
+from studylib.study.comparisons.glance import read_table
 from studylib.study.comparisons.headline.glance import headline_glance
 from studylib.study.comparisons.knobs import POSITIVE_INT, STRINGS, Knobs, Study, knob
 from studylib.study.orchestration.plan import Grid
 
-#: the table (and figure) notebook 03 writes for the report's answer
+#: the table (and figure) notebook 03 writes for the report's answer, and the columns the answer reads
 HEADLINE = "headline_gaps"
+GAP_COLUMNS = ("comparison", "a", "b", "mean", "ci_low", "ci_high", "n", "p", "resolved", "paper_mean", "paper_std")
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,12 @@ def answer(out_dir: Path) -> Answer:
     :func:`studylib.study.analysis.text.headline_verdict`, as notebook 03 prints them), and the figure."""
     from studylib.study.analysis import text
 
-    path = out_dir / "tables" / f"{HEADLINE}.csv"
-    gaps = pd.read_csv(path) if path.is_file() else None
-    if gaps is None or len(gaps) != 2:
+    gaps = read_table(out_dir, HEADLINE, GAP_COLUMNS)
+    if gaps is None:
         return Answer(f"**Headline.** Not computed: no `tables/{HEADLINE}.csv` (notebook 03 did not run in this study).")
+    if len(gaps) != 2:
+        raise ConfigError(f"{out_dir / 'tables' / f'{HEADLINE}.csv'}: {len(gaps)} rows; notebook 03 writes two (the "
+                          f"matched-active gap, then the matched-total one): run it again or delete the file")
     g = gaps.copy()
     g.index = ["active", "total"]  # notebook 03 writes the matched-active row, then the matched-total one
     dense_active, moe, dense_total = g.loc["active", "a"], g.loc["active", "b"], g.loc["total", "b"]

@@ -11,7 +11,7 @@ import pandas as pd
 from studylib.study.analysis.paper import (PAPER_GAPS, PAPER_HEADLINE_TOKENS, PAPER_POSITION, PAPER_TABLE6,
                                            PAPER_TOKENS_PER_PARAM)
 from studylib.study.analysis.position import position_row, position_text
-from studylib.study.comparisons.glance import GlanceRow, ci_text, mean_ci
+from studylib.study.comparisons.glance import GlanceRow, ci_text, mean_ci, read_table
 
 #: notebook 03's per-seed losses (seed index; the trio's three models; active_gap, total_gap)
 PER_SEED = "table6_per_seed"
@@ -51,18 +51,20 @@ def headline_glance(out_dir: Path, gaps: pd.DataFrame, summary: Optional[dict]) 
     vocab = (summary or {}).get("data", {}).get("vocab_size")
     n = int(min(act["n"], tot["n"]))
     budget = f"{tpp:.3g} tokens/param, " if tpp == tpp else ""
-    path = out_dir / "tables" / f"{PER_SEED}.csv"
-    rows = []
+    point = f"headline: {act['b']}, {budget}{n} seeds"
+    t = read_table(out_dir, PER_SEED, (act["a"], act["b"], tot["b"]), index_col=0)
     pos = "–"
-    if path.is_file():
-        t = pd.read_csv(path, index_col=0)
+    if t is not None:
         t = t[pd.to_numeric(t.index, errors="coerce").notna()]  # the seeds' rows (then mean, std, ci_low, ci_high)
         da, moe, dt = (t[c] for c in (act["a"], act["b"], tot["b"]))
         pos = position_text(position_row(da - moe, dt - moe))
-        rows.append(GlanceRow(f"headline: {act['b']}, {budget}{n} seeds",
-                              f"nats (vocabulary {vocab:,})" if vocab else "nats", mean_ci(da), mean_ci(moe),
-                              mean_ci(dt), ci_text(act["mean"], act["ci_low"], act["ci_high"], "+.4f"),
-                              ci_text(-tot["mean"], -tot["ci_high"], -tot["ci_low"], "+.4f"), pos))
+        rows = [GlanceRow(point, f"nats (vocabulary {vocab:,})" if vocab else "nats", mean_ci(da), mean_ci(moe),
+                          mean_ci(dt), ci_text(act["mean"], act["ci_low"], act["ci_high"], "+.4f"),
+                          ci_text(-tot["mean"], -tot["ci_high"], -tot["ci_low"], "+.4f"), pos)]
+    else:  # the gaps are there, the per-seed losses not: the row says so (its gaps from the gaps' table)
+        rows = [GlanceRow(f"{point} (no tables/{PER_SEED}.csv: losses and p not computed)", "nats",
+                          gap_active=ci_text(act["mean"], act["ci_low"], act["ci_high"], "+.4f"),
+                          gap_total=ci_text(-tot["mean"], -tot["ci_high"], -tot["ci_low"], "+.4f"))]
     rows.append(paper_row())
     at = f" (p = {pos})" if pos[0].isdigit() or pos[0] == "-" else ""
     lead = (f"At the headline budget ({budget.replace('/param', ' per parameter')}{n} seeds) the MoE is "

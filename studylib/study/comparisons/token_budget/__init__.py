@@ -23,6 +23,7 @@ from typing import Sequence
 import pandas as pd
 
 from studylib.study.comparisons.base import Answer, Comparison, Runs
+from studylib.study.comparisons.glance import read_table
 from studylib.study.comparisons.knobs import Study
 from studylib.run.spec import epoch_steps
 from studylib.study.comparisons.token_budget import budgets, gaps
@@ -75,9 +76,17 @@ LIMITS = ("The map's points are few sizes and budgets with a handful of seeds ea
           "ordering only); only the `paper` preset on a GPU measures its regime.")
 
 
+#: the columns the answer at a glance reads (:mod:`.glance`); a table without them is one line naming it
+GLANCE_COLUMNS = {
+    MAP: ("size", "epochs", "tokens_per_param", "data_passes", "active_n", "moe_active", "active_mean",
+          "active_ci_low", "active_ci_high", "total_mean", "total_ci_low", "total_ci_high"),
+    "token_budget_per_seed": ("size", "epochs", "gap", "dense", "moe"),
+    "token_budget_law_paper": ("quantity", "estimate", "ci_low", "ci_high", "identified"),
+}
+
+
 def _table(out_dir: Path, name: str):
-    path = out_dir / "tables" / f"{name}.csv"
-    return pd.read_csv(path) if path.is_file() else None
+    return read_table(out_dir, name, GLANCE_COLUMNS.get(name, ()))
 
 
 def map_sentences(out_dir: Path, table: pd.DataFrame) -> list[str]:

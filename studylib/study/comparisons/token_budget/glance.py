@@ -11,7 +11,7 @@ import pandas as pd
 
 from studylib.study.analysis.paper import PAPER_POSITION, PAPER_TOKENS_PER_PARAM
 from studylib.study.analysis.position import position_text
-from studylib.study.comparisons.glance import GlanceRow, ci_text, mean_ci
+from studylib.study.comparisons.glance import GlanceRow, ci_text, mean_ci, missing_row
 from studylib.study.comparisons.token_budget.knobs import ROLES
 from studylib.study.comparisons.token_budget.law_checks import ON_BOUND
 
@@ -106,6 +106,9 @@ def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Opt
     if paper is not None and len(paper):
         rows.append(_law_row(paper))
         lead.append(law_sentence(paper))
+    else:  # notebook 09 always writes it: missing is said, not a row dropped
+        rows.append(missing_row("joint law at the paper's N and D", "tables/token_budget_law_paper.csv"))
+        lead.append("The joint law's answer is missing: no tables/token_budget_law_paper.csv (run notebook 09 again).")
     return rows, lead
 
 
