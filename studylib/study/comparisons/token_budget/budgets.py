@@ -192,10 +192,9 @@ def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], 
     if not path.is_file():
         return None, f"No paper preset ({path})."
     from studylib.study.comparisons import study_of  # the registry imports this package
-    from studylib.study.comparisons.token_budget import COMPARISON
 
     paper_p = load_preset(path)
-    knobs = study_of(paper_p)[COMPARISON]
+    knobs = next(k for k in study_of(paper_p).knobs.values() if isinstance(k, TokenBudgetKnobs))
     if knobs.trios is None:
         return None, f"The paper preset lists no {KEY}."
     trios, frames = [], []
