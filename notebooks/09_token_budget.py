@@ -74,7 +74,7 @@ from IPython.display import Markdown, display
 from studylib.study.analysis import plots, text
 from studylib.study.comparisons import token_budget
 from studylib.study.comparisons.budget_matching import shape
-from studylib.study.comparisons.token_budget import budgets, gaps, law_checks, law_fit, law_words, plane, repetition
+from studylib.study.comparisons.token_budget import budgets, gaps, law_checks, law_fit, law_roles, law_words, plane, repetition
 from studylib.study.comparisons.token_budget.plots import crossing_line, gap_map
 from studylib.study.runner.notebooks import open_comparison
 
@@ -205,10 +205,10 @@ coefs = plane.coefficient_table(models)
 crossing = plane.crossing_table(models)
 loo = plane.loo_table(per_seed)
 losses = law_fit.loss_frame(preset, trios, summaries)
-fitted_laws = law_checks.role_laws(losses)
-laws = law_checks.role_law_table(fitted_laws)
-loss_loo = law_checks.role_loo_table(losses, fitted_laws)
-extrapolation = law_checks.extrapolation_table(models, fitted_laws)
+fitted_laws = law_roles.role_laws(losses)
+laws = law_roles.role_law_table(fitted_laws)
+loss_loo = law_roles.role_loo_table(losses, fitted_laws)
+extrapolation = law_roles.extrapolation_table(models, fitted_laws)
 for name, t in ((token_budget.FIT, coefs), (token_budget.CROSSING, crossing), (token_budget.LOO, loo),
                 (token_budget.LOSSES, losses), (token_budget.LOSS_LAW, laws), (token_budget.LOSS_LOO, loss_loo),
                 (token_budget.EXTRAPOLATION, extrapolation)):

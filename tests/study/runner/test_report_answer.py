@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from studylib.study.comparisons.token_budget import law_checks, law_words, plane
+from studylib.study.comparisons.token_budget import law_checks, law_roles, law_words, plane
 from studylib.study.comparisons.token_budget import gaps as bm
 from studylib.study.analysis import tables, text
 from studylib.study.runner import report
@@ -57,7 +57,7 @@ def _map(out):
     models = plane.gap_models(per_seed, n_boot=200)
     fits = {"fit": plane.coefficient_table(models), "crossing": plane.crossing_table(models),
             "loo": plane.loo_table(per_seed, n_boot=200), "loss_law": pd.DataFrame(columns=["role"]),
-            "extrapolation": law_checks.extrapolation_table(models, {})}
+            "extrapolation": law_roles.extrapolation_table(models, {})}
     for name, t in fits.items():
         t.to_csv(out / "tables" / f"token_budget_{name}.csv", index=False)
     return table, per_seed, fits

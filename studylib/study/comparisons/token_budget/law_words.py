@@ -143,8 +143,8 @@ def _loss_loo_words(loo: pd.DataFrame, role: str) -> str:
 
 
 def role_law_sentences(laws: pd.DataFrame, loss_loo: pd.DataFrame | None = None) -> list[str]:
-    """Each role's law (:func:`~.law_checks.role_law_table`) in words: its identified parameters
-    and (``loss_loo``: :func:`~.law_checks.role_loo_table`) its left-out points."""
+    """Each role's law (:func:`~.law_roles.role_law_table`) in words: its identified parameters
+    and (``loss_loo``: :func:`~.law_roles.role_loo_table`) its left-out points."""
     out = []
     for role in dict.fromkeys(laws["role"]) if len(laws) else ():
         r = laws[laws["role"] == role].set_index("parameter")
@@ -162,7 +162,7 @@ def _sign(v: float) -> str:
 
 
 def extrapolation_sentences(ex: pd.DataFrame) -> list[str]:
-    """:func:`~.law_checks.extrapolation_table` in words: each gap in sign, the role laws' ordering."""
+    """:func:`~.law_roles.extrapolation_table` in words: each gap in sign, the role laws' ordering."""
     out = []
     why = ("compared in sign and ordering only: absolute losses differ (vocabulary 30,008 vs 3,750, another "
            "corpus size and context), and nothing between the sizes here and the paper's was measured")

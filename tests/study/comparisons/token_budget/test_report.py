@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studylib.study.comparisons.token_budget import law_checks, law_words, plane
+from studylib.study.comparisons.token_budget import law_checks, law_roles, law_words, plane
 from studylib.study.comparisons.token_budget.law_fit import loss_frame, role_law
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_TOKENS_PER_PARAM
 
@@ -83,7 +83,7 @@ def test_the_gap_plane_is_compared_with_the_paper_only_inside_its_grid():
     """issue #40: the plane carried 1.8 decades beyond its largest size predicted -0.64 [-0.89,
     -0.40] against the paper's -0.018; now a grid that does not reach the paper's point says so."""
     models = plane.gap_models(_per_seed(0.02, 0.0, noise=0.0005), n_boot=200)
-    ex = law_checks.extrapolation_table(models, {})
+    ex = law_roles.extrapolation_table(models, {})
     g = ex.set_index("what")
     assert (ex["kind"] == "gap").all() and g["extrapolated"].all() and g["predicted"].isna().all()
     assert (g["params"] == PAPER_ACTIVE_PARAMS).all() and not g["identified"].any()
@@ -93,7 +93,7 @@ def test_the_gap_plane_is_compared_with_the_paper_only_inside_its_grid():
     # a grid that spans the paper's point (the paper preset's map) is compared in sign
     around = {"s": 3e6, "m": 1e7, "l": 3e7}
     models = plane.gap_models(_per_seed(0.02, 0.0, noise=0.0005, sizes=around, tpps=(3.0, 10.0, 30.0)), n_boot=200)
-    ex = law_checks.extrapolation_table(models, {})
+    ex = law_roles.extrapolation_table(models, {})
     g = ex.set_index("what")
     assert not g["extrapolated"].any() and g["identified"].all()
     # 0.01 + 0.02 log10(28.9 / 3) > 0: the MoE better at matched active, as the paper; the
@@ -133,28 +133,28 @@ def _law_losses(sizes=(1e5, 3e5, 1e6), tpps=(1.0, 3.5, 10.0), seeds=3, sd=0.003,
 def test_each_point_left_out_of_the_loss_law_is_predicted_or_said_unchecked():
     losses = _law_losses()
     laws = {"moe": role_law(losses, n_boot=20)}
-    loo = law_checks.role_loo_table(losses, laws, n_boot=20)
+    loo = law_roles.role_loo_table(losses, laws, n_boot=20)
     assert len(loo) == 9 and set(zip(loo["params"], loo["tokens"])) == set(zip(losses["params"], losses["tokens"]))
     # a refit on 8 of 9 points of a 3 x 3 grid still identifies the law; its predictions cover the truth's means
     assert loo["checked"].all() and loo["inside"].mean() >= 0.75
     # a point moved off the law is outside its interval
     off = losses.copy()
     off.loc[(off["params"] == 3e5) & (off["tokens"] == 3.5 * 3e5), "value"] *= 1.05
-    out = law_checks.role_loo_table(off, {"moe": role_law(off, n_boot=20)}, n_boot=20).set_index(["params", "tokens"])
+    out = law_roles.role_loo_table(off, {"moe": role_law(off, n_boot=20)}, n_boot=20).set_index(["params", "tokens"])
     assert not out.loc[(3e5, 3.5 * 3e5), "inside"]
     words = _fit_words(pd.DataFrame(columns=["gap"]), pd.DataFrame(), pd.DataFrame(),
-                             law_checks.role_law_table(laws), pd.DataFrame(columns=["kind"]), loo)
+                             law_roles.role_law_table(laws), pd.DataFrame(columns=["kind"]), loo)
     assert f"Left out one at a time, {int(loo['inside'].sum())} of 9 checked points" in words[0]
 
 
 def test_a_law_that_leaves_a_parameter_unidentified_is_not_refitted():
     one = _law_losses(sizes=(3e5,), tpps=(1.0, 3.5, 10.0, 28.9))
     laws = {"moe": role_law(one, n_boot=10)}
-    loo = law_checks.role_loo_table(one, laws)
+    loo = law_roles.role_loo_table(one, laws)
     assert len(loo) == 4 and not loo["checked"].any() and loo["predicted"].isna().all()
     assert loo["not_identified"].eq("E, A, alpha").all() and loo["note"].str.contains("not refitted").all()
     words = _fit_words(pd.DataFrame(columns=["gap"]), pd.DataFrame(), pd.DataFrame(),
-                             law_checks.role_law_table(laws), pd.DataFrame(columns=["kind"]), loo)
+                             law_roles.role_law_table(laws), pd.DataFrame(columns=["kind"]), loo)
     assert "no point can be checked (not refitted: on every point the law leaves E, A, alpha not identified)" in words[0]
 
 
@@ -162,7 +162,7 @@ def test_a_map_of_one_size_is_never_carried_to_the_papers_point():
     """issue #41: the fit said "size not identified", yet the extrapolation was marked identified
     with an interval (-0.430 [-0.518, -0.343])."""
     models = plane.gap_models(_per_seed(0.02, 0.0, sizes={"s": 1e4}), n_boot=200)
-    ex = law_checks.extrapolation_table(models, {}).set_index("what")
+    ex = law_roles.extrapolation_table(models, {}).set_index("what")
     assert not ex["identified"].any() and ex["predicted"].isna().all() and ex["ci_low"].isna().all()
     assert ex.loc["active", "reason"] == "size not identified by this grid"
     words = law_words.extrapolation_sentences(ex.reset_index())
@@ -180,7 +180,7 @@ def test_one_seed_per_point_gives_no_interval_and_no_verdict():
     assert coefs["ci_low"].isna().all() and coefs["p_boot"].isna().all() and coefs["p_holm"].isna().all()
     assert coefs.loc[coefs["term"] == "size", "reason"].iloc[0].startswith("no interval: 9 of 9 map points have one seed")
     assert plane.what_moves(coefs, "active").endswith("not judged (a point needs at least two seeds to carry an interval).")
-    ex = law_checks.extrapolation_table(models, {})
+    ex = law_roles.extrapolation_table(models, {})
     assert ex["ci_low"].isna().all()
     loo = plane.loo_table(_per_seed(0.02, 0.01, seeds=1), n_boot=50)
     assert loo["pi_low"].isna().all() and loo["note"].str.startswith("no interval").all()
