@@ -18,13 +18,11 @@ into ``outputs/<preset>/report.html`` (:mod:`studylib.study.runner.report`: code
 embedded). While the notebooks run, the terminal shows which runs train, their step and ETA
 (:mod:`studylib.study.orchestration.watch`).
 
-Every notebook opens with one call, :func:`open_comparison`: its comparison's runs
-(:mod:`studylib.study.comparisons`; trained when missing, else reused) and :func:`notebook_context`, which finds the repository root (so a notebook runs
-from any working directory, e.g. nbval's, which is the notebook's folder), loads the preset,
-applies the ``seeds`` and ``overrides`` parameters
-(:func:`studylib.study.runner.parameters.apply_parameters`: a seed sweep, or a
-variant preset under its own derived name) and sets the plotting style. It does not change the
-working directory: every path it returns is absolute, resolved from the repository root.
+Every notebook opens with :func:`open_comparison`: its comparison's runs (trained when missing,
+else reused) and :func:`notebook_context`, which finds the repository root (a notebook runs from any
+working directory, e.g. nbval's), loads the preset, applies the ``seeds`` and ``overrides``
+parameters (:func:`studylib.study.runner.parameters.apply_parameters`) and sets the plotting
+style; every path it returns is absolute.
 
 Every notebook's parameters cell holds ``params``, ``jobs``, ``seeds = None`` and
 ``overrides = None``, so the same values reach it from ``studylib study -p`` and from plain
