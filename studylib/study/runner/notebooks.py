@@ -8,12 +8,10 @@ each ``notebooks/NN_*.py`` (Jupytext ``py:percent``) is converted to a notebook,
 papermill (kernel ``python3``, working directory = the repository root, parameters ``params`` and
 ``jobs`` injected after the cell tagged ``parameters``, plus each ``-p NAME VALUE`` whose NAME that
 notebook's parameters cell declares; VALUE is parsed as YAML, like papermill's ``-y``) and written
-to ``outputs/<preset>/notebooks/NN_*.ipynb`` (``NN_*-NAME=VALUE.ipynb`` for a ``-p`` parameter other than
-``params``, ``jobs``, ``seeds`` and ``overrides``: :func:`~studylib.study.runner.execute.executed_stem`).
+to ``outputs/<preset>/notebooks/NN_*.ipynb`` (or :func:`~studylib.study.runner.execute.executed_stem`).
 
-Up to ``--notebook-jobs`` notebooks execute at a time (default: 2, or 1 on a one-core machine),
-started in file order; notebooks marked ``run_alone`` run alone, and a failure stops the phase
-(:mod:`studylib.study.runner.execute`). Then, unless ``--no-report``, the executed notebooks are stitched
+Up to ``--notebook-jobs`` notebooks execute at a time (default 2), in file order; those marked
+``run_alone`` run alone; a failure stops the phase (:mod:`studylib.study.runner.execute`). Then, unless ``--no-report``, the executed notebooks are stitched
 into ``outputs/<preset>/report.html`` (:mod:`studylib.study.runner.report`: code hidden, figures
 embedded). While the notebooks run, the terminal shows which runs train, their step and ETA
 (:mod:`studylib.study.orchestration.watch`).
