@@ -130,7 +130,7 @@ class ModelConfig:
     # scaling (seed 003's fan-in expert init; see studylib.nn.model.Decoder.init_weights)
     expert_init: Literal["normal", "fan_in"] = "normal"
     # rows per logits matmul of the fused LM-head loss (studylib.nn.lm_loss): execution only, the
-    # same function to fp32 rounding (not part of a run's identity); docs/measurements.md#speed
+    # same function to fp32 rounding (not part of a run's identity); docs/performance.md#speed-of-a-training-step-at-the-maps-sizes
     lm_head_chunk: int = 2048
 
     @property
