@@ -164,13 +164,20 @@ def _not_identified(theta, Xc, form, per_role, n_sizes, n_budgets) -> tuple[dict
         if not (Xc["R"][rows] > 0).any():
             out[k] = (f"no {ROLES[i]} cell " if per_role else "no cell ") + "repeats data (R = 0 everywhere)"
     joint = form_of(form) is not Chinchilla
-    if n_sizes < 2:
+    # one family's law (chinchilla) sees its N and D at n_sizes and n_budgets values: a power law with
+    # its floor needs three of each (two fix one contrast, which the scale and the exponent share);
+    # the joint law's three roles put every size at three values of N
+    need = 2 if joint else 3
+    if n_sizes < need:
         ratio = math.exp(np.ptp(Xc["lna"] + Xc["span"]))
         why = (f"the grid has one model size (the roles' N span a factor of {ratio:.2f}: E, A, alpha and the MoE's "
-               f"effective N trade off)" if joint else "the grid has one model size")
+               f"effective N trade off)" if joint else "the grid has one model size" if n_sizes == 1 else
+               f"the grid has {n_sizes} model sizes: A and alpha trade off (a power law with its floor needs three)")
         out.update({k: why for k in ("E", "A", "alpha", *names[5:6])})
-    if n_budgets < 2:
-        out.update({k: "the grid has one token budget" for k in ("E", "B", "beta", *rstar)})
+    if n_budgets < need:
+        out.update({k: "the grid has one token budget" if n_budgets == 1 else
+                    f"the grid has {n_budgets} token budgets: B and beta trade off (a power law with its floor needs "
+                    f"three)" for k in ("E", "B", "beta", *rstar)})
     lo, hi = bounds(form, per_role)
     to_lo, to_hi = np.abs(np.asarray(theta) - lo), np.abs(np.asarray(theta) - hi)
     for j, k in enumerate(names):  # last: any other reason comes first

@@ -130,3 +130,15 @@ def test_loss_law_with_one_size_does_not_print_what_it_cannot_know():
     assert law.coefs["E"].reason == "the grid has one model size"
     with pytest.raises(ValueError, match="role law: column 'value' must be positive"):
         role_law(_losses().assign(value=-1.0))
+
+
+def test_loss_law_with_two_sizes_leaves_its_size_term_unidentified():
+    """Two sizes give two asymptotes E + A/N^alpha for three unknowns: E, A and alpha trade off
+    however many budgets pin each size's curve; B and beta stay identified and recovered."""
+    law = role_law(_losses(sizes=(1e6, 1e7), tpp=(1, 3, 10, 30, 100)), n_boot=10)
+    bad = {k for k, c in law.coefs.items() if not c.identified}
+    assert bad == {"E", "A", "alpha"}
+    assert law.coefs["E"].reason == "the grid has 2 model sizes: A and alpha trade off (a power law with its floor needs three)"
+    assert law.coefs["beta"].estimate == pytest.approx(LAW["beta"], rel=0.15)
+    three = role_law(_losses(sizes=(1e6, 1e7, 1e8), tpp=(1, 3, 10, 30, 100)), n_boot=10)
+    assert not [k for k, c in three.coefs.items() if not c.identified]
