@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -116,9 +117,11 @@ def test_a_package_on_the_path_under_studylib_study_comparisons_is_not_imported(
 
 
 def test_a_module_named_with_comparison_module_joins_the_registry(tmp_path, monkeypatch):
-    monkeypatch.delenv(C.MODULES_ENV, raising=False)
+    monkeypatch.setenv(C.MODULES_ENV, "")  # name_modules sets it for this process: undone after the test
     on_the_path(monkeypatch, installed_comparison(tmp_path / "named", "toy_named", TOY))
     assert "toy" not in C.registry()
+    monkeypatch.setitem(sys.modules, "toy_named", None)  # the module imported below is forgotten after the test
+    monkeypatch.delitem(sys.modules, "toy_named")
     C.name_modules(["toy_named"])
     assert os.environ[C.MODULES_ENV] == "toy_named"  # what the kernels inherit
     assert C.comparison("14_toy").knobs.keys() == ("toy_models", "toy_epochs")
