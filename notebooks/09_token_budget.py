@@ -41,14 +41,14 @@
 #   correction (the adjusted p beside the raw one) and an equivalence test (paired TOST) against the
 #   margin `study.margin` (default the power target, ±0.03 nats): every point is "MoE better",
 #   "dense better", "equivalent within ±margin" or "inconclusive".
-# * **The gap model** (`studylib.study.comparisons.token_budget.fits.gap_model`): each gap as a plane in log10
+# * **The gap model** (`studylib.study.comparisons.token_budget.plane.gap_model`): each gap as a plane in log10
 #   tokens/param and log10 size (their interaction only where the grid supports it), fitted to every
 #   seed's gap, with intervals from a bootstrap that resamples seeds within each map point. Its two
 #   slopes are the tokens/param effect at fixed size and the size effect at fixed tokens/param (a
 #   family of their own per gap: Holm over the bootstrap p values). Where the fitted gap is zero is a
 #   **crossing line** in (size, tokens/param) with a band; every point is also predicted with itself
 #   left out.
-# * **One law for the three models** (`token_budget.law`): L = E + A/N_eff^alpha + B/D_eff^beta in
+# * **One law for the three models** (`token_budget.law_fit`): L = E + A/N_eff^alpha + B/D_eff^beta in
 #   bits per byte over every run, the dense baselines sharing every parameter, the MoE one more
 #   (lambda: N_eff = N_active^(1-lambda) N_total^lambda, Clark et al. 2022), repeated data through
 #   Muennighoff et al.'s D_eff (R*); checked on the largest size and on each budget it never saw,
@@ -74,9 +74,8 @@ from IPython.display import Markdown, display
 from studylib.study.analysis import plots, text
 from studylib.study.comparisons import token_budget
 from studylib.study.comparisons.budget_matching import shape
-from studylib.study.comparisons.token_budget import budgets, checks as budget_checks, gaps as bm
-from studylib.study.comparisons.token_budget import law, law_checks, law_words
-from studylib.study.comparisons.token_budget import plots as budget_plots, report as bf
+from studylib.study.comparisons.token_budget import budgets, gaps, law_checks, law_fit, law_words, plane, repetition
+from studylib.study.comparisons.token_budget.plots import crossing_line, gap_map
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, runs = open_comparison("token_budget", params, jobs, seeds, overrides)  # every trio x cell x seed
@@ -87,7 +86,7 @@ epoch_unit = (f"train.max_steps = {preset.train.max_steps} steps (not a pass ove
               if preset.train.max_steps is not None else "one pass over the training windows")
 print(f"preset {preset.name!r}, seeds {seeds}; one epoch = {epoch_unit}")
 for t in trios:
-    print(f"  size {bm.size_label(t.size, active[t.size])}: {t.models}, vocabulary "
+    print(f"  size {gaps.size_label(t.size, active[t.size])}: {t.models}, vocabulary "
           f"{preset.model_config(t.moe).vocab_size:,}, epochs {[float(f'{e:.4g}') for e in t.epochs]}"
           + (f", repeated {[float(f'{e:.4g}') for e in t.repeat]} from {list(t.stories)} of the stories" if t.repeat else "")
           + f", seeds {t.seeds_of(seeds)}")
@@ -102,7 +101,7 @@ for t in trios:
 
 # %%
 trio_shapes = shape.trio_frame(preset, [t.models for t in trios])
-plots.save_table(trio_shapes, "token_budget_shapes", out)
+plots.save_table(trio_shapes, token_budget.SHAPES, out)
 display(shape.display_frame(trio_shapes))
 
 # %% [markdown]
@@ -110,7 +109,7 @@ display(shape.display_frame(trio_shapes))
 
 # %%
 runs_table = budgets.run_plan(study, trios, runs.specs)
-plots.save_table(runs_table, "token_budget_plan", out, index=False)
+plots.save_table(runs_table, token_budget.PLAN, out, index=False)
 display(runs_table)
 own, shared = runs_table["preset_run"], runs_table["also_in"] != ""
 print(f"{len(runs_table)} (model, budget) pairs, {int(runs_table['seeds'].sum())} runs: {int(own.sum())} pairs are the preset's own runs "
@@ -133,11 +132,11 @@ print(f"{len(summaries)} runs ready")
 
 # %%
 margin = study.general.margin
-per_seed = bm.gap_frame(summaries, trios, active)
-table = bm.gap_table(per_seed, active, margin=margin)
-plots.save_table(table, "token_budget_gaps", out, index=False)
-plots.save_table(per_seed, "token_budget_per_seed", out, index=False)
-display(bm.display_table(table))
+per_seed = gaps.gap_frame(summaries, trios, active)
+table = gaps.gap_table(per_seed, active, margin=margin)
+plots.save_table(table, token_budget.MAP, out, index=False)
+plots.save_table(per_seed, token_budget.PER_SEED, out, index=False)
+display(gaps.display_table(table))
 repeated = table[table["repeats"]]
 if len(repeated):
     print("Data repetition: " + "; ".join(
@@ -145,12 +144,12 @@ if len(repeated):
         f"{r.unique:,.0f} unique training tokens" for r in repeated.itertuples()) + ".")
 else:
     print("No budget passes over the training data more than once (no repeated windows).")
-shared = bm.shared_budgets(table)
+shared = gaps.shared_budgets(table)
 print("Sizes that share a tokens/param: " + ("; ".join(f"{x:.3g}: {', '.join(s)}" for x, s in shared) or "none")
       + ".")
-for gap in bm.GAPS:
-    print(bm.point_sentences(table, gap))
-print(bm.position_sentence(table))
+for gap in gaps.GAPS:
+    print(gaps.point_sentences(table, gap))
+print(gaps.position_sentence(table))
 
 # %% [markdown]
 # ### What repetition does, measured
@@ -161,13 +160,13 @@ print(bm.position_sentence(table))
 # its bootstrap CI (Holm over the two gaps), and per model the slope of its loss.
 
 # %%
-repetition = budget_checks.repetition_table(per_seed, active)
-repetition_fit = budget_checks.repetition_fit(per_seed)
-plots.save_table(repetition, "token_budget_repetition", out, index=False)
-plots.save_table(repetition_fit, "token_budget_repetition_fit", out, index=False)
-display(repetition)
+repeated_cells = repetition.repetition_table(per_seed, active)
+repetition_fit = repetition.repetition_fit(per_seed)
+plots.save_table(repeated_cells, token_budget.REPETITION, out, index=False)
+plots.save_table(repetition_fit, token_budget.REPETITION_FIT, out, index=False)
+display(repeated_cells)
 display(repetition_fit)
-for line in budget_checks.repetition_sentences(repetition_fit, repetition):
+for line in repetition.repetition_sentences(repetition_fit, repeated_cells):
     print(line)
 
 # %% [markdown]
@@ -178,8 +177,8 @@ for line in budget_checks.repetition_sentences(repetition_fit, repetition):
 # short run).
 
 # %%
-memorisation = budget_checks.memorisation_table(trios, summaries, token_budget.cell_metrics(runs, trios))
-plots.save_table(memorisation, "token_budget_memorisation", out, index=False)
+memorisation = repetition.memorisation_table(trios, summaries, token_budget.cell_metrics(runs, trios))
+plots.save_table(memorisation, token_budget.MEMORISATION, out, index=False)
 display(memorisation)
 
 # %% [markdown]
@@ -191,8 +190,8 @@ display(memorisation)
 # its own point with 80% power if the true gap here were that large.
 
 # %%
-power = budget_checks.power_frame(per_seed, active, target=ctx.knobs.power_target)
-plots.save_table(power, "token_budget_power", out, index=False)
+power = repetition.power_frame(per_seed, active, target=ctx.knobs.power_target)
+plots.save_table(power, token_budget.POWER, out, index=False)
 display(power[["size", "epochs", "stories", "tokens_per_param", "gap", "n", "std", "half_width", "hw@10",
                "seeds_target", "seeds_effect", "seeds_effect_high"]])
 print(text.power_sentences(power.set_index("comparison")))
@@ -201,21 +200,21 @@ print(text.power_sentences(power.set_index("comparison")))
 # ## The fits: the gap model, the crossing line, every point left out, the loss laws (each point left out too)
 
 # %%
-models = bf.gap_models(per_seed)
-coefs = bf.coefficient_table(models)
-crossing = bf.crossing_table(models)
-loo = bf.loo_table(per_seed)
-losses = bf.loss_frame(preset, trios, summaries)
-fitted_laws = bf.loss_laws(losses)
-laws = bf.loss_law_table(fitted_laws)
-loss_loo = bf.loss_loo_table(losses, fitted_laws)
-extrapolation = bf.extrapolation_table(models, fitted_laws)
-for name, t in (("token_budget_fit", coefs), ("token_budget_crossing", crossing), ("token_budget_loo", loo),
-                ("token_budget_losses", losses), ("token_budget_loss_law", laws), ("token_budget_loss_loo", loss_loo),
-                ("token_budget_extrapolation", extrapolation)):
+models = plane.gap_models(per_seed)
+coefs = plane.coefficient_table(models)
+crossing = plane.crossing_table(models)
+loo = plane.loo_table(per_seed)
+losses = law_fit.loss_frame(preset, trios, summaries)
+fitted_laws = law_checks.role_laws(losses)
+laws = law_checks.role_law_table(fitted_laws)
+loss_loo = law_checks.role_loo_table(losses, fitted_laws)
+extrapolation = law_checks.extrapolation_table(models, fitted_laws)
+for name, t in ((token_budget.FIT, coefs), (token_budget.CROSSING, crossing), (token_budget.LOO, loo),
+                (token_budget.LOSSES, losses), (token_budget.LOSS_LAW, laws), (token_budget.LOSS_LOO, loss_loo),
+                (token_budget.EXTRAPOLATION, extrapolation)):
     plots.save_table(t, name, out, index=False)
-for gap in bm.GAPS:
-    print(bf.what_moves(coefs, gap))
+for gap in gaps.GAPS:
+    print(plane.what_moves(coefs, gap))
 display(coefs[["gap", "term", "estimate", "ci_low", "ci_high", "p_boot", "p_holm", "verdict", "reason"]])
 
 # %% [markdown]
@@ -249,13 +248,13 @@ display(extrapolation)
 law_runs = losses.rename(columns={"params": "active"})
 n_boot = ctx.knobs.law_boot  # study.map_law_boot: replicates of each interval
 choice = law_checks.choose(law_runs)
-joint = law.fit_law(law_runs, choice.form, choice.per_role_rstar, n_boot=n_boot)
+joint = law_fit.fit_law(law_runs, choice.form, choice.per_role_rstar, n_boot=n_boot)
 law_table = law_words.law_table(joint)
 held = pd.concat([law_checks.held_out(law_runs, by, choice.form, choice.per_role_rstar, n_boot=n_boot).table
                   for by in ("size", "budget")], ignore_index=True)
 at_paper = law_checks.paper_point(joint)
-for name, t in (("token_budget_law", law_table), ("token_budget_law_choice", choice.errors),
-                ("token_budget_law_held_out", held), ("token_budget_law_paper", at_paper)):
+for name, t in ((token_budget.LAW, law_table), (token_budget.LAW_CHOICE, choice.errors),
+                (token_budget.LAW_HELD_OUT, held), (token_budget.LAW_PAPER, at_paper)):
     plots.save_table(t, name, out, index=False)
 display(choice.errors)
 display(law_table[["parameter", "estimate", "ci_low", "ci_high", "cell_ci_low", "cell_ci_high", "identified",
@@ -276,22 +275,23 @@ for s in law_words.law_sentences(law_table, choice.errors, held, at_paper):
 paper_table, paper_note = budgets.paper_preset_points(ctx.root, preset)
 print(paper_note)
 if paper_table is not None:
-    plots.save_table(paper_table, "token_budget_gaps_paper_preset", out, index=False)
-    display(bm.display_table(paper_table))
-fig = budget_plots.gap_map(table, paper_table=paper_table, models=models,
-                           title=f"Gaps against tokens per active parameter ({preset.name}; seeds per size in the table)",
-                           outdir=out, name="token_budget_gaps")
-fig2 = budget_plots.crossing_line(crossing, table, outdir=out, name="token_budget_crossing")
+    plots.save_table(paper_table, token_budget.PAPER_PRESET, out, index=False)
+    display(gaps.display_table(paper_table))
+fig = gap_map(table, paper_table=paper_table, models=models,
+              title=f"Gaps against tokens per active parameter ({preset.name}; seeds per size in the table)",
+              outdir=out, name=token_budget.MAP)
+fig2 = crossing_line(crossing, table, outdir=out, name=token_budget.CROSSING)
 
 # %% [markdown]
 # ## In words
 
 # %%
-lines = [bm.point_sentences(table, gap) for gap in bm.GAPS] + [bm.position_sentence(table)]
-lines += budget_checks.repetition_sentences(repetition_fit, repetition)
-lines += bf.fit_sentences(coefs, crossing, loo, laws, extrapolation, loss_loo)
+lines = [gaps.point_sentences(table, gap) for gap in gaps.GAPS] + [gaps.position_sentence(table)]
+lines += repetition.repetition_sentences(repetition_fit, repeated_cells)
+lines += plane.plane_sentences(coefs, crossing, loo)
+lines += law_words.role_law_sentences(laws, loss_loo) + law_words.extrapolation_sentences(extrapolation)
 lines += law_words.law_sentences(law_table, choice.errors, held, at_paper)
-lines.append(bm.paper_sentence(table))
+lines.append(gaps.paper_sentence(table))
 for s in lines:
     print(s, "\n")
 display(Markdown("\n\n".join(f"* {s}" for s in lines)))

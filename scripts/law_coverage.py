@@ -30,7 +30,7 @@ from statsmodels.stats.proportion import proportion_confint
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from studylib.study.comparisons.token_budget import law as J  # noqa: E402
+from studylib.study.comparisons.token_budget import law_fit as J  # noqa: E402
 from studylib.study.comparisons.token_budget import law_checks as C  # noqa: E402
 from tests.study.comparisons.token_budget.test_law import TRUE, _map, _true_theta  # noqa: E402
 

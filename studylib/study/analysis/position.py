@@ -1,13 +1,15 @@
 """Where the MoE sits between its two dense matches: ``p = (L_active - L_MoE) / (L_active -
 L_total)``, 0 at its active match, 1 at its total match (the paper's 0.81, :data:`~.paper.PAPER_POSITION`);
-per point from per-seed gaps with a bootstrap CI (:func:`position_row`), undefined where the two
-dense baselines are not resolved apart."""
+per point from per-seed gaps with a bootstrap CI (:func:`position_row`, the replicates of
+:class:`~.bootstrap.Bootstrap`), undefined where the two dense baselines are not resolved apart;
+:func:`position_text` words it."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
+from studylib.study.analysis.bootstrap import Bootstrap
 from studylib.study.analysis.stats import paired
 
 
@@ -48,10 +50,21 @@ def position_row(g_active: np.ndarray, g_total: np.ndarray, n_boot: int = 2000, 
     k = math.sqrt(n / (n - 1))
     num = ga.mean() + k * (ga - ga.mean())[idx].mean(axis=1)
     den = d.mean() + k * (d - d.mean())[idx].mean(axis=1)
-    q = 100 * (1 - level) / 2
-    lo, hi = np.nanpercentile(position(num, 0.0, num - den), [q, 100 - q])
-    return {**out, "position": float(ga.mean() / d.mean()), "position_low": float(lo), "position_high": float(hi),
+    boot = Bootstrap(np.array([ga.mean() / d.mean()]), position(num, 0.0, num - den)[:, None], level)
+    (lo,), (hi,) = boot.interval()
+    return {**out, "position": float(boot.point[0]), "position_low": float(lo), "position_high": float(hi),
             "position_defined": True}
 
 
-__all__ = ["position", "position_row"]
+def position_text(r) -> str:
+    """One point's position (a :func:`position_row` or a table row with its columns): ``0.81 [0.64,
+    0.98]``, ``0.81 (no interval)`` from one seed, or "not defined" (the dense baselines not
+    resolved apart)."""
+    if not r.get("position_defined", False):
+        return "not defined"
+    if r["position_low"] != r["position_low"]:
+        return f"{r['position']:.2f} (no interval)"
+    return f"{r['position']:.2f} [{r['position_low']:.2f}, {r['position_high']:.2f}]"
+
+
+__all__ = ["position", "position_row", "position_text"]

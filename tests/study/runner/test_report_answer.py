@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from studylib.study.comparisons.token_budget import report as bf
+from studylib.study.comparisons.token_budget import law_checks, law_words, plane
 from studylib.study.comparisons.token_budget import gaps as bm
 from studylib.study.analysis import tables, text
 from studylib.study.runner import report
@@ -54,10 +54,10 @@ def _map(out):
     table = bm.gap_table(per_seed, {"moe_x": 20_000})
     table.to_csv(out / "tables" / "token_budget_gaps.csv", index=False)
     per_seed.to_csv(out / "tables" / "token_budget_per_seed.csv", index=False)
-    models = bf.gap_models(per_seed, n_boot=200)
-    fits = {"fit": bf.coefficient_table(models), "crossing": bf.crossing_table(models),
-            "loo": bf.loo_table(per_seed, n_boot=200), "loss_law": pd.DataFrame(columns=["role"]),
-            "extrapolation": bf.extrapolation_table(models, {})}
+    models = plane.gap_models(per_seed, n_boot=200)
+    fits = {"fit": plane.coefficient_table(models), "crossing": plane.crossing_table(models),
+            "loo": plane.loo_table(per_seed, n_boot=200), "loss_law": pd.DataFrame(columns=["role"]),
+            "extrapolation": law_checks.extrapolation_table(models, {})}
     for name, t in fits.items():
         t.to_csv(out / "tables" / f"token_budget_{name}.csv", index=False)
     return table, per_seed, fits
@@ -136,7 +136,8 @@ def test_the_report_opens_with_the_answer(out):
     verdict = text.headline_verdict(g, "dense_a", "moe_x", "dense_t", "toy", 40_000)
     assert " ".join(verdict.split("What this does not show:")[0].split()) in answer
     assert "is reproduced" in answer  # this toy's gaps both resolve in the paper's direction
-    words = [bm.point_sentences(table, gap) for gap in bm.GAPS] + bf.fit_sentences(*fits.values())
+    words = [bm.point_sentences(table, gap) for gap in bm.GAPS] + (plane.plane_sentences(fits["fit"], fits["crossing"], fits["loo"])
+                                                                      + law_words.extrapolation_sentences(fits["extrapolation"]))
     assert len(words) == 2 + 2 + 2  # per gap: its points, its gap model; the extrapolation of each gap
     for s in words:
         assert " ".join(s.split()) in answer
@@ -186,7 +187,7 @@ def _per_seed_losses(out, g):
 
 def _law_paper(out):
     """token_budget_law_paper.csv from a joint law fitted to a two-size map drawn from a known law."""
-    from studylib.study.comparisons.token_budget import law, law_checks
+    from studylib.study.comparisons.token_budget import law_fit
 
     rng = np.random.default_rng(3)
     rows = []
@@ -197,7 +198,7 @@ def _law_paper(out):
                 mu = 0.8 + 30 / neff ** 0.33 + 30 / (tpp * n) ** 0.3
                 rows += [{"role": role, "size": size, "seed": k, "active": a, "total": t, "tokens": tpp * n,
                           "unique": 5e6, "value": mu + rng.normal(0, 0.005)} for k in range(3)]
-    j = law.fit_law(pd.DataFrame(rows), n_boot=20, n_boot_cell=0)
+    j = law_fit.fit_law(pd.DataFrame(rows), n_boot=20, n_boot_cell=0)
     law_checks.paper_point(j).to_csv(out / "tables" / "token_budget_law_paper.csv", index=False)
 
 

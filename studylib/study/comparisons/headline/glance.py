@@ -10,19 +10,11 @@ import pandas as pd
 
 from studylib.study.analysis.paper import (PAPER_GAPS, PAPER_HEADLINE_TOKENS, PAPER_POSITION, PAPER_TABLE6,
                                            PAPER_TOKENS_PER_PARAM)
-from studylib.study.analysis.position import position_row
+from studylib.study.analysis.position import position_row, position_text
 from studylib.study.comparisons.glance import GlanceRow, ci_text, mean_ci
 
 #: notebook 03's per-seed losses (seed index; the trio's three models; active_gap, total_gap)
 PER_SEED = "table6_per_seed"
-
-
-def position_text(g_active, g_total) -> str:
-    """:func:`~studylib.study.analysis.position.position_row` of per-seed gaps (dense - MoE), worded."""
-    r = position_row(g_active, g_total)
-    if not r["position_defined"]:
-        return "not defined"
-    return ci_text(r["position"], r["position_low"], r["position_high"], ".2f")
 
 
 def paper_row() -> GlanceRow:
@@ -34,7 +26,7 @@ def paper_row() -> GlanceRow:
                      mean_ci(da), mean_ci(moe), mean_ci(dt),
                      f"{PAPER_GAPS['active'][0]:+.4f} ± {PAPER_GAPS['active'][1]:.4f} sd",
                      f"{-PAPER_GAPS['total'][0]:+.4f} ± {PAPER_GAPS['total'][1]:.4f} sd",
-                     position_text(da - moe, dt - moe))
+                     position_text(position_row(da - moe, dt - moe)))
 
 
 def _phrase(row, moe_is_b: bool) -> str:
@@ -66,7 +58,7 @@ def headline_glance(out_dir: Path, gaps: pd.DataFrame, summary: Optional[dict]) 
         t = pd.read_csv(path, index_col=0)
         t = t[pd.to_numeric(t.index, errors="coerce").notna()]  # the seeds' rows (then mean, std, ci_low, ci_high)
         da, moe, dt = (t[c] for c in (act["a"], act["b"], tot["b"]))
-        pos = position_text(da - moe, dt - moe)
+        pos = position_text(position_row(da - moe, dt - moe))
         rows.append(GlanceRow(f"headline: {act['b']}, {budget}{n} seeds",
                               f"nats (vocabulary {vocab:,})" if vocab else "nats", mean_ci(da), mean_ci(moe),
                               mean_ci(dt), ci_text(act["mean"], act["ci_low"], act["ci_high"], "+.4f"),
@@ -79,4 +71,4 @@ def headline_glance(out_dir: Path, gaps: pd.DataFrame, summary: Optional[dict]) 
     return rows, lead
 
 
-__all__ = ["PER_SEED", "paper_row", "position_text", "headline_glance"]
+__all__ = ["PER_SEED", "paper_row", "headline_glance"]

@@ -1,9 +1,20 @@
-"""Notebook 09, the token-budget map: every trio of ``study.token_budget`` (:mod:`.knobs`) at each
-of its cells (:mod:`.budgets`: its budgets, then its repeated budgets from fewer stories), one grid
-per trio x cell (trio order, then :meth:`~.knobs.TrioConfig.cells`); the map's points and families
-(:mod:`.gaps`), its checks (:mod:`.checks`: power, what repeating the data does), the fits
-(:mod:`.fits`, :mod:`.loss_law`, :mod:`.report`) and figures (:mod:`.plots`). What it adds to the
-report's answer: each gap's points by verdict, the fits' sentences and the map's figures."""
+"""Notebook 09, the token-budget map, and the law fitted over it. Its files group as
+
+* the plan: :mod:`.knobs` (``study.token_budget``: trios, budgets, repeats) and :mod:`.budgets` (each
+  trio's cells, their budgets and runs), one grid per trio x cell (trio order, then
+  :meth:`~.knobs.TrioConfig.cells`);
+* the map: :mod:`.gaps` (both gaps and the MoE's position at every point, Holm and TOST over each
+  gap's points), :mod:`.repetition` (what repeating the data does; the power table) and
+  :mod:`.plane` (each gap as a plane in log tokens/param and log size, its crossing line);
+* the law: :mod:`.law_form` (``L = E + A / N_eff^alpha + B / D_eff^beta`` with named parameters: the
+  joint law of the three roles, the MoE's worth as lambda or a multiplier, and the per-role form),
+  :mod:`.law_fit` (one Huber fitter, the identification test, the bootstraps), :mod:`.law_checks`
+  (the form chosen by leaving cells out, held-out sizes and budgets, the paper's point, the per-role
+  laws) and :mod:`.law_words`;
+* the report's part: :mod:`.glance` (the first screen) and :mod:`.plots` (the figures).
+
+The tables notebook 09 writes are named once here (:data:`MAP` ...); :func:`answer` reads them back
+for the report's answer: each gap's points by verdict, the fits' sentences and the map's figures."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,12 +29,17 @@ from studylib.study.comparisons.token_budget import budgets, gaps
 from studylib.study.comparisons.token_budget.knobs import TokenBudgetKnobs, TrioConfig
 from studylib.study.orchestration.plan import Grid
 
-#: the table (and figure) notebook 09 writes for the report's answer
-MAP = "token_budget_gaps"
-#: its fits' tables, in the order :func:`.report.fit_sentences` reads them
-FITS = ("fit", "crossing", "loo", "loss_law", "extrapolation")
-#: the joint law's tables, in the order :func:`.law_words.law_sentences` reads them
-LAW = ("law", "law_choice", "law_held_out", "law_paper")
+#: the tables (and figures) notebook 09 writes, each read back by name
+SHAPES, PLAN = "token_budget_shapes", "token_budget_plan"
+MAP, PER_SEED = "token_budget_gaps", "token_budget_per_seed"
+REPETITION, REPETITION_FIT = "token_budget_repetition", "token_budget_repetition_fit"
+MEMORISATION, POWER = "token_budget_memorisation", "token_budget_power"
+FIT, CROSSING, LOO = "token_budget_fit", "token_budget_crossing", "token_budget_loo"
+LOSSES, LOSS_LAW, LOSS_LOO = "token_budget_losses", "token_budget_loss_law", "token_budget_loss_loo"
+EXTRAPOLATION = "token_budget_extrapolation"
+LAW, LAW_CHOICE = "token_budget_law", "token_budget_law_choice"
+LAW_HELD_OUT, LAW_PAPER = "token_budget_law_held_out", "token_budget_law_paper"
+PAPER_PRESET = "token_budget_gaps_paper_preset"
 
 
 def cell_grids(preset, trios: Sequence[TrioConfig], seeds: Sequence[int], epoch: int) -> list[Grid]:
@@ -66,18 +82,20 @@ def _table(out_dir: Path, name: str):
 def map_sentences(out_dir: Path, table: pd.DataFrame) -> list[str]:
     """The map's sentences, notebook 09's words rebuilt from its tables: each gap's points by
     verdict, the fits (when their tables exist) and the paper's range."""
-    from studylib.study.comparisons.token_budget import checks, law_words, report
+    from studylib.study.comparisons.token_budget import law_words, plane, repetition
 
     out = [gaps.point_sentences(table, gap) for gap in gaps.GAPS]
     if "position_defined" in table:
         out.append(gaps.position_sentence(table))
-    fit, rep = _table(out_dir, "token_budget_repetition_fit"), _table(out_dir, "token_budget_repetition")
+    fit, rep = _table(out_dir, REPETITION_FIT), _table(out_dir, REPETITION)
     if fit is not None and rep is not None:
-        out += checks.repetition_sentences(fit, rep)
-    fits = [_table(out_dir, f"token_budget_{n}") for n in FITS]
+        out += repetition.repetition_sentences(fit, rep)
+    fits = [_table(out_dir, n) for n in (FIT, CROSSING, LOO, LOSS_LAW, EXTRAPOLATION)]
     if all(f is not None for f in fits):
-        out += report.fit_sentences(*fits, loss_loo=_table(out_dir, "token_budget_loss_loo"))
-    joint = [_table(out_dir, f"token_budget_{n}") for n in LAW]
+        out += plane.plane_sentences(*fits[:3])
+        out += law_words.role_law_sentences(fits[3], _table(out_dir, LOSS_LOO))
+        out += law_words.extrapolation_sentences(fits[4])
+    joint = [_table(out_dir, n) for n in (LAW, LAW_CHOICE, LAW_HELD_OUT, LAW_PAPER)]
     if all(t is not None for t in joint):
         out += law_words.law_sentences(*joint)
     return out + [gaps.paper_sentence(table)]
@@ -90,9 +108,9 @@ def answer(out_dir: Path) -> Answer:
                       "(notebook 09 did not run in this study).", limits=(LIMITS,))
     from studylib.study.comparisons.token_budget.glance import map_glance
 
-    figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (MAP, "token_budget_crossing"))
+    figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (MAP, CROSSING))
                     if p.is_file())
-    rows, lead = map_glance(table, _table(out_dir, "token_budget_per_seed"), _table(out_dir, "token_budget_law_paper"))
+    rows, lead = map_glance(table, _table(out_dir, PER_SEED), _table(out_dir, LAW_PAPER))
     key = out_dir / "figures" / f"{MAP}.png"
     return Answer("**The token-budget map (notebook 09).**\n\n" + "\n".join(f"* {s}" for s in
                                                                           map_sentences(out_dir, table)),

@@ -28,11 +28,11 @@ from studylib.config import ConfigError, Preset, load_preset
 from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec, budget_overrides, epoch_steps
 from studylib.study.analysis.frames import collect_runs
-from studylib.study.comparisons.knobs import Context, Study
+from studylib.study.comparisons.knobs import Study, required
 from studylib.study.comparisons.token_budget.gaps import gap_frame, gap_table
-from studylib.study.comparisons.token_budget.knobs import TOKEN_BUDGET_SHAPE, TokenBudgetKnobs, TrioConfig
+from studylib.study.comparisons.token_budget.knobs import MAP_KNOB, TOKEN_BUDGET_SHAPE, TokenBudgetKnobs, TrioConfig
 
-KEY = "study.token_budget"
+KEY = f"study.{MAP_KNOB}"
 #: the longest budget, in units of the preset's own schedule (one pass over the training windows,
 #: or ``train.max_steps`` when set): past ~40 passes, repeated data is worth almost nothing
 #: (Muennighoff et al. 2023); more is a typo that would queue a run of billions of steps
@@ -48,9 +48,7 @@ def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] =
     data), and ``1.0`` exactly when the steps are ``S`` (the preset's own run). Absent: one
     ConfigError line naming the knob. Each budget is checked (:func:`check_budgets`) unless
     ``epoch`` is given (the ``paper`` preset's runs read without its data)."""
-    if knobs.trios is None:
-        raise ConfigError(f"{KEY}: missing from preset {preset.name!r}; expected {TOKEN_BUDGET_SHAPE}")
-    trios = list(knobs.trios)
+    trios = list(required(knobs.trios, MAP_KNOB, preset, TOKEN_BUDGET_SHAPE))
     s, per_step = (epoch_steps(preset) if epoch is None else epoch), tokens_per_step(preset)
     if epoch is None:
         check_budgets(preset, trios, s)
@@ -193,8 +191,11 @@ def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], 
         return None, "This is the paper preset: its budgets are the measured points."
     if not path.is_file():
         return None, f"No paper preset ({path})."
+    from studylib.study.comparisons import study_of  # the registry imports this package
+    from studylib.study.comparisons.token_budget import COMPARISON
+
     paper_p = load_preset(path)
-    knobs = TokenBudgetKnobs.parse(paper_p.study.comparisons, Context.of(paper_p))
+    knobs = study_of(paper_p)[COMPARISON]
     if knobs.trios is None:
         return None, f"The paper preset lists no {KEY}."
     trios, frames = [], []

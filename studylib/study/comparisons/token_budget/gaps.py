@@ -7,7 +7,7 @@ byte) and :func:`gap_table` (per cell from all the training stories: paired stat
 each gap's map points as one family, Holm-adjusted p values, the equivalence test and a verdict:
 :func:`studylib.study.analysis.stats.family`; the MoE's position between its matches,
 :func:`position_row`); :func:`shared_budgets` (the tokens/param values several sizes share) and
-:func:`point_sentences`. What repeating the data does is :mod:`.checks`'s; the fits are :mod:`.report`'s.
+:func:`point_sentences`. What repeating the data does is :mod:`.repetition`'s; the fits are :mod:`.plane`'s and the law's (:mod:`.law_fit`).
 
 Sign convention (both gaps): ``dense - MoE`` in best validation loss (nats, within a trio, one
 tokenizer), so **positive = the MoE is better**. The matched-total gap is therefore the negative of
@@ -26,7 +26,7 @@ import pandas as pd
 from studylib.study.analysis.frames import seed_pairs
 from studylib.study.analysis.paper import (PAPER_ACTIVE_PARAMS, PAPER_BUDGET_TOKENS, PAPER_GAPS, PAPER_POSITION,
                                            PAPER_TABLE5, PAPER_TOKENS_PER_PARAM, paper_millions)
-from studylib.study.analysis.position import position_row
+from studylib.study.analysis.position import position_row, position_text
 from studylib.study.analysis.stats import MARGIN, family, paired
 from studylib.study.analysis.tables import fmt_count
 from studylib.study.comparisons.token_budget.knobs import ROLES, TrioConfig
@@ -193,16 +193,6 @@ def point_sentences(table: pd.DataFrame, gap: str) -> str:
             + "; ".join(parts) + ".")
 
 
-def position_text(r) -> str:
-    """One point's position: ``0.81 [0.64, 0.98]`` or "not defined" (the dense baselines not
-    resolved apart)."""
-    if not r.get("position_defined", False):
-        return "not defined"
-    if r["position_low"] != r["position_low"]:
-        return f"{r['position']:.2f} (no interval)"
-    return f"{r['position']:.2f} [{r['position_low']:.2f}, {r['position_high']:.2f}]"
-
-
 def position_sentence(table: pd.DataFrame) -> str:
     """The MoE's position between its matches at every map point, beside the paper's."""
     if "position_defined" not in table:
@@ -257,5 +247,5 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["CELL", "GAPS", "PAPER_MODELS", "PAPER_POINT", "paper_params", "VERDICT_WORDS", "display_table", "gap_frame", "gap_table",
-           "paper_sentence", "point_sentences", "position_sentence", "position_text", "shared_budgets",
+           "paper_sentence", "point_sentences", "position_sentence", "shared_budgets",
            "size_label"]

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from studylib.study.analysis.paper import PAPER_POSITION, PAPER_TOKENS_PER_PARAM
+from studylib.study.analysis.position import position_text
 from studylib.study.comparisons.glance import GlanceRow, ci_text, mean_ci
-from studylib.study.comparisons.token_budget.gaps import position_text
 from studylib.study.comparisons.token_budget.knobs import ROLES
 
 

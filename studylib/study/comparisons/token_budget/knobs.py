@@ -67,6 +67,8 @@ class TrioConfig:
         return dict(zip(self.models, ROLES))[model]
 
 
+#: the map's key under ``study`` (written once: the knob, its errors and the budgets' messages read it)
+MAP_KNOB = "token_budget"
 TOKEN_BUDGET_SHAPE = ("{trios: [{models: [dense_active, moe, dense_total], epochs: [1.0], tokens_per_param: [1.0, 28.9], "
                       "seeds: 5, repeat: {tokens_per_param: [28.9], stories: [0.5, 0.25]}}, ...], shape: paper} "
                       "(epochs and/or tokens_per_param; repeat and shape optional)")
@@ -203,7 +205,7 @@ class TokenBudgetKnobs(Knobs):
     point's power table plans for (``map_power_target``) and the bootstrap replicates of each of
     the joint law's intervals (``map_law_boot``: seeds, map cells, each held-out refit)."""
 
-    map: Optional[TokenBudget] = knob("token_budget", parse_map)
+    map: Optional[TokenBudget] = knob(MAP_KNOB, parse_map)
     power_target: float = knob("map_power_target", _power_target, 0.05)
     law_boot: int = knob("map_law_boot", _law_boot, 200)
 
@@ -212,5 +214,5 @@ class TokenBudgetKnobs(Knobs):
         return None if self.map is None else self.map.trios
 
 
-__all__ = ["FFN_RANGE", "SHARE_TOL", "TOKEN_BUDGET_SHAPE", "TokenBudget", "TokenBudgetKnobs", "TrioConfig",
+__all__ = ["MAP_KNOB", "FFN_RANGE", "SHARE_TOL", "TOKEN_BUDGET_SHAPE", "TokenBudget", "TokenBudgetKnobs", "TrioConfig",
            "check_shape", "parse_map", "parse_trios"]

@@ -1,26 +1,33 @@
-"""Checks of the joint law (issue #40, :mod:`.law`) and where the MoE sits between its dense matches:
-:func:`position` / :func:`position_ci` (``p = (L_dense_active - L_moe) / (L_dense_active -
-L_dense_total)``: 0, no better than its active match; 1, as good as its total match; per map cell
-with a bootstrap interval over seeds paired across the roles); :func:`choose` (lambda or multiplier,
-shared or per-role R*, by leaving each map cell out); :func:`held_out` (the law refitted without the
-largest size or each budget, the left-out cells' losses, gaps and position predicted); and
-:func:`paper_point` / :func:`paper_sentences` (the law at the paper's N and D, an extrapolation).
+"""Checks of the joint law (issue #40, :mod:`.law_fit`) and where the MoE sits between its dense
+matches: :func:`position_ci` (``p = (L_dense_active - L_moe) / (L_dense_active - L_dense_total)``:
+0, no better than its active match; 1, as good as its total match; per map cell with a bootstrap
+interval over seeds paired across the roles, :mod:`studylib.study.analysis.position`);
+:func:`choose` (lambda or multiplier, shared or per-role R*, by leaving each map cell out);
+:func:`held_out` (the law refitted without the largest size or each budget, the left-out cells'
+losses, gaps and position predicted); :func:`paper_point` (the law at the paper's N and D, an
+extrapolation); and the per-role laws (:func:`role_laws`, each point left out:
+:func:`role_loo_table`) with :func:`extrapolation_table`, the gap plane and those laws at the
+paper's point. Their words are :mod:`.law_words`'.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
-from studylib.study.analysis.paper import PAPER_HEADLINE_TOKENS, PAPER_POSITION, PAPER_TABLE6
-from studylib.study.comparisons.token_budget.fits import percentile_ci
+from studylib.study.analysis.paper import (PAPER_ACTIVE_PARAMS, PAPER_HEADLINE_TOKENS, PAPER_POSITION, PAPER_TABLE6,
+                                           PAPER_TOKENS_PER_PARAM)
+from studylib.study.analysis.bootstrap import percentile_ci
 from studylib.study.analysis.position import position, position_row
-from studylib.study.comparisons.token_budget.gaps import PAPER_MODELS, paper_params
+from studylib.study.comparisons.token_budget.gaps import PAPER_MODELS, PAPER_POINT, paper_params
 from studylib.study.comparisons.token_budget.knobs import ROLES
-from studylib.study.comparisons.token_budget.law import COLUMNS, FORMS, MAP_KEYS, JointLaw, fit_law, runs_frame
-from studylib.study.comparisons.token_budget.loss_law import HUBER_DELTA
+from studylib.study.comparisons.token_budget.law_fit import (COLUMNS, HUBER_DELTA, MAP_KEYS, ROLE_KEYS, JointLaw,
+                                                             fit_law, per_role_start, role_law, runs_frame)
+from studylib.study.comparisons.token_budget.law_form import JOINT_FORMS
+from studylib.study.comparisons.token_budget.plane import GapModel, leave_one_out
 
 #: what a held-out cell predicts, in this order
 QUANTITIES = ("loss_dense_active", "loss_moe", "loss_dense_total", "gap_active", "gap_total", "position")
@@ -64,11 +71,11 @@ def _rests_on(law: JointLaw, quantity: str, repeats: bool) -> tuple[list, list]:
     on a bound: ``law.on_bound``, usable) at a cell that repeats data or not: a loss all but R* (R*
     too where data repeat); a gap A, alpha and lambda (or m); the position alpha and lambda; with
     one R* per role at a repeated cell, the D terms no longer cancel."""
-    mix, rs = law.names[5], law.names[6:]
+    rs = tuple(k for k in law.names if k.startswith("R*"))
     if quantity.startswith("loss"):
-        need = law.names[:6] + (rs if repeats else ())
+        need = ("E", "A", "B", "alpha", "beta", law.mix) + (rs if repeats else ())
     else:
-        need = ("A", "alpha", mix) if quantity.startswith("gap") else ("alpha", mix)
+        need = ("A", "alpha", law.mix) if quantity.startswith("gap") else ("alpha", law.mix)
         need += ("A", "B", "beta", *rs) if repeats and law.per_role_rstar else ()
     out = [k for k in dict.fromkeys(need) if not law.coefs[k].identified]
     return [k for k in out if k not in law.on_bound], [k for k in out if k in law.on_bound]
@@ -83,7 +90,8 @@ def _trio_draws(law: JointLaw, trio: pd.DataFrame, tokens: float, unique: float)
     """(the three roles' fitted losses, their seed-bootstrap replicates n_boot x 3) at one cell;
     ``trio``: ``active``, ``total`` indexed by role."""
     t = trio.reindex(list(ROLES))
-    return law.predict_draws(list(ROLES), t["active"], t["total"], [tokens] * 3, [unique] * 3)
+    b = law.at(list(ROLES), t["active"], t["total"], [tokens] * 3, [unique] * 3)
+    return b.point, b.draws
 
 
 def _pooled_sd(df: pd.DataFrame) -> float:
@@ -146,13 +154,13 @@ def _loo_mse(df: pd.DataFrame, full: JointLaw, delta: float) -> float:
         law = fit_law(df.loc[df["map_cell"] != c, list(COLUMNS)], full.form, full.per_role_rstar, n_boot=0,
                       n_boot_cell=0, huber_delta=delta, start=full.theta)
         g = left.groupby("role")
-        point, _ = law.predict_draws(list(g.groups), g["active"].first(), g["total"].first(),
-                                     left["tokens"].iloc[0], left["unique"].iloc[0])
+        point = law.at(list(g.groups), g["active"].first(), g["total"].first(), left["tokens"].iloc[0],
+                       left["unique"].iloc[0]).point
         err += list((np.log(left["value"]).groupby(left["role"]).mean().to_numpy() - np.log(point)) ** 2)
     return float(np.mean(err))
 
 
-def choose(runs: pd.DataFrame, forms=FORMS, per_role=(False, True), huber_delta: float = HUBER_DELTA) -> Choice:
+def choose(runs: pd.DataFrame, forms=JOINT_FORMS, per_role=(False, True), huber_delta: float = HUBER_DELTA) -> Choice:
     """:class:`Choice` among ``forms`` x ``per_role`` R*: each map cell refitted without itself
     (from the full fit's optimum: a parameter that only the left-out cell identified keeps that
     value) and its three roles' mean log L predicted; one R* per role is fitted from the shared R*
@@ -164,7 +172,7 @@ def choose(runs: pd.DataFrame, forms=FORMS, per_role=(False, True), huber_delta:
         for pr in per_role:  # one R* per role starts from the shared law (it nests it)
             full = shared if not pr else fit_law(df[list(COLUMNS)], f, True, n_boot=0, n_boot_cell=0,
                                                  huber_delta=huber_delta,
-                                                 start=np.r_[shared.theta, shared.theta[[6, 6]]])
+                                                 start=per_role_start(shared.theta, f))
             rows.append({"form": f, "per_role_rstar": pr, "loo_mse": _loo_mse(df, full, huber_delta)})
     t = pd.DataFrame(rows)
     t["loo_rmse"], t["cells"] = np.sqrt(t["loo_mse"]), df["map_cell"].nunique()
@@ -346,7 +354,7 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
     point, draws = _trio_draws(law, trio, PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)
     pq, dq = _quantities(point), _quantities(draws)
     decades = math.log10(trio.loc["moe", "active"] / law.largest_moe_active)
-    mix = law.coefs[law.names[5]]
+    mix = law.coefs[law.mix]
     rows = [{"quantity": mix.name, "estimate": law.on_bound.get(mix.name, mix.estimate), "ci_low": mix.ci_low,
              "ci_high": mix.ci_high, "identified": mix.identified, "reason": mix.reason}]
     for q in QUANTITIES:
@@ -371,5 +379,93 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
     return t.fillna({"reason": "", "note": "", "paper_note": ""})
 
 
+# the per-role laws, a check of the joint law, and what the fits say at the paper's point
+
+def role_laws(losses: pd.DataFrame, n_boot: int = 100, seed: int = 0) -> dict:
+    """``{role: RoleLaw}`` (:func:`~.law_fit.role_law`) (``n_boot`` refits each: about 3 s per 100 on the 2-core AMD EPYC)."""
+    losses = losses[losses["stories"] == 1.0] if "stories" in losses else losses  # no repetition term
+    return {role: role_law(losses[losses["role"] == role], n_boot=n_boot, seed=seed) for role in ROLES
+            if (losses["role"] == role).any()}
+
+
+def role_law_table(laws: Mapping) -> pd.DataFrame:
+    """One row per role and parameter (E, A, B, alpha, beta): estimate and bootstrap CI, or not
+    identified with the reason; the points and ranges it was fitted on."""
+    rows = []
+    for role, law in laws.items():
+        fit = law.law
+        for name, r in fit.table().iterrows():
+            rows.append({"role": role, "parameter": name, "estimate": r["estimate"], "ci_low": r["ci_low"],
+                         "ci_high": r["ci_high"], "identified": bool(r["identified"]), "reason": r["reason"],
+                         "cells": fit.n_cells, "params_min": fit.active_range[0], "params_max": fit.active_range[1],
+                         "tokens_min": fit.tokens_range[0], "tokens_max": fit.tokens_range[1]})
+    return pd.DataFrame(rows)
+
+
+def role_loo_table(losses: pd.DataFrame, laws: Mapping, n_boot: int = 40, seed: int = 0) -> pd.DataFrame:
+    """Per role, every map point predicted by the loss law refitted without it (from the full
+    fit's optimum, ``n_boot`` replicates: ~1 s a point on 2 cores), as
+    :func:`~.plane.leave_one_out`'s rows with ``checked``: the refit
+    identifies every parameter, so the prediction is a check. A role whose law on every point
+    leaves a parameter unidentified is not refitted (fewer points identify no more): its points
+    are listed, unchecked, with the reason in ``note``."""
+    out = []
+    losses = losses[losses["stories"] == 1.0] if "stories" in losses else losses
+    for role, law in laws.items():
+        d = losses[losses["role"] == role]
+        bad = list(law.law.not_identified())
+        if bad:
+            cells = d.groupby(list(ROLE_KEYS))["value"].agg(["size", "mean"]).reset_index()
+            t = pd.DataFrame({"params": cells["params"].astype(float), "tokens": cells["tokens"].astype(float),
+                              "n": cells["size"], "measured": cells["mean"], "predicted": math.nan,
+                              "pi_low": math.nan, "pi_high": math.nan, "inside": False, "extrapolated": False,
+                              "not_identified": ", ".join(bad),
+                              "note": f"not refitted: on every point the law leaves {', '.join(bad)} not identified"})
+        else:
+            t = leave_one_out(d[[*ROLE_KEYS, "seed", "value"]], fit=role_law, keys=ROLE_KEYS, n_boot=n_boot, seed=seed,
+                              start=law.law.theta)
+        t.insert(0, "role", role)
+        t["checked"] = t["predicted"].notna() & t["pi_low"].notna() & (t["not_identified"] == "")
+        out.append(t)
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+def extrapolation_table(models: Mapping[str, GapModel], laws: Mapping) -> pd.DataFrame:
+    """What the fits say at the paper's point, beside the paper's measurement: each gap at (the
+    paper's MoE's 14.77M active parameters, 28.9 tokens/param) only where that point lies inside
+    the map's grid (the gap plane describes the grid; outside it the joint law of :mod:`.law_fit`
+    carries the answer), and each role's loss law at its paper model's N and the paper's 426.3M
+    tokens (a check of the joint law; NaN where a parameter is not identified). ``kind``: "gap"
+    (compared in sign) or "loss" (compared in ordering)."""
+    rows = []
+    for gap, m in models.items():
+        p = m.predict([PAPER_ACTIVE_PARAMS], [PAPER_TOKENS_PER_PARAM]).iloc[0]
+        missing = [t for t in ("tokens_per_param", "size") if not m.coefs[t].identified]
+        beyond = bool(p["extrapolated"])
+        ok = not missing and not beyond  # the plane is never carried outside its grid
+        reason = (f"{' and '.join(missing)} not identified by this grid" if missing else
+                  "the gap plane describes the grid only and the paper's point lies outside it" if beyond else "")
+        rows.append({"kind": "gap", "what": gap, "params": PAPER_ACTIVE_PARAMS, "tokens": PAPER_HEADLINE_TOKENS,
+                     "predicted": p["gap"] if ok else math.nan, "ci_low": p["ci_low"] if ok else math.nan,
+                     "ci_high": p["ci_high"] if ok else math.nan, "paper": PAPER_POINT[gap], "identified": ok,
+                     "extrapolated": beyond, "reason": reason})
+    paper_loss = dict(zip(ROLES, PAPER_TABLE6.mean().to_numpy()))
+    for role, law in laws.items():
+        n = paper_params(role)[0]
+        bad = law.law.not_identified()
+        ok = not bad
+        b = law.law.at(ROLES[0], n, n, PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)
+        (lo,), (hi,) = b.interval()
+        p = {"loss": b.point[0], "ci_low": lo, "ci_high": hi,
+             "extrapolated": law.law.extrapolated(n, PAPER_HEADLINE_TOKENS)[0]}
+        rows.append({"kind": "loss", "what": role, "params": n, "tokens": PAPER_HEADLINE_TOKENS,
+                     "predicted": p["loss"] if ok else math.nan, "ci_low": p["ci_low"] if ok else math.nan,
+                     "ci_high": p["ci_high"] if ok else math.nan, "paper": paper_loss[role], "identified": ok,
+                     "extrapolated": bool(p["extrapolated"]),
+                     "reason": "" if ok else ", ".join(bad) + " not identified by this grid"})
+    return pd.DataFrame(rows)
+
+
+
 __all__ = ["QUANTITIES", "PASS_SHARE", "TIE", "position_ci", "Choice", "choice_sentence", "choose", "held_out_verdict",
-           "HeldOut", "held_out", "paper_point"]
+           "HeldOut", "held_out", "paper_point", "role_laws", "role_law_table", "role_loo_table", "extrapolation_table"]

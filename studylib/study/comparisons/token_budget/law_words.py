@@ -1,20 +1,22 @@
-"""The joint law (:mod:`.law`, :mod:`.law_checks`) as notebook 09 saves and words it: its tables
+"""The law (:mod:`.law_fit`, :mod:`.law_checks`) as notebook 09 saves and words it: its tables
 (:func:`law_table`: every parameter with both intervals; :func:`~.law_checks.choose`'s errors;
 :func:`~.law_checks.held_out`'s points; :func:`~.law_checks.paper_point`) and the sentences the
 notebook prints and the report rebuilds from those CSVs alone (:func:`law_sentences`,
-:func:`paper_sentences`)."""
+:func:`paper_sentences`; the per-role laws' :func:`role_law_sentences` and the paper's point
+:func:`extrapolation_sentences`)."""
 from __future__ import annotations
 
 import pandas as pd
 
-from studylib.study.analysis.paper import PAPER_HEADLINE_TOKENS
+from studylib.study.analysis.paper import PAPER_HEADLINE_TOKENS, PAPER_TOKENS_PER_PARAM
+from studylib.study.comparisons.token_budget.gaps import GAPS
 from studylib.study.comparisons.token_budget.knobs import ROLES
-from studylib.study.comparisons.token_budget.law import JointLaw
+from studylib.study.comparisons.token_budget.law_fit import JointLaw
 from studylib.study.comparisons.token_budget.law_checks import choice_sentence, held_out_verdict
 
 
 def law_table(law: JointLaw) -> pd.DataFrame:
-    """One row per parameter of ``law`` (:meth:`~.law.JointLaw.table`: the estimate, the seed and
+    """One row per parameter of ``law`` (:meth:`~.law_fit.JointLaw.table`: the estimate, the seed and
     the cell bootstrap intervals, identified or the reason), with the form, R* shared or per role,
     and the map cells, runs and sizes it was fitted on."""
     t = law.table().rename_axis("parameter").reset_index()
@@ -93,4 +95,76 @@ def law_sentences(law: pd.DataFrame, choice: pd.DataFrame, held: pd.DataFrame, p
     return out + paper_sentences(paper)
 
 
-__all__ = ["law_table", "parameter_sentence", "paper_sentences", "law_sentences"]
+#: what each role's N is
+N_OF_ROLE = "active parameters (the MoE's active, the dense models' all)"
+
+
+def _loss_loo_words(loo: pd.DataFrame, role: str) -> str:
+    t = loo[loo["role"] == role]
+    ok = t[t["checked"]]
+    if not len(ok):
+        why = t["note"].iloc[0] if t["note"].iloc[0] else "every refit leaves a parameter not identified"
+        return f" Left out one at a time: no point can be checked ({why})."
+    return (f" Left out one at a time, {int(ok['inside'].sum())} of {len(ok)} checked points lie inside their "
+            f"predicted 95% interval" + (f" ({len(t) - len(ok)} of {len(t)} not checked: without them a parameter "
+                                         f"is not identified)" if len(ok) < len(t) else "") + ".")
+
+
+def role_law_sentences(laws: pd.DataFrame, loss_loo: pd.DataFrame | None = None) -> list[str]:
+    """Each role's law (:func:`~.law_checks.role_law_table`) in words: its identified parameters
+    and (``loss_loo``: :func:`~.law_checks.role_loo_table`) its left-out points."""
+    out = []
+    for role in dict.fromkeys(laws["role"]) if len(laws) else ():
+        r = laws[laws["role"] == role].set_index("parameter")
+        parts = [f"{k} not identified ({r.loc[k, 'reason']})" if not r.loc[k, "identified"] else
+                 f"{k} = {r.loc[k, 'estimate']:.4g}, {r.loc[k, 'reason']}" if r.loc[k, "ci_low"] != r.loc[k, "ci_low"]
+                 else f"{k} = {r.loc[k, 'estimate']:.4g} [{r.loc[k, 'ci_low']:.4g}, {r.loc[k, 'ci_high']:.4g}]"
+                 for k in r.index]
+        out.append(f"Loss law of {role} (N: {N_OF_ROLE}; {int(r['cells'].iloc[0])} points): " + "; ".join(parts) + "."
+                   + (_loss_loo_words(loss_loo, role) if loss_loo is not None and len(loss_loo) else ""))
+    return out
+
+
+def _sign(v: float) -> str:
+    return "the MoE better" if v > 0 else "the dense model better"
+
+
+def extrapolation_sentences(ex: pd.DataFrame) -> list[str]:
+    """:func:`~.law_checks.extrapolation_table` in words: each gap in sign, the role laws' ordering."""
+    out = []
+    why = ("compared in sign and ordering only: absolute losses differ (vocabulary 30,008 vs 3,750, another "
+           "corpus size and context), and nothing between the sizes here and the paper's was measured")
+    for r in ex[ex["kind"] == "gap"].itertuples():
+        label = GAPS[r.what][1].split(" (")[0]
+        if not r.identified:
+            out.append(f"The gap model's {label} is not carried to the paper's point: {r.reason}.")
+            continue
+        if r.ci_low != r.ci_low:
+            out.append(f"Extrapolated to the paper's point, the gap model's {label} is {r.predicted:+.3f} with no "
+                       f"interval (a map point needs at least two seeds): no sign is predicted.")
+            continue
+        same = (r.ci_low > 0 and r.paper > 0) or (r.ci_high < 0 and r.paper < 0)
+        unclear = r.ci_low <= 0 <= r.ci_high
+        verdict = ("its interval includes zero, so no sign is predicted" if unclear else
+                   "the same sign as the paper's" if same else "the opposite sign to the paper's")
+        out.append(f"Extrapolated{' far' if r.extrapolated else ''} to the paper's {r.params / 1e6:.2f}M active "
+                   f"parameters at {PAPER_TOKENS_PER_PARAM:.1f} tokens/param, the gap model's {label} is "
+                   f"{r.predicted:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] ({_sign(r.predicted)}); the paper "
+                   f"measured {r.paper:+.4f}: {verdict} ({why}).")
+    loss = ex[ex["kind"] == "loss"]
+    if len(loss):
+        if not loss["identified"].all():
+            miss = ", ".join(loss.loc[~loss["identified"], "what"])
+            out.append(f"The loss laws predict no losses at the paper's N and D: a parameter is not identified by "
+                       f"this grid in the law of {miss}.")
+        else:
+            pred = " < ".join(loss.sort_values("predicted")["what"])
+            paper = " < ".join(loss.sort_values("paper")["what"])
+            out.append(f"Extrapolated to the paper's N and {PAPER_HEADLINE_TOKENS / 1e6:.1f}M tokens, the loss laws "
+                       f"order the models {pred}; the paper measured {paper}: "
+                       f"{'the same ordering' if pred == paper else 'another ordering'} ({why}).")
+    return out
+
+
+__all__ = ["law_table", "parameter_sentence", "paper_sentences", "law_sentences", "role_law_sentences",
+           "extrapolation_sentences"]

@@ -27,7 +27,7 @@ def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, pap
     band and as a bar at each point (paired t over seeds); hollow markers for budgets that pass over the data more than once; the
     paper's headline point (star) and, given ``paper_table``, the ``paper`` preset's own points
     (diamonds with their CIs). Given ``models`` (``{gap: GapModel}``,
-    :func:`studylib.study.comparisons.token_budget.report.gap_models`), each size's fitted line (dashed) over
+    :func:`studylib.study.comparisons.token_budget.plane.gap_models`), each size's fitted line (dashed) over
     the measured tokens/param range. Above zero: the MoE is better. The gaps are in bits per byte of
     the validation text where the table has them (one scale across the sizes' tokenizers; the
     paper's point, in nats of its own tokenizer, is then left out: its position is compared in the
@@ -86,7 +86,7 @@ def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, pap
 def crossing_line(crossing: pd.DataFrame, table: pd.DataFrame, title: str = "Where each fitted gap is zero",
                   outdir=None, name: str = "token_budget_crossing") -> plt.Figure:
     """Two panels (matched active, matched total) of
-    :func:`studylib.study.comparisons.token_budget.report.crossing_table`: the fitted gap's zero as a line in
+    :func:`studylib.study.comparisons.token_budget.plane.crossing_table`: the fitted gap's zero as a line in
     (tokens per active parameter, model size), with the band where its bootstrap 95% interval
     includes zero, and the measured map points (filled: the MoE's mean is better there)."""
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.0), sharey=True)

@@ -1,4 +1,4 @@
-"""The gap model, the crossing line, the loss law and leave-one-out, on synthetic maps with known
+"""The gap plane, the crossing line, a role's law and leave-one-out, on synthetic maps with known
 parameters and seeded noise."""
 import math
 
@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studylib.study.comparisons.token_budget import fits as F
-from studylib.study.comparisons.token_budget import loss_law as LL
+from studylib.study.comparisons.token_budget import plane as F
+from studylib.study.comparisons.token_budget.law_fit import role_law
 
 SIZES, TPP = (1e6, 3e6, 1e7), (1.0, 3.5, 10.0, 28.9)
 
@@ -40,7 +40,7 @@ def test_gap_model_recovers_its_coefficients():
     df = _gap_map(truth)
     u, v = np.log10(df["tokens_per_param"]) - m.centre[0], np.log10(df["tokens"] / df["tokens_per_param"]) - m.centre[1]
     X = np.column_stack([np.ones_like(u), u, v, u * v])
-    assert m.beta == pytest.approx(np.linalg.lstsq(X, df["value"], rcond=None)[0], abs=1e-12)
+    assert m.fit.point == pytest.approx(np.linalg.lstsq(X, df["value"], rcond=None)[0], abs=1e-12)
 
 
 def test_bootstrap_interval_coverage_is_near_nominal():
@@ -57,7 +57,6 @@ def test_gap_model_says_what_the_grid_does_not_identify():
     assert one.terms == ("intercept", "tokens_per_param")
     assert not one.coefs["size"].identified and one.coefs["size"].reason == "the grid has one model size"
     assert one.coefs["size"].verdict == "not identified" and math.isnan(one.coefs["size"].estimate)
-    assert "not identified (the grid has one model size)" in F.gap_model_words(one)[0]
     small = F.gap_model(_gap_map((0.01, 0.03, -0.02, 0), sizes=(1e6, 1e7), tpp=(1.0, 10.0)), n_boot=200)
     assert "interaction" not in small.terms and "four-term model" in small.coefs["interaction"].reason
     # sizes and tokens/param moving together (one budget per size, T = N / 1e6) identify neither slope
@@ -96,9 +95,7 @@ def test_leave_one_out_has_one_row_per_point_and_mostly_covers():
     assert not out.set_index(["params", "tokens_per_param"]).loc[(1e6, 3.5), "inside"]
 
 
-# --------------------------------------------------------------------------------------------
-# the loss law
-# --------------------------------------------------------------------------------------------
+# a role's law: the "chinchilla" form of the joint law
 LAW = {"E": 1.8, "A": 50.0, "alpha": 0.35, "B": 30.0, "beta": 0.3}
 
 
@@ -114,23 +111,22 @@ def _losses(sizes=(1e5, 3e5, 1e6, 3e6), tpp=(1, 3, 10, 30), seeds=4, sd=0.003, s
 
 
 def test_loss_law_recovers_its_parameters_and_the_ci_covers_them():
-    law = LL.loss_law(_losses(), n_boot=20)
+    law = role_law(_losses(), n_boot=20)
     for k, v in LAW.items():
         c = law.coefs[k]
         assert c.identified and c.ci_low <= v <= c.ci_high, (k, c)
         assert c.estimate == pytest.approx(v, rel=0.15)
-    p = law.predict([1e6, 1e8], [1e7, 1e10])
-    assert p["extrapolated"].tolist() == [False, True]
-    assert p.loc[0, "loss"] == pytest.approx(LAW["E"] + LAW["A"] / 1e6 ** 0.35 + LAW["B"] / 1e7 ** 0.3, rel=0.01)
-    assert "alpha = 0.3" in law.words()
+    point, draws = law.predict_draws([1e6, 1e8], [1e7, 1e10])
+    assert law.extrapolated([1e6, 1e8], [1e7, 1e10]).tolist() == [False, True] and draws.shape == (20, 2)
+    assert point[0] == pytest.approx(LAW["E"] + LAW["A"] / 1e6 ** 0.35 + LAW["B"] / 1e7 ** 0.3, rel=0.01)
 
 
 def test_loss_law_with_one_size_does_not_print_what_it_cannot_know():
-    law = LL.loss_law(_losses(sizes=(1e6,), tpp=(1, 3, 10, 30, 100)), n_boot=10)
+    law = role_law(_losses(sizes=(1e6,), tpp=(1, 3, 10, 30, 100)), n_boot=10)
     bad = {k for k, c in law.coefs.items() if not c.identified}
     assert bad == {"E", "A", "alpha"}
     assert all(math.isnan(law.coefs[k].estimate) for k in bad)
     assert law.coefs["beta"].identified and law.coefs["B"].identified
-    assert "E not identified (the grid has one model size)" in law.words()
-    with pytest.raises(ValueError, match="loss_law: column 'value' must be positive"):
-        LL.loss_law(_losses().assign(value=-1.0))
+    assert law.coefs["E"].reason == "the grid has one model size"
+    with pytest.raises(ValueError, match="role law: column 'value' must be positive"):
+        role_law(_losses().assign(value=-1.0))

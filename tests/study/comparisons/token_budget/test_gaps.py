@@ -18,7 +18,7 @@ from studylib.run.rundir import RunDir
 from studylib.run.spec import RunSpec
 from studylib.study.analysis import paper
 from studylib.study.comparisons import comparison, study_of, token_budget
-from studylib.study.comparisons.token_budget import budgets, checks as budget_checks, gaps as bm
+from studylib.study.comparisons.token_budget import budgets, gaps as bm, repetition as budget_checks
 from studylib.study.comparisons.token_budget.knobs import TrioConfig
 from studylib.study.orchestration.plan import plan_runs
 

@@ -18,7 +18,7 @@ from studylib.study.analysis.paper import PAPER_POSITION
 from studylib.study.analysis.position import position_row
 from studylib.study.comparisons import study_of
 from studylib.study.comparisons.budget_matching.shape import paper_shape, shape
-from studylib.study.comparisons.token_budget import budgets, checks, gaps
+from studylib.study.comparisons.token_budget import budgets, gaps, repetition as checks
 from studylib.study.comparisons.token_budget.knobs import FFN_RANGE, SHARE_TOL
 
 ROOT = Path(__file__).resolve().parents[4]

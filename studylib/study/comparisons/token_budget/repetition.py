@@ -1,4 +1,4 @@
-"""Checks on the token-budget map of notebook 09 (:mod:`studylib.study.comparisons.token_budget.gaps`):
+"""What repeating the data does, and what each point takes, on the token-budget map of notebook 09 (:mod:`.gaps`):
 what each point takes to resolve (:func:`power_frame`, the power table of
 :func:`studylib.study.analysis.tables.power_rows` against the paper's gap at its own point), what
 passing over the data more than once does to the training loss (:func:`memorisation_table`:
@@ -17,7 +17,7 @@ import pandas as pd
 from studylib.study.analysis.stats import holm, paired
 from studylib.study.analysis.tables import power_rows
 from studylib.study.comparisons.token_budget.gaps import size_label
-from studylib.study.comparisons.token_budget.fits import Coef, bootstrap_values, no_interval, percentile_ci
+from studylib.study.analysis.bootstrap import Coef, bootstrap_values, no_interval, percentile_ci
 from studylib.study.comparisons.token_budget.gaps import CELL, GAPS, PAPER_POINT
 from studylib.study.comparisons.token_budget.knobs import TrioConfig
 
