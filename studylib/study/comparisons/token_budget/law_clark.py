@@ -178,6 +178,31 @@ def clark_tables(last: pd.DataFrame, map_table: pd.DataFrame | None = None) -> d
             CLARK_LAW_POSITIONS: law_pos, CLARK_LAW_HELD_OUT: held, "trends": fits}
 
 
-__all__ = ["CLARK_POSITIONS", "POSITION_AGAINST_SIZE", "CLARK_TREND", "CLARK_LAW_FIT", "CLARK_LAW_POSITIONS",
+#: the tables :func:`clark_section` gives, in the order notebook 13 saves them
+TABLES = (CLARK_POSITIONS, POSITION_AGAINST_SIZE, CLARK_TREND, CLARK_LAW_FIT, CLARK_LAW_POSITIONS, CLARK_LAW_HELD_OUT)
+
+
+def clark_section(out_dir, path=None) -> tuple[dict | None, str]:
+    """(:func:`clark_tables` of Clark et al.'s file ``path`` (default
+    :func:`~studylib.study.analysis.clark.clark_file`) beside the token-budget map's position table
+    of this study (``<out_dir>/tables/token_budget_gaps.csv`` where notebook 09 wrote it), a note):
+    ``(None, why)`` where the file is missing or unreadable; the note says whether the map's
+    cells are in."""
+    from pathlib import Path
+
+    from studylib.study.comparisons.token_budget import MAP
+
+    try:
+        last = clark.last_evaluations(clark.load_curves(path))
+    except clark.ClarkDataError as e:
+        return None, f"Clark et al.'s curves are not used: {e}"
+    gaps = Path(out_dir) / "tables" / f"{MAP}.csv"
+    table = pd.read_csv(gaps) if gaps.is_file() else None
+    note = ("this study's map cells from " + str(gaps) if table is not None else
+            f"no {gaps.name} in this study (notebook 09 did not run): Clark et al.'s points and the paper only")
+    return clark_tables(last, table), note
+
+
+__all__ = ["TABLES", "clark_section", "CLARK_POSITIONS", "POSITION_AGAINST_SIZE", "CLARK_TREND", "CLARK_LAW_FIT", "CLARK_LAW_POSITIONS",
            "CLARK_LAW_HELD_OUT", "clark_tables", "clark_runs", "fit_clark", "fit_all", "clark_law_table", "clark_positions_table", "clark_held_out_table",
            "clark_law_sentences"]

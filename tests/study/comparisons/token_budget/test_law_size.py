@@ -216,3 +216,11 @@ def test_clark_tables_hold_every_table_notebook_13_saves(clark_fits):
     against = t[LC.POSITION_AGAINST_SIZE]
     assert "this study" not in set(against["kind"]) and (against["kind"] == "the paper").sum() == 1
     assert set(t[LC.CLARK_TREND]["size"]) == {"the paper"}
+
+
+def test_clark_section_says_why_without_the_file_or_the_map(tmp_path):
+    tables, why = LC.clark_section(tmp_path, tmp_path / "absent.csv.gz")
+    assert tables is None and "absent.csv.gz" in why and "missing" in why
+    if SHARED.is_file():
+        tables, note = LC.clark_section(tmp_path, SHARED)
+        assert set(LC.TABLES) <= set(tables) and "notebook 09 did not run" in note
