@@ -98,8 +98,8 @@ def paper_points(laws: Mapping[str, JointLaw], chosen: str, sizes_active=None) -
             lam, lo, hi = lambda_at_paper(law)
             c1 = law.coefs["lambda_1"]
             ident = c1.identified and np.isfinite(lo)
-            row = {"quantity": "lambda_at_paper", "estimate": lam if ident else math.nan, "ci_low": lo,
-                   "ci_high": hi, "identified": ident,
+            row = {"quantity": "lambda_at_paper", "estimate": lam if ident else math.nan,
+                   "ci_low": lo if ident else math.nan, "ci_high": hi if ident else math.nan, "identified": ident,
                    "reason": "" if ident else c1.reason if not c1.identified else "no interval", "note": f"lambda_0 + lambda_1 log10({PAPER_ACTIVE_PARAMS:.4g} / N_ref), kept in [0, 1]"}
             if ident and lo <= 1e-9 and hi >= 1 - 1e-9:
                 why = (f"not identified: lambda at the paper's N has the 95% interval [{lo:.2f}, {hi:.2f}], all of "
