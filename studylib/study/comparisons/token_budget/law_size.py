@@ -84,6 +84,16 @@ def sizes_needed(law: JointLaw, sizes_active, target: float = TARGET_HALF_WIDTH)
     return {**base, "decades": r, "largest": float(10 ** (x.min() + r))}
 
 
+def _need_words(need: Mapping) -> str:
+    """:func:`sizes_needed` in words (its span found)."""
+    held = f"lambda at the paper's N to +-{TARGET_HALF_WIDTH:g}"
+    if need["decades"] <= need["span_now"]:
+        return (f"the measured {need['sizes']} sizes over {need['span_now']:.2f} decades already hold {held} (by the "
+                f"interval's scaling, {need['decades']:.2f} decades would)")
+    return (f"{need['sizes']} sizes spread evenly over {need['decades']:.1f} decades (up to {need['largest']:.3g} "
+            f"active parameters; now {need['span_now']:.2f}) would hold {held}, with the same noise per size")
+
+
 def paper_points(laws: Mapping[str, JointLaw], chosen: str, sizes_active=None) -> pd.DataFrame:
     """Each form's :func:`~.law_checks.paper_point` rows with ``form`` and ``chosen`` (the form
     :func:`~.law_checks.choose` took), the size form's with ``lambda_at_paper`` after its lambda
@@ -118,10 +128,7 @@ def paper_points(laws: Mapping[str, JointLaw], chosen: str, sizes_active=None) -
                 ok = np.isfinite(need["decades"])
                 rows.append({"quantity": "span_needed", "estimate": need["decades"], "identified": bool(ok),
                              "reason": need["reason"],
-                             "note": (f"{need['sizes']} sizes spread evenly over {need['decades']:.1f} decades (up to "
-                                      f"{need['largest']:.3g} active parameters; now {need['span_now']:.2f}) would hold "
-                                      f"lambda at the paper's N to +-{TARGET_HALF_WIDTH:g}, with the same noise per "
-                                      f"size" if ok else "")})
+                             "note": _need_words(need) if ok else ""})
             i = int(np.nonzero(t["quantity"].to_numpy() == law.mix)[0][0]) + 1
             t = pd.concat([t.iloc[:i], pd.DataFrame(rows), t.iloc[i:]], ignore_index=True)
         t.insert(0, "form", form)

@@ -145,6 +145,8 @@ def test_sizes_needed_follows_the_slope_interval():
     a, b = S.sizes_needed(wide_, [6e4, 1.2e5, 2.3e5]), S.sizes_needed(narrow, [6e4, 1.2e5, 2.3e5])
     assert a["slope_hw"] == pytest.approx(0.6) and b["slope_hw"] == pytest.approx(0.3)
     assert b["decades"] < a["decades"] and a["largest"] == pytest.approx(6e4 * 10 ** a["decades"])
+    assert "already hold" in S._need_words({**b, "decades": b["span_now"] / 2})
+    assert "would hold" in S._need_words(a) and "already" not in S._need_words(a)
 
 
 def _n_runs(lam, lam1=0.0, sd=0.002, seeds=3, form="n_lambda"):
