@@ -51,7 +51,7 @@ def ffn_params(d_model: int, f: FFNConfig) -> tuple[int, int, int]:
     one = 3 * d_model * f.hidden  # SwiGLU: gate, up (D x H each) and down (H x D)
     if f.kind == "dense":
         return one, one, 0
-    router = d_model * f.num_experts
+    router = 0 if f.router == "hash" else d_model * f.num_experts  # the hash router has no weight
     used = f.num_experts if f.kind == "soft" else f.top_k + f.n_shared  # shared experts: always active
     return one * (f.num_experts + f.n_shared), one * used, router
 
@@ -90,4 +90,5 @@ def ffn_label(cfg: ModelConfig) -> str:
         return f"dense {f.hidden}"
     if f.kind == "soft":
         return f"soft {f.num_experts}x{f.hidden}"
-    return f"{f.num_experts}x{f.hidden} top-{f.top_k}" + (f" +{f.n_shared} shared" if f.n_shared else "")
+    return (f"{f.num_experts}x{f.hidden} top-{f.top_k}" + (f" +{f.n_shared} shared" if f.n_shared else "")
+            + (f" {f.router} router" if f.router != "learned" else ""))

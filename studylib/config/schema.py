@@ -55,6 +55,10 @@ class FFNConfig:
     n_shared: int = 0  # always-active shared experts of width `hidden` beside the routed ones
     balance_scope: Literal["micro", "global"] = "micro"  # the balance loss's loads f: per micro-batch,
     # or over the whole optimizer step (every micro-batch and rank; Qwen's global-batch balance)
+    # --- router controls (moe only; studylib.nn.router): learned (the reference); frozen (the
+    # learned router's weight kept at its initial value); hash (no weight: a fixed table maps a
+    # token's id to its top_k experts, equal weights; its balance, z and sequence losses must be 0)
+    router: Literal["learned", "frozen", "hash"] = "learned"
 
     def validate(self, where: str = "ffn") -> None:
         _positive(self.hidden, f"{where}.hidden")
@@ -75,7 +79,8 @@ class FFNConfig:
             raise ConfigError(f"{where}.router_scale: must be > 0, got {self.router_scale}")
         variant = {"score": self.score != "softmax", "bias_balance": self.bias_balance,
                    "seq_balance_coef": self.seq_balance_coef != 0.0, "route_scale": self.route_scale != 1.0,
-                   "n_shared": self.n_shared != 0, "balance_scope": self.balance_scope != "micro"}
+                   "n_shared": self.n_shared != 0, "balance_scope": self.balance_scope != "micro",
+                   "router": self.router != "learned"}
         if self.kind != "moe" and any(variant.values()):
             name = next(k for k, v in variant.items() if v)
             raise ConfigError(f"{where}.{name}: a router variant of the routed MoE (kind: moe), not of kind {self.kind!r}")
@@ -91,6 +96,18 @@ class FFNConfig:
             raise ConfigError(f"{where}.balance_scope: must be 'micro' or 'global', got {self.balance_scope!r}")
         if self.n_shared < 0:
             raise ConfigError(f"{where}.n_shared: must be >= 0, got {self.n_shared}")
+        if self.router not in ("learned", "frozen", "hash"):
+            raise ConfigError(f"{where}.router: must be 'learned', 'frozen' or 'hash', got {self.router!r}")
+        if self.router == "hash":
+            scored = {"balance_coef": self.balance_coef != 0.0, "z_coef": self.z_coef != 0.0,
+                      "seq_balance_coef": self.seq_balance_coef != 0.0, "bias_balance": self.bias_balance,
+                      "score": self.score != "softmax", "balance_scope": self.balance_scope != "micro",
+                      "router_scale": self.router_scale != 1.0}
+            name = next((k for k, v in scored.items() if v), None)
+            if name:
+                raise ConfigError(f"{where}.{name}: the hash router has no scores (its experts are a fixed "
+                                  f"function of the token id); leave {name} at its default "
+                                  f"({'0' if name.endswith('coef') else FFNConfig.__dataclass_fields__[name].default!r})")
 
 
 @dataclass(frozen=True)
@@ -213,6 +230,9 @@ class TrainConfig:
     # the seed of the data order (which windows each step reads); None = the run's seed, which
     # also seeds the initialisation. Set it to vary the two apart (notebook 03's noise split).
     data_seed: Optional[int] = None
+    # the routers' learning rate as a multiple of the schedule's (studylib.run.optim: their own
+    # AdamW group; 1.0 = one group with the other matrices, as before the key existed)
+    router_lr_scale: float = 1.0
 
     def validate(self) -> None:
         for name in ("batch_size", "grad_accum", "eval_every"):
@@ -227,6 +247,10 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}: must be a positive finite number, got {v!r}")
         if not 0 < self.min_lr <= self.lr:
             raise ConfigError(f"train.min_lr: must be in (0, lr={self.lr}], got {self.min_lr}")
+        v = self.router_lr_scale
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"train.router_lr_scale: must be a positive finite number (the routers' lr / the "
+                              f"schedule's), got {v!r}")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ConfigError(f"train.warmup_frac: must be in [0, 1), got {self.warmup_frac}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):

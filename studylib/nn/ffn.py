@@ -1,6 +1,7 @@
 """Feed-forward variants behind one interface: dense SwiGLU, sparse routed MoE, soft always-active MoE.
 
-Every FFN is called as ``y_BSD, out = ffn(x_BSD, stats=False, aux=True)``; ``out`` is ``None`` for
+Every FFN is called as ``y_BSD, out = ffn(x_BSD, stats=False, aux=True, ids_BS=None)`` (``ids_BS``:
+the token ids of the rows, which the hash router routes by); ``out`` is ``None`` for
 the dense FFN, else a :class:`RouterOutput`: the layer's routing record
 (:class:`studylib.nn.router.Routing`, made by its :class:`~studylib.nn.router.Router`), its
 auxiliary losses (as tensors, so the caller adds them to the objective; no global state; zero
@@ -52,7 +53,7 @@ class DenseFFN(nn.Module):
         nn.init.normal_(self.w_in.weight, std=std)
         nn.init.normal_(self.w_out.weight, std=out_std)
 
-    def forward(self, x_BSD, stats: bool = False, aux: bool = True):
+    def forward(self, x_BSD, stats: bool = False, aux: bool = True, ids_BS=None):
         return self.w_out(swiglu_rows(self.w_in(x_BSD))), None
 
 
@@ -60,11 +61,11 @@ class _Experts(nn.Module):
     """Shared parts of the two MoEs: the router (:class:`~studylib.nn.router.Router`) and stacked
     expert weights."""
 
-    def __init__(self, d_model: int, cfg: FFNConfig, soft: bool = False):
+    def __init__(self, d_model: int, cfg: FFNConfig, soft: bool = False, vocab_size: Optional[int] = None):
         super().__init__()
         E, H = cfg.num_experts, cfg.hidden
         self.cfg = cfg
-        self.router = Router(d_model, cfg, soft=soft)
+        self.router = Router(d_model, cfg, soft=soft, vocab_size=vocab_size)
         self.w_in_EFD = nn.Parameter(torch.empty(E, 2 * H, d_model))
         self.w_out_EDH = nn.Parameter(torch.empty(E, d_model, H))
 
@@ -90,8 +91,8 @@ class SparseMoE(_Experts):
     ``n_shared * hidden``: by linearity the sum of ``n_shared`` experts of width ``hidden``).
     Aux-loss-free balancing (``bias_balance``) is the router's (:class:`~studylib.nn.router.Router`)."""
 
-    def __init__(self, d_model: int, cfg: FFNConfig):
-        super().__init__(d_model, cfg)
+    def __init__(self, d_model: int, cfg: FFNConfig, vocab_size: Optional[int] = None):
+        super().__init__(d_model, cfg, vocab_size=vocab_size)
         self.shared = DenseFFN(d_model, cfg.n_shared * cfg.hidden) if cfg.n_shared else None
         self.register_load_state_dict_pre_hook(_bias_key_into_router)
 
@@ -103,11 +104,11 @@ class SparseMoE(_Experts):
         if self.shared is not None:
             self.shared.init_weights(*self.expert_stds(std, out_std, expert_init))
 
-    def forward(self, x_BSD, stats: bool = False, aux: bool = True):
+    def forward(self, x_BSD, stats: bool = False, aux: bool = True, ids_BS=None):
         B, S, D = x_BSD.shape
         cfg, K = self.cfg, self.cfg.top_k
         x_TD = x_BSD.reshape(B * S, D)
-        rec = self.router(x_TD)
+        rec = self.router(x_TD, ids_BS.reshape(B * S) if ids_BS is not None else None)
         if gemv.one_row(x_TD):  # decoding: the K chosen experts against cached transposed weights
             y_TD = self._decode_one(x_TD, rec.idx_TK, rec.w_TK)
         else:
@@ -115,6 +116,7 @@ class SparseMoE(_Experts):
                                cfg.dispatch, cfg.grouped_mm, counts_E=rec.counts_E)
         if self.shared is not None:
             y_TD = y_TD + self.shared(x_TD)[0].to(y_TD.dtype)
+        aux = aux and not self.router.hashed  # the hash router has no scores: its losses are 0
         zero = rec.logits_TE.new_zeros(()) if not aux else None
         seq = None
         if aux and cfg.seq_balance_coef > 0:
@@ -158,7 +160,7 @@ class SoftMoE(_Experts):
     def __init__(self, d_model: int, cfg: FFNConfig):
         super().__init__(d_model, cfg, soft=True)
 
-    def forward(self, x_BSD, stats: bool = False, aux: bool = True):
+    def forward(self, x_BSD, stats: bool = False, aux: bool = True, ids_BS=None):
         B, S, D = x_BSD.shape
         E, H = self.cfg.num_experts, self.cfg.hidden
         x_TD = x_BSD.reshape(B * S, D)
@@ -173,11 +175,12 @@ class SoftMoE(_Experts):
         return y_TD.to(x_BSD.dtype).reshape(B, S, D), out
 
 
-def build_ffn(d_model: int, cfg: FFNConfig) -> nn.Module:
+def build_ffn(d_model: int, cfg: FFNConfig, vocab_size: Optional[int] = None) -> nn.Module:
+    """The layer ``cfg`` describes (``vocab_size``: for the hash router's table)."""
     if cfg.kind == "dense":
         return DenseFFN(d_model, cfg.hidden)
     if cfg.kind == "moe":
-        return SparseMoE(d_model, cfg)
+        return SparseMoE(d_model, cfg, vocab_size)
     if cfg.kind == "soft":
         return SoftMoE(d_model, cfg)
     raise ValueError(f"ffn.kind must be dense, moe or soft, got {cfg.kind!r}")

@@ -119,7 +119,7 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.ffn = build_ffn(cfg.d_model, cfg.ffn_for_layer(layer))
+        self.ffn = build_ffn(cfg.d_model, cfg.ffn_for_layer(layer), cfg.vocab_size)
         self.drop = nn.Dropout(cfg.dropout)
         self.layer = layer
 
@@ -129,9 +129,9 @@ class Block(nn.Module):
         self.attn_norm.init_weights()
         self.ffn_norm.init_weights()
 
-    def forward(self, x, cos, sin, stats=False, cache=None, aux=True):
+    def forward(self, x, cos, sin, stats=False, cache=None, aux=True, ids=None):
         x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, self.layer))
-        h, out = self.ffn(self.ffn_norm(x), stats=stats, aux=aux)
+        h, out = self.ffn(self.ffn_norm(x), stats=stats, aux=aux, ids_BS=ids)
         return x + self.drop(h), out
 
 
@@ -236,7 +236,7 @@ class Decoder(nn.Module):
         x = self.tok_emb(idx_BS)
         routers: list[Optional[RouterOutput]] = []
         for blk in self.blocks:
-            x, r = blk(x, cos, sin, stats=stats, cache=cache, aux=aux_losses)
+            x, r = blk(x, cos, sin, stats=stats, cache=cache, aux=aux_losses, ids=idx_BS)
             routers.append(r)
         if cache is not None:
             cache.pos += S

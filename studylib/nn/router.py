@@ -19,6 +19,19 @@ Variants (``ffn`` options; the defaults are the reference router, softmax top-k)
   taken over ``s + bias_E``, the combine weights use the unbiased ``s``.
 * ``route_scale``: the combine weights times a constant (``routed_scaling_factor``).
 
+Controls (``ffn.router``; ``learned`` is the reference):
+
+* ``frozen``: the learned router with its weight kept at its initial value (``requires_grad``
+  False, so the optimizer never holds it: no update, no weight decay; the checkpoint saves it as
+  any weight). Its losses stay on; their gradient reaches the layer's input only.
+* ``hash``: no weight at all (parameter-free). A token's id picks its K of E experts through a
+  fixed table (:func:`hash_table`: the K-subsets of the E experts dealt to the vocabulary in a
+  random order drawn from a generator seeded with :data:`HASH_SEED`, the same in every layer and
+  every run), with equal combine weights 1/K (times ``route_scale``); Clark et al. 2022's Hash
+  layer with top-k. The token ids reach the router through its input (``Router.forward(x_TD,
+  ids_T)``). It has no scores: its logits are 0 and its distribution 1/E (as the ``uniform``
+  mode's), and the balance, z and sequence losses must be off (the schema refuses them).
+
 Modes (``Router.mode``, per layer; see :meth:`studylib.nn.model.Decoder.set_router_mode`):
 ``learned`` (normal), ``uniform`` (gate forced to 1/E; sparse layers take the fixed balanced
 assignment with weights 1/K) and ``balanced`` (sparse only: token t goes to experts
@@ -38,6 +51,7 @@ Shape legend: T tokens, D model width, E experts, K experts chosen per token.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from typing import Callable, Iterator, NamedTuple, Optional
 
@@ -48,6 +62,19 @@ import torch.nn.functional as F
 from studylib.nn import router_losses
 
 MODES = ("learned", "uniform", "balanced")
+HASH_SEED = 20220201  # the hash router's table: one fixed draw (Clark et al. 2022's year and month)
+
+
+def hash_table(vocab_size: int, num_experts: int, top_k: int, seed: int = HASH_SEED) -> torch.Tensor:
+    """(V, K) long: the experts of each token id under the hash router. The C = binom(E, K)
+    K-subsets of the experts (in lexicographic order) are dealt to the ids in the order of one
+    random permutation of the vocabulary (``torch.randperm`` from a CPU generator seeded with
+    ``seed``): id ``v`` takes subset ``perm[v] mod C``. Every subset goes to floor(V/C) or
+    ceil(V/C) ids, so every expert to a K/E share of the vocabulary (not of the tokens: the ids'
+    frequencies differ). A pure function of its arguments."""
+    subsets = torch.tensor(list(itertools.combinations(range(num_experts), top_k)), dtype=torch.long)
+    perm = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(seed))
+    return subsets[perm % len(subsets)]
 
 
 def logits(x_TD: torch.Tensor, weight_ED: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -162,16 +189,28 @@ class Router(nn.Module):
     (``bias_balance``; a buffer, saved with the weights, no gradient, no weight decay), the
     assignments counted while :func:`optimizer_step` has a tally open (``tally_E``) and the step's
     global loads (``share_E``, ``balance_scope: global``). ``soft=True``: the soft MoE's gate over
-    all experts (its weight starts at 0, so the gate starts exactly uniform)."""
+    all experts (its weight starts at 0, so the gate starts exactly uniform). ``cfg.router``:
+    ``frozen`` keeps the weight out of training (``requires_grad`` False); ``hash`` has no weight
+    (``weight`` is None) and routes by token id through a fixed table (a buffer, not saved, built
+    for ``vocab_size`` ids)."""
 
-    def __init__(self, d_model: int, cfg, soft: bool = False):
+    def __init__(self, d_model: int, cfg, soft: bool = False, vocab_size: Optional[int] = None):
         super().__init__()
         self.cfg, self.soft = cfg, soft
-        self.weight = nn.Parameter(torch.empty(cfg.num_experts, d_model))
-        # the draw nn.Linear(d_model, E, bias=False) makes at construction: the model's
-        # construction consumes the RNG as it did before the router was a module of its own, so
-        # the initial weights that :meth:`init_weights` and the others draw next are unchanged
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        self.hashed = getattr(cfg, "router", "learned") == "hash" and not soft
+        if self.hashed:
+            if vocab_size is None:
+                raise ValueError("a hash router needs the vocabulary size (Router(..., vocab_size=V))")
+            self.register_parameter("weight", None)
+            self.register_buffer("table_VK", hash_table(vocab_size, cfg.num_experts, cfg.top_k), persistent=False)
+        else:
+            self.weight = nn.Parameter(torch.empty(cfg.num_experts, d_model))
+            # the draw nn.Linear(d_model, E, bias=False) makes at construction: the model's
+            # construction consumes the RNG as it did before the router was a module of its own, so
+            # the initial weights that :meth:`init_weights` and the others draw next are unchanged
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+            if getattr(cfg, "router", "learned") == "frozen":
+                self.weight.requires_grad_(False)
         self.mode = "learned"
         self.biased = bool(cfg.bias_balance) and not soft
         if self.biased:
@@ -182,7 +221,9 @@ class Router(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, std: float) -> None:
-        """N(0, std); the soft MoE's gate: 0 (no draw)."""
+        """N(0, std); the soft MoE's gate: 0 (no draw); the hash router: nothing (no weight)."""
+        if self.hashed:
+            return
         if self.soft:
             nn.init.zeros_(self.weight)
         else:
@@ -192,8 +233,12 @@ class Router(nn.Module):
         """The router's learned distribution over experts for ``logits_TE`` (whatever the mode)."""
         return distribution(logits_TE, self.cfg.score)
 
-    def forward(self, x_TD: torch.Tensor) -> Routing:
+    def forward(self, x_TD: torch.Tensor, ids_T: Optional[torch.Tensor] = None) -> Routing:
+        """Route the T rows of ``x_TD``; ``ids_T``: their token ids (the hash router routes by them;
+        the others ignore them)."""
         cfg, E = self.cfg, self.cfg.num_experts
+        if self.hashed:
+            return self._hash_forward(x_TD, ids_T)
         logits_TE = logits(x_TD, self.weight, cfg.router_scale)
         if self.soft:
             gate_TE = soft(logits_TE, self.mode)
@@ -201,6 +246,26 @@ class Router(nn.Module):
             return Routing(logits_TE, gate_TE, idx_TK, gate_TE, None)
         probs_TE, idx_TK, w_TK = sparse(logits_TE, cfg.top_k, cfg.renormalize, self.mode, cfg.score,
                                         self.bias_E if self.biased else None, cfg.route_scale)
+        counts_E = torch.bincount(idx_TK.reshape(-1), minlength=E)
+        if self.tally_E is not None:
+            self.tally_E += counts_E
+        return Routing(logits_TE, probs_TE, idx_TK, w_TK, counts_E)
+
+    def _hash_forward(self, x_TD: torch.Tensor, ids_T: Optional[torch.Tensor]) -> Routing:
+        """The hash router: the table's experts for each id, weights 1/K (``learned`` mode); logits 0,
+        so the forced modes (``uniform``, ``balanced``) act as on a router whose scores are all equal."""
+        cfg, E = self.cfg, self.cfg.num_experts
+        logits_TE = x_TD.new_zeros((x_TD.shape[0], E), dtype=torch.float32)
+        if self.mode != "learned":
+            probs_TE, idx_TK, w_TK = sparse(logits_TE, cfg.top_k, cfg.renormalize, self.mode, cfg.score,
+                                            None, cfg.route_scale)
+        else:
+            if ids_T is None or ids_T.shape != x_TD.shape[:1]:
+                raise ValueError(f"the hash router routes by token id: pass ids_T with one id per row of "
+                                 f"x_TD ({x_TD.shape[0]}), got {None if ids_T is None else tuple(ids_T.shape)}")
+            idx_TK = self.table_VK[ids_T]
+            probs_TE = torch.full_like(logits_TE, 1.0 / E)
+            w_TK = torch.full(idx_TK.shape, cfg.route_scale / cfg.top_k, dtype=torch.float32, device=x_TD.device)
         counts_E = torch.bincount(idx_TK.reshape(-1), minlength=E)
         if self.tally_E is not None:
             self.tally_E += counts_E
@@ -232,7 +297,11 @@ class Router(nn.Module):
 
 def _open_tallies(routers: list[Router]) -> None:
     for r in routers:
-        r.tally_E = torch.zeros(r.cfg.num_experts, dtype=torch.long, device=r.weight.device)
+        r.tally_E = torch.zeros(r.cfg.num_experts, dtype=torch.long, device=_device(r))
+
+
+def _device(r: Router) -> torch.device:
+    return r.weight.device if r.weight is not None else r.table_VK.device
 
 
 def _close_tallies(routers: list[Router]) -> torch.Tensor:

@@ -48,7 +48,7 @@ from studylib.data.pipeline import load_data
 from studylib.run.dist import Dist, resolve_device, seed_everything
 from studylib.run.evaluation import evaluate
 from studylib.storage.files import clean_temp_files
-from studylib.run.optim import lr_at, make_optimizer, total_steps_for
+from studylib.run.optim import lr_at, make_optimizer, set_lr, total_steps_for
 from studylib.run.cadence import Cadence
 from studylib.run.records import SUMMARY_REQUIRED, RunningSums, StepResult, eval_record, summary_record, train_record
 from studylib.run.resources import check_run
@@ -214,8 +214,7 @@ class Trainer:
     def train_step(self, step: int) -> StepResult:
         """One optimizer step (0-based ``step``): micro-batches, accumulation, clipping, checks."""
         lr = lr_at(step, self.total, self.tcfg)
-        for g in self.opt.param_groups:
-            g["lr"] = lr
+        set_lr(self.opt, lr)
         t0 = time.perf_counter()
         inputs = lambda: [self.data.windows(i).to(self.device)[:, :-1] for i in  # noqa: E731
                           self.sampler.rank_micro_batches(step, self.dist.rank, self.dist.world) if len(i)]

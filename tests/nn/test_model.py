@@ -356,3 +356,37 @@ def test_fan_in_expert_init_std_is_one_over_sqrt_fan_in_and_nothing_else_changes
     f0 = ref.blocks[fan.routed_layers()[0]].ffn
     assert float(f0.w_in_EFD.detach().std()) == pytest.approx(cfg.init_std, rel=0.02)
     assert float(f0.w_out_EDH.detach().std()) == pytest.approx(cfg.init_std / math.sqrt(4), rel=0.02)
+
+
+@pytest.mark.parametrize("dispatch", ["naive", "grouped", "stacked"])
+def test_one_expert_moe_with_gate_one_is_its_dense_twin_exactly(dispatch):
+    """The one-expert control (E = 1, k = 1, balance and z losses on) against the dense FFN of the
+    same hidden size, given the same weights: the gate is exactly 1, so the LM loss, the logits and
+    every gradient of the LM loss are bit-identical; the router's own weight gets no LM gradient."""
+    dense = tiny("dense", dropout=0.0).train()
+    one = FFNConfig(kind="moe", hidden=96, num_experts=1, top_k=1, balance_coef=0.01, z_coef=0.001,
+                    dispatch=dispatch, grouped_mm="off")
+    moe = Decoder(dataclasses.replace(dense.cfg, ffn=one)).train()
+    sd = dense.state_dict()
+    with torch.no_grad():
+        for name, p in moe.named_parameters():
+            if name in sd:
+                p.copy_(sd[name])
+            elif "w_in_EFD" in name:
+                p.copy_(sd[name.replace("w_in_EFD", "w_in.weight")][None])
+            elif "w_out_EDH" in name:
+                p.copy_(sd[name.replace("w_out_EDH", "w_out.weight")][None])
+    idx = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
+    out_d, out_m = dense(idx, idx.roll(-1, 1)), moe(idx, idx.roll(-1, 1))
+    assert all(bool((rec.w_TK == 1).all()) for rec in out_m.routing)
+    assert torch.equal(out_m.loss, out_d.loss)
+    out_d.loss.backward()
+    out_m.loss.backward()  # the LM loss alone: the router losses are the MoE's own terms
+    grads = dict(dense.named_parameters())
+    for name, p in moe.named_parameters():
+        if "router" in name:
+            assert p.grad is None or torch.count_nonzero(p.grad) == 0
+            continue
+        ref = grads[name.replace("w_in_EFD", "w_in.weight").replace("w_out_EDH", "w_out.weight")].grad
+        assert torch.equal(p.grad, ref[None] if "EFD" in name or "EDH" in name else ref), name
+    assert out_m.balance_loss.item() == 1.0 and out_m.z_loss.item() > 0  # on: balance constant, z moves x

@@ -6,6 +6,8 @@ follows its rules: selection only, one update per optimizer step from the whole 
 never moved by evaluation or decoding, saved and restored exactly."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -278,8 +280,8 @@ def test_global_balance_counts_the_loads_of_the_whole_step(tmp_path, data, monke
     records = []
     forward = Router.forward
 
-    def record(self, x_TD):
-        rec = forward(self, x_TD)
+    def record(self, x_TD, ids_T=None):
+        rec = forward(self, x_TD, ids_T)
         if torch.is_grad_enabled():
             records.append(rec.idx_TK.clone())
         return rec
@@ -449,3 +451,187 @@ def test_the_modules_init_draws_what_the_decoder_drew(name, monkeypatch):
     assert torch.equal(after, torch.rand(3))  # as many draws
     a, b = m.state_dict(), ref.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --------------------------------------------------------------------------------------------
+# the router controls: the hash router (experts by token id) and the frozen router
+# --------------------------------------------------------------------------------------------
+from studylib.config import ConfigError  # noqa: E402
+from studylib.nn.router import HASH_SEED, hash_table  # noqa: E402
+
+HASH = {"ffn": {"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "router": "hash"}}
+FROZEN = {"ffn": {"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "balance_coef": 0.01,
+                  "z_coef": 0.001, "router": "frozen"}}
+
+
+def test_the_hash_table_deals_every_pair_of_experts_to_an_equal_share_of_the_vocabulary():
+    V, E, K = 101, 4, 2
+    t = hash_table(V, E, K)
+    assert torch.equal(t, hash_table(V, E, K, seed=HASH_SEED))  # one fixed draw
+    assert not torch.equal(t, hash_table(V, E, K, seed=HASH_SEED + 1))  # it is a draw, not an order
+    assert t.shape == (V, K) and bool((t[:, 0] < t[:, 1]).all())  # K distinct experts per id
+    pairs = torch.bincount(t[:, 0] * E + t[:, 1], minlength=E * E)
+    used = pairs[pairs > 0]
+    assert len(used) == 6 and set(used.tolist()) <= {V // 6, V // 6 + 1}  # binom(4, 2) pairs, dealt evenly
+    per_expert = torch.bincount(t.reshape(-1), minlength=E)
+    assert int(per_expert.max() - per_expert.min()) <= 3  # each expert: half the ids, up to the remainder
+
+
+def _hash_model(dispatch="grouped"):
+    cfg = ModelConfig(name="h", vocab_size=53, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, context=24,
+                      dropout=0.0, ffn=FFNConfig(kind="moe", hidden=12, num_experts=4, top_k=2, router="hash",
+                                                 dispatch=dispatch, grouped_mm="off"))
+    torch.manual_seed(0)
+    return Decoder(cfg)
+
+
+def test_the_hash_router_routes_by_the_token_id_alone_with_equal_weights():
+    m = _hash_model().eval()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 53, (3, 20), generator=g)
+    ids[1, 5] = ids[0, 2] = ids[2, 19] = 7  # one id at several positions and in several sequences
+    other = torch.randint(0, 53, (3, 20), generator=g)
+    other[:, 4] = 7  # the same id in other contexts
+    table = hash_table(53, 4, 2)
+    for batch in (ids, other):
+        out = m(batch, stats=True)
+        for rec in out.routing:
+            assert torch.equal(rec.idx_TK, table[batch.reshape(-1)])  # a function of the id only
+            assert bool((rec.w_TK == 0.5).all())  # equal gates 1/K
+            assert torch.equal(rec.counts_E, torch.bincount(rec.idx_TK.reshape(-1), minlength=4))
+        assert float(out.balance_loss) == float(out.z_loss) == float(out.aux_loss) == 0.0  # no scores, no losses
+    assert all(b.ffn.router.weight is None for b in m.blocks)  # parameter-free
+    assert "router" not in " ".join(n for n, _ in m.named_parameters())
+    assert not any("table" in k for k in m.state_dict())  # rebuilt from the seed, never saved
+    c = count_params(m.cfg)
+    assert c.router == 0 and c.total == sum(p.numel() for p in m.parameters())
+
+
+def reference_hash_layer(layer: SparseMoE, x_TD: torch.Tensor, ids_T: torch.Tensor) -> torch.Tensor:
+    """Per token: its id's two experts from the table, each weighted 1/2, written out."""
+    H, table = layer.cfg.hidden, hash_table(53, 4, 2)
+    w_in, w_out = layer.w_in_EFD, layer.w_out_EDH
+    rows = []
+    for t in range(x_TD.shape[0]):
+        acc = torch.zeros_like(x_TD[t])
+        for e in table[int(ids_T[t])].tolist():
+            h = w_in[e] @ x_TD[t]
+            acc = acc + 0.5 * (w_out[e] @ (F.silu(h[:H]) * h[H:]))
+        rows.append(acc)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_hash_router_on_every_dispatch_path_matches_the_per_token_reference(path):
+    layer = _hash_model(path).blocks[0].ffn
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.3)
+    g = torch.Generator().manual_seed(1)
+    x, gy = torch.randn(2, 9, 16, generator=g), torch.randn(2, 9, 16, generator=g)
+    ids = torch.randint(0, 53, (2, 9), generator=g)
+    xr = x.clone().requires_grad_(True)
+    ref = reference_hash_layer(layer, xr.reshape(-1, 16), ids.reshape(-1))
+    (ref * gy.reshape(-1, 16)).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    xp = x.clone().requires_grad_(True)
+    y, out = layer(xp, ids_BS=ids)
+    (y * gy).sum().backward()
+    torch.testing.assert_close(y.reshape(-1, 16), ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xp.grad, xr.grad, rtol=1e-5, atol=1e-5)
+    for n, p in layer.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-5, atol=1e-5, msg=f"grad of {n} ({path})")
+    with pytest.raises(ValueError, match="routes by token id"):
+        layer(x)  # no ids: refused, never routed by something else
+
+
+@pytest.mark.parametrize("field,value", [("balance_coef", 0.01), ("z_coef", 0.001), ("bias_balance", True),
+                                         ("seq_balance_coef", 0.01), ("score", "sigmoid")])
+def test_the_hash_router_refuses_the_losses_and_variants_of_scores(field, value):
+    with pytest.raises(ConfigError, match=f"ffn.{field}: the hash router has no scores"):
+        FFNConfig(kind="moe", hidden=8, num_experts=4, top_k=2, router="hash", **{field: value}).validate("ffn")
+    with pytest.raises(ConfigError, match="ffn.router: a router variant of the routed MoE"):
+        FFNConfig(kind="dense", hidden=8, router="frozen").validate("ffn")
+
+
+def test_a_hash_model_trains_and_decodes_with_a_cache(tmp_path, data, one_thread):
+    from studylib.nn.model import KVCache
+    from studylib.run import checkpoint as C
+    from studylib.run import trainer as T
+    from studylib.run.rundir import RunDir
+
+    p = tiny_preset(models={"hash": HASH}, train={"max_steps": 4, "eval_every": 2})
+    s = T.train_run(p, "hash", 1, run_dir=tmp_path / "r", progress=False, data=data)
+    assert math.isfinite(s["best_val_loss"])
+    m = Decoder(p.model_config("hash")).eval()
+    m.load_state_dict(C.load(RunDir(tmp_path / "r").checkpoints / C.LATEST)["model"])
+    idx = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    cache = KVCache(m.cfg, 2, "cpu")
+    with torch.no_grad():
+        full = m(idx).logits
+        steps = [m(idx[:, :5], cache=cache).logits] + [m(idx[:, t:t + 1], cache=cache).logits for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)  # one token: its own id routes
+
+
+def _initial_model(preset, name: str, seed: int) -> Decoder:
+    """The run's model at step 0: the trainer seeds everything with the run's seed, then builds it."""
+    from studylib.run.dist import seed_everything
+
+    seed_everything(seed)
+    return Decoder(preset.model_config(name))
+
+
+def test_the_frozen_router_stays_at_its_initial_weight_while_the_experts_move(tmp_path, data, one_thread):
+    from studylib.run import checkpoint as C
+    from studylib.run import trainer as T
+    from studylib.run.rundir import RunDir
+
+    p = tiny_preset(models={"frozen": FROZEN}, train={"max_steps": 6, "eval_every": 3, "weight_decay": 0.5})
+    T.train_run(p, "frozen", 1, run_dir=tmp_path / "r", progress=False, data=data)
+    init = _initial_model(p, "frozen", 1).state_dict()
+    final = C.load(RunDir(tmp_path / "r").checkpoints / C.LATEST)["model"]
+    routers = [k for k in final if k.endswith("ffn.router.weight")]
+    assert len(routers) == p.model_config("frozen").n_layers
+    assert all(torch.equal(final[k], init[k]) for k in routers)  # bit-identical: no step, no decay
+    assert all(not torch.equal(final[k], init[k]) for k in final if "w_in_EFD" in k or "w_out_EDH" in k)
+    m = Decoder(p.model_config("frozen"))
+    m.load_state_dict(final)
+    assert not any(r.weight.requires_grad for r in m.routers())  # a loaded model keeps it frozen
+
+
+def test_resume_with_a_frozen_router_is_bit_exact(tmp_path, data, monkeypatch, one_thread):
+    from studylib.run import checkpoint as C
+    from studylib.run import trainer as T
+    from studylib.run.rundir import RunDir
+    import studylib.nn.model as M
+
+    p = tiny_preset(models={"frozen": FROZEN}, train={"max_steps": 8, "eval_every": 3})
+    T.train_run(p, "frozen", 1, run_dir=tmp_path / "ref", progress=False, data=data)
+    forward, calls = M.Decoder.forward, {"n": 0}
+
+    def crash(self, *a, **kw):
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] > 2 * 5:  # dies in step 6 (checkpoint at 3)
+                raise KeyboardInterrupt
+        return forward(self, *a, **kw)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(M.Decoder, "forward", crash)
+        with pytest.raises(KeyboardInterrupt):
+            T.train_run(p, "frozen", 1, run_dir=tmp_path / "res", progress=False, data=data)
+    T.train_run(p, "frozen", 1, run_dir=tmp_path / "res", progress=False, data=data)
+    a, b = (C.load(RunDir(tmp_path / n).checkpoints / C.LATEST)["model"] for n in ("ref", "res"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_one_expert_moe_trains_with_its_losses_on(tmp_path, data, one_thread):
+    from studylib.run import trainer as T
+
+    one = {"ffn": {"kind": "moe", "hidden": 64, "num_experts": 1, "top_k": 1, "balance_coef": 0.01,
+                   "z_coef": 0.001}}
+    p = tiny_preset(models={"one": one}, train={"max_steps": 4, "eval_every": 2})
+    s = T.train_run(p, "one", 1, run_dir=tmp_path / "r", progress=False, data=data)
+    assert math.isfinite(s["best_val_loss"])
+    assert count_params(p.model_config("one")).ffn_total == count_params(p.model_config("dense")).ffn_total

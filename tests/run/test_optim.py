@@ -60,3 +60,34 @@ def test_one_epoch_keeps_the_last_partial_batch():
     with pytest.raises(ConfigError, match="exceeds the 31 training windows"):
         O.total_steps_for(paper, 31)
 
+
+
+def test_the_router_lr_scale_moves_the_routers_at_that_multiple_of_the_lr():
+    """Adam's first step moves every weight by lr x sign(grad) (m / sqrt(v) = +-1): with
+    ``router_lr_scale`` 0.1 the routers move by a tenth of what the other matrices move."""
+    import dataclasses
+
+    import torch
+
+    cfg = tiny_preset().model_config("moe")
+    torch.manual_seed(0)
+    model = Decoder(cfg)
+    tcfg = dataclasses.replace(tiny_preset().train, router_lr_scale=0.1, weight_decay=0.0)
+    opt = O.make_optimizer(model, tcfg)
+    assert [g.get("lr_scale", 1.0) for g in opt.param_groups] == [1.0, 1.0, 0.1]
+    O.set_lr(opt, 1e-2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    idx = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    model(idx, idx.roll(-1, 1)).loss.backward()
+    opt.step()
+    for n, p in model.named_parameters():
+        moved = (p.detach() - before[n]).abs()
+        moved = moved[moved > 0]
+        want = 1e-3 if n.endswith("router.weight") else 1e-2
+        # at most lr x scale, and that for the typical entry (eps shrinks the step of a tiny gradient)
+        assert len(moved) and float(moved.max()) == pytest.approx(want, rel=1e-3), n
+        assert float(moved.median()) == pytest.approx(want, rel=1e-2), n
+    default = O.make_optimizer(model, tiny_preset().train)
+    assert len(default.param_groups) == 2  # scale 1: the groups as before the key existed
+    with pytest.raises(ConfigError, match="train.router_lr_scale: must be a positive finite number"):
+        TrainConfig(router_lr_scale=0.0).validate()

@@ -15,6 +15,8 @@ multi-head latent attention: neither holds this attention. Qwen2Moe holds softma
 with ``sigmoid(x w)``: exported with ``w = 0`` (a gate of exactly 0.5) and the shared expert's down
 projection doubled (exact in floating point), its output is the shared expert's. No class selects
 top-k over *softmax* scores plus a bias or scales softmax weights: those variants are refused.
+The router controls: a frozen router is a learned one whose weight stayed at its initial value
+(exported as any router); the hash router (experts by token id, no weight) is refused.
 
 Numerically the models are LLaMA / Mixtral: rotate-half RoPE, SwiGLU (our fused ``w_in`` rows are
 gate then up), RMSNorm, GQA (our ``wqkv`` rows are the Q heads, then K, then V), tied embeddings and
@@ -43,6 +45,8 @@ def refusal(cfg: ModelConfig) -> Optional[str]:
     if f.kind == "moe" and f.layers is not None and set(f.layers) != set(range(cfg.n_layers)):
         return (f"ffn.layers={list(f.layers)}: mixed FFN kinds across layers (dense and MoE) have no "
                 f"transformers architecture")
+    if f.kind == "moe" and f.router == "hash":
+        return "ffn.router=hash: no transformers class routes by token id (the hash router has no weight)"
     if f.kind == "moe" and f.score == "sigmoid":
         return None  # Glm4Moe holds every sigmoid variant (bias, shared experts, scale, normalisation)
     if f.kind == "moe" and f.bias_balance:

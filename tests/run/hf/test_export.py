@@ -216,6 +216,7 @@ def test_export_never_overwrites_a_users_folder_and_swaps_in_whole(runs, tmp_pat
     ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "layers": [1]}, "mixed FFN kinds"),
     ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "bias_balance": True}, "bias_balance with softmax"),
     ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "route_scale": 2.0}, "route_scale with softmax"),
+    ({"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2, "router": "hash"}, "routes by token id"),
 ])
 def test_refusals_name_the_reason_and_write_nothing(runs, tmp_path, ffn, reason):
     preset = tiny_preset(data={"vocab_size": VOCAB}, train={"max_steps": 1, "eval_every": 1},

@@ -1,0 +1,89 @@
+"""Notebook 13, controls: is the tiny MoE learning to route, and does its machinery cost anything?
+Per cell of ``study.controls`` (:mod:`.knobs`): the reference trio and the controls (a hash router,
+a frozen router, a one-expert MoE and its dense twin) at one budget, the first
+``study.controls_seeds`` seeds; the tables and words (:mod:`.analysis`), what the routers learn
+(:mod:`.routers`); its family tables ``controls_gaps`` (each control − the reference MoE, Holm over
+the cell's controls) and ``controls_twin`` (the one-expert MoE − its dense twin, TOST within
+``study.margin``).
+
+A cell at ``epochs: 1.0`` reads the preset's own runs (the headline's, shared); one at
+``tokens_per_param: x`` trains ``round(x * A / tokens_per_step)`` optimizer steps (``A``: the trio
+MoE's active parameters; the token-budget map's unit, so the map's runs of that cell are the same
+runs) on the trio MoE's vocabulary. ``study.controls_recipe`` adds the MoE's recipe at one cell
+(:func:`recipe_grids`: larger steps, an lr sweep per model, the router at a fraction of the lr)."""
+from __future__ import annotations
+
+from studylib.config import ConfigError, Preset
+from studylib.run.spec import budget_overrides
+from studylib.study.comparisons.base import Comparison
+from studylib.study.comparisons.controls.knobs import CONTROLS_SHAPE, ControlCell, ControlsKnobs, Recipe
+from studylib.study.comparisons.knobs import Study, required
+from studylib.study.orchestration.plan import Grid
+
+
+def tokens_per_step(preset: Preset) -> int:
+    """Target tokens of one optimizer step (windows per step x ``data.context - 1``): the unit the
+    token-budget map turns tokens per parameter into steps with."""
+    return preset.train.batch_size * preset.train.grad_accum * (preset.data.context - 1)
+
+
+def cell_overrides(preset: Preset, cell: ControlCell) -> dict:
+    """The overrides of a cell's runs: its budget in steps (``{}`` for the preset's own run) and
+    the trio MoE's vocabulary when it has its own (``data.vocab_size``), as the map sets them."""
+    if cell.epochs is not None:
+        ov = dict(budget_overrides(preset, cell.epochs))
+    else:
+        active = int(preset.model_config(cell.moe).num_params.active)
+        ov = {"train.max_steps": max(1, round(cell.tokens_per_param * active / tokens_per_step(preset)))}
+    vocab = preset.model_config(cell.moe).vocab_size
+    if vocab != preset.data.vocab_size:
+        ov["data.vocab_size"] = vocab
+        if "train.max_steps" not in ov:
+            from studylib.run.spec import epoch_steps
+
+            ov["train.max_steps"] = epoch_steps(preset)
+    return ov
+
+
+def recipe_overrides(preset: Preset, cell: ControlCell, recipe: Recipe, lr: float, moe: bool) -> dict:
+    """One run of the recipe: the cell's tokens in ``batch_scale`` x fewer, larger steps at ``lr``
+    (min_lr in the preset's proportion), and for the MoE its routers at ``router_lr_scale``."""
+    ov = cell_overrides(preset, cell)
+    steps = ov.get("train.max_steps")
+    if steps is None:
+        from studylib.run.spec import epoch_steps
+
+        steps = epoch_steps(preset)
+    ov["train.max_steps"] = max(1, round(steps / recipe.batch_scale))
+    ov["train.batch_size"] = preset.train.batch_size * recipe.batch_scale
+    ov["train.lr"], ov["train.min_lr"] = lr, float(f"{lr * preset.train.min_lr / preset.train.lr:.6g}")
+    if moe:
+        ov["train.router_lr_scale"] = recipe.router_lr_scale
+    return ov
+
+
+def recipe_grids(study: Study, knobs: ControlsKnobs) -> list[Grid]:
+    """The recipe's runs (``controls_recipe``; none when absent): per lr, the trio's dense models
+    in one grid and its MoE in another (its router lr), the first ``controls_seeds`` seeds."""
+    r = knobs.recipe
+    if r is None:
+        return []
+    if r.cell >= len(knobs.cells):
+        raise ConfigError(f"study.controls_recipe.cell: {r.cell} is not a cell of study.controls "
+                          f"(0..{len(knobs.cells) - 1})")
+    cell, seeds, out = knobs.cells[r.cell], study.leading_seeds(knobs.seeds), []
+    for lr in r.lrs:
+        out.append(Grid([cell.trio[0], cell.trio[2]], seeds, recipe_overrides(study.preset, cell, r, lr, False)))
+        out.append(Grid([cell.moe], seeds, recipe_overrides(study.preset, cell, r, lr, True)))
+    return out
+
+
+def grids(study: Study, knobs: ControlsKnobs) -> list[Grid]:
+    """One grid per cell (its trio and controls, the first ``controls_seeds`` seeds), then the
+    recipe's (:func:`recipe_grids`)."""
+    cells = required(knobs.cells, "controls", study.preset, "a list of cells " + CONTROLS_SHAPE)
+    seeds = study.leading_seeds(knobs.seeds)
+    return [Grid(c.models, seeds, cell_overrides(study.preset, c) or None) for c in cells] + recipe_grids(study, knobs)
+
+
+COMPARISON = Comparison("controls", "13_controls", ControlsKnobs, grids, tables=("controls_gaps", "controls_twin"))
