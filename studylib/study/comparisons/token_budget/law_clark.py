@@ -26,7 +26,7 @@ import pandas as pd
 from studylib.study.analysis import clark
 from studylib.study.analysis.position import position
 from studylib.study.comparisons.token_budget.law_fit import JointLaw, fit_law
-from studylib.study.comparisons.token_budget.law_form import N_FORMS
+from studylib.study.comparisons.token_budget.law_form import N_FORMS, N_REF_CLARK
 
 #: the tables and the figure notebook 13 writes from Clark et al.'s curves
 CLARK_POSITIONS, POSITION_AGAINST_SIZE, CLARK_TREND = "clark_positions", "position_against_size", "clark_trend"
@@ -140,7 +140,8 @@ def clark_law_sentences(params: pd.DataFrame, pos: pd.DataFrame, held: pd.DataFr
     out = []
     for (e, form), t in params.groupby(["experts", "form"], sort=False):
         v = t.set_index("parameter")["estimate"]
-        lam = f"lambda = {v['lambda']:.3f}" + (f", lambda_1 = {v['lambda_1']:.3f} per decade" if "lambda_1" in v else "")
+        lam = (f"lambda_0 = {v['lambda']:.3f} at {N_REF_CLARK:.3g} active, lambda_1 = {v['lambda_1']:.3f} per decade"
+               if "lambda_1" in v else f"lambda = {v['lambda']:.3f}")
         p = pos[(pos["experts"] == e) & (pos["form"] == form)]
         ps = ", ".join(f"{r.size_label} {r.p_fit:.2f} (direct {r.p_direct:.2f})" for r in p.itertuples())
         h = held[(held["experts"] == e) & (held["form"] == form)]
