@@ -74,7 +74,8 @@ from IPython.display import Markdown, display
 from studylib.study.analysis import plots, text
 from studylib.study.comparisons import token_budget
 from studylib.study.comparisons.budget_matching import shape
-from studylib.study.comparisons.token_budget import budgets, gaps, law_checks, law_fit, law_roles, law_words, plane, repetition
+from studylib.study.comparisons.token_budget import (budgets, gaps, law_checks, law_fit, law_roles, law_size, law_words,
+                                                     plane, repetition)
 from studylib.study.comparisons.token_budget.plots import crossing_line, gap_map
 from studylib.study.runner.notebooks import open_comparison
 
@@ -237,7 +238,7 @@ display(extrapolation)
 # %% [markdown]
 # ## One law for the three models, checked where it matters, carried to the paper's point
 #
-# Every run of the map in bits per byte. The form (lambda or a multiplier m x N_active) and R*
+# Every run of the map in bits per byte. The form (lambda, a multiplier m x N_active, or lambda(N)) and R*
 # (shared or one per role) are chosen by leaving out each map cell in turn; the parameters carry
 # two 95% intervals (seeds resampled within cells; whole map cells resampled within each size).
 # Then the law refitted without the largest size, and without each budget in turn, predicts what
@@ -271,6 +272,25 @@ for s in law_words.law_sentences(law_table, choice.errors, held, at_paper, runs=
     print(s, "\n")
 
 # %% [markdown]
+# ### A law whose MoE worth may change with size
+#
+# Beside one lambda, lambda(N) = lambda_0 + lambda_1 log10(N_active / 1.2e5) kept in [0, 1] (a
+# candidate of the choice above). Both forms at the paper's point; the size form's p there is not
+# identified where lambda at 14.8M has an interval covering all of [0, 1], and `span_needed` says
+# what span of sizes would pin it.
+
+# %%
+form_laws = law_size.fit_forms(law_runs, choice.per_role_rstar, n_boot=n_boot)
+forms_table = pd.concat([law_words.law_table(law) for law in form_laws.values()], ignore_index=True)
+forms_paper = law_size.paper_points(form_laws, choice.form, law_runs.loc[law_runs["role"] == "moe", "active"])
+for name, t in ((token_budget.LAW_FORMS, forms_table), (token_budget.LAW_FORMS_PAPER, forms_paper)):
+    plots.save_table(t, name, out, index=False)
+display(forms_table[["form", "parameter", "estimate", "ci_low", "ci_high", "identified", "reason"]])
+display(forms_paper)
+for s in law_size.size_form_sentences(forms_paper, forms_table):
+    print(s, "\n")
+
+# %% [markdown]
 # ## The figures: the map (one line per size, fitted lines dashed) and the crossing line
 #
 # Mean over seeds with the 95% CI band, one line per model size; hollow markers: the budget repeats
@@ -297,6 +317,7 @@ lines += repetition.repetition_sentences(repetition_fit, repeated_cells)
 lines += plane.plane_sentences(coefs, crossing, loo)
 lines += law_words.role_law_sentences(laws, loss_loo) + law_words.extrapolation_sentences(extrapolation)
 lines += law_words.law_sentences(law_table, choice.errors, held, at_paper, runs=influence)
+lines += law_size.size_form_sentences(forms_paper, forms_table)
 lines.append(gaps.paper_sentence(table))
 for s in lines:
     print(s, "\n")

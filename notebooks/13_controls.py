@@ -130,3 +130,38 @@ else:
 display(Markdown(f"**Outcome in preset `{preset.name}`.** " + A.sentences(tabs, cells) + " " + recipe_words + " "
                  + text.limits(len(summaries[0]["seed"].unique()), None,
                                "The controls share the reference's recipe (lr, batch).")))
+
+# %% [markdown]
+# ## Beside public data: Clark et al. 2022's routed models, and the law's fitter on their runs
+#
+# Clark et al. 2022's public curves (`../shared/data/clark2022/`, CC-BY 4.0; docs/statistics.md,
+# "Clark et al.'s position against size"): each routed model's position p between its dense
+# matches, per router, E and size (last evaluation of each run; the dense loss interpolated in
+# log N between the plain dense sizes), their trend in log10 N read at this study's MoE sizes and
+# the paper's (every readout outside Clark's 15M-1.3B labelled with its distance in decades), and
+# one table and figure of p against active parameters: this study's map cells (notebook 09's
+# position table, where it ran in this study), Clark's S-Base and Hash (E = 4, 8) and the paper's
+# 0.81. Then the joint law's fitter on their dense and S-Base runs (N-only forms: every run saw the
+# same tokens), fitted on 15-55M: its p per size against the direct one, and the 130M runs
+# predicted (one run per model and size: no interval).
+
+# %%
+from studylib.study.analysis import clark
+from studylib.study.comparisons.token_budget import law_clark
+
+clark_tables, clark_note = law_clark.clark_section(out)
+print(clark_note)
+if clark_tables is not None:
+    for name in law_clark.TABLES:
+        plots.save_table(clark_tables[name], name, out, index=False)
+    display(clark_tables[law_clark.CLARK_POSITIONS])
+    display(clark_tables[law_clark.POSITION_AGAINST_SIZE])
+    display(clark_tables[law_clark.CLARK_TREND])
+    fig = clark.position_against_size_figure(clark_tables[law_clark.POSITION_AGAINST_SIZE], clark_tables["trends"],
+                                             outdir=out, name=law_clark.POSITION_AGAINST_SIZE)
+    display(clark_tables[law_clark.CLARK_LAW_FIT], clark_tables[law_clark.CLARK_LAW_POSITIONS],
+            clark_tables[law_clark.CLARK_LAW_HELD_OUT])
+    for s in law_clark.clark_law_sentences(clark_tables[law_clark.CLARK_LAW_FIT],
+                                           clark_tables[law_clark.CLARK_LAW_POSITIONS],
+                                           clark_tables[law_clark.CLARK_LAW_HELD_OUT]):
+        print(s, "\n")

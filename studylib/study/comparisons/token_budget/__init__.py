@@ -41,6 +41,8 @@ EXTRAPOLATION = "token_budget_extrapolation"
 LAW, LAW_CHOICE = "token_budget_law", "token_budget_law_choice"
 LAW_HELD_OUT, LAW_PAPER = "token_budget_law_held_out", "token_budget_law_paper"
 LAW_INFLUENCE = "token_budget_law_influence"
+#: the one-lambda and the size form (lambda(N)) side by side: parameters, and at the paper's point
+LAW_FORMS, LAW_FORMS_PAPER = "token_budget_law_forms", "token_budget_law_forms_paper"
 PAPER_PRESET = "token_budget_gaps_paper_preset"
 
 
@@ -108,6 +110,11 @@ def map_sentences(out_dir: Path, table: pd.DataFrame) -> list[str]:
     joint = [_table(out_dir, n) for n in (LAW, LAW_CHOICE, LAW_HELD_OUT, LAW_PAPER)]
     if all(t is not None for t in joint):
         out += law_words.law_sentences(*joint, runs=_table(out_dir, LAW_INFLUENCE))
+    forms = [_table(out_dir, n) for n in (LAW_FORMS_PAPER, LAW_FORMS)]
+    if all(t is not None for t in forms):
+        from studylib.study.comparisons.token_budget.law_size import size_form_sentences
+
+        out += size_form_sentences(*forms)
     return out + [gaps.paper_sentence(table)]
 
 

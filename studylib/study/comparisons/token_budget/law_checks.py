@@ -22,7 +22,7 @@ from studylib.study.comparisons.token_budget.gaps import PAPER_MODELS, paper_par
 from studylib.study.comparisons.token_budget.knobs import ROLES
 from studylib.study.comparisons.token_budget.law_fit import (COLUMNS, HUBER_DELTA, MAP_KEYS, JointLaw, fit_law,
                                                              per_role_start, runs_frame)
-from studylib.study.comparisons.token_budget.law_form import JOINT_FORMS
+from studylib.study.comparisons.token_budget.law_form import JOINT_FORMS, SIZE_FORM
 
 #: what a held-out cell predicts, in this order
 QUANTITIES = ("loss_dense_active", "loss_moe", "loss_dense_total", "gap_active", "gap_total", "position")
@@ -36,6 +36,8 @@ PASS_SHARE = 0.75
 #: a richer choice (the multiplier form, one R* per role) must lower the left-out error by more than
 #: this share to be chosen; within it, the two are a tie and the lambda form / a shared R* stay
 TIE = 0.01
+#: the forms :func:`choose` weighs: the joint law's two and the one whose MoE worth may change with size
+CANDIDATES = (*JOINT_FORMS, SIZE_FORM)
 
 
 def position_ci(per_seed: pd.DataFrame, keys=MAP_KEYS, value: str = "value", n_boot: int = 2000,
@@ -67,10 +69,11 @@ def _rests_on(law: JointLaw, quantity: str, repeats: bool) -> tuple[list, list]:
     too where data repeat); a gap A, alpha and lambda (or m); the position alpha and lambda; with
     one R* per role at a repeated cell, the D terms no longer cancel."""
     rs = tuple(k for k in law.names if k.startswith("R*"))
+    mix = (law.mix, *(k for k in law.names if k == "lambda_1"))  # the size form's lambda(N)
     if quantity.startswith("loss"):
-        need = ("E", "A", "B", "alpha", "beta", law.mix) + (rs if repeats else ())
+        need = ("E", "A", "B", "alpha", "beta", *mix) + (rs if repeats else ())
     else:
-        need = ("A", "alpha", law.mix) if quantity.startswith("gap") else ("alpha", law.mix)
+        need = ("A", "alpha", *mix) if quantity.startswith("gap") else ("alpha", *mix)
         need += ("A", "B", "beta", *rs) if repeats and law.per_role_rstar else ()
     out = [k for k in dict.fromkeys(need) if not law.coefs[k].identified]
     return [k for k in out if k not in law.on_bound], [k for k in out if k in law.on_bound]
@@ -160,7 +163,7 @@ def _loo_mse(df: pd.DataFrame, full: JointLaw, delta: float) -> float:
     return float(np.mean(err))
 
 
-def choose(runs: pd.DataFrame, forms=JOINT_FORMS, per_role=(False, True), huber_delta: float = HUBER_DELTA) -> Choice:
+def choose(runs: pd.DataFrame, forms=CANDIDATES, per_role=(False, True), huber_delta: float = HUBER_DELTA) -> Choice:
     """:class:`Choice` among ``forms`` x ``per_role`` R*: each map cell refitted without itself
     (from the full fit's optimum: a parameter that only the left-out cell identified keeps that
     value) and its three roles' mean log L predicted; one R* per role is fitted from the shared R*
@@ -420,5 +423,5 @@ def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
     return out
 
 
-__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "RESIDUAL_LIMIT", "influence", "TIE", "position_ci", "Choice", "choice_sentence", "choose", "held_out_verdict",
+__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "RESIDUAL_LIMIT", "influence", "TIE", "CANDIDATES", "position_ci", "Choice", "choice_sentence", "choose", "held_out_verdict",
            "HeldOut", "held_out", "paper_point"]

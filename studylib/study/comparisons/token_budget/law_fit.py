@@ -38,7 +38,7 @@ from scipy.special import huber
 from studylib.study.analysis.bootstrap import Bootstrap, Coef, bootstrap_values, cell_frame, coef_table, no_interval
 from studylib.config import Preset
 from studylib.study.comparisons.token_budget.knobs import ROLES, TrioConfig
-from studylib.study.comparisons.token_budget.law_form import (Chinchilla, LambdaLaw, bounds, design, form_of,
+from studylib.study.comparisons.token_budget.law_form import (Chinchilla, bounds, design, form_of,
                                                               log_loss, log_loss_jacobian, natural, pack,
                                                               param_names, take, unpack)
 
@@ -60,7 +60,7 @@ CELL_NAN_SHARE = 0.05
 #: beta, lambda or log m, log R*
 _GRID = {"log_E": [-1.0, -0.5, 0.0, 0.5], "log_A": [-3.0, -2.0, -1.0, 0.0], "log_B": [-3.0, -2.0, -1.0, 0.0],
          "alpha": [0.15, 0.4, 0.8, 1.5], "beta": [0.15, 0.4, 0.8, 1.5], "lam": [0.2, 0.5, 0.8],
-         "log_m": np.log([0.7, 1.2, 2.0]), "log_rstar": np.log([1.0, 5.0, 25.0])}
+         "log_m": np.log([0.7, 1.2, 2.0]), "log_rstar": np.log([1.0, 5.0, 25.0]), "lam1": [-0.3, 0.0, 0.3]}
 
 
 def runs_frame(runs: pd.DataFrame, who: str = "joint law") -> pd.DataFrame:
@@ -113,7 +113,8 @@ def _shift(theta, form, cn, cd, sign) -> np.ndarray:
     """``theta`` of the centred data (sign -1) or back (sign +1): log A and log B move by alpha ln N
     and beta ln U at the centre."""
     p = unpack(theta, form)
-    return pack(p._replace(log_A=p.log_A + sign * p.alpha * cn, log_B=p.log_B + sign * p.beta * cd))
+    p = p._replace(log_A=p.log_A + sign * p.alpha * cn)
+    return pack(p._replace(log_B=p.log_B + sign * p.beta * cd) if "log_B" in p._fields else p)
 
 
 def _huber(theta, X, lnL, form, delta) -> float:
@@ -167,14 +168,15 @@ def _not_identified(theta, Xc, form, per_role, n_sizes, n_budgets) -> tuple[dict
     # one family's law (chinchilla) sees its N and D at n_sizes and n_budgets values: a power law with
     # its floor needs three of each (two fix one contrast, which the scale and the exponent share);
     # the joint law's three roles put every size at three values of N
+    mixes = [k for k, f in zip(names, fields) if f in ("lam", "lam1", "log_m")]
     need = 2 if joint else 3
     if n_sizes < need:
         ratio = math.exp(np.ptp(Xc["lna"] + Xc["span"]))
         why = (f"the grid has one model size (the roles' N span a factor of {ratio:.2f}: E, A, alpha and the MoE's "
                f"effective N trade off)" if joint else "the grid has one model size" if n_sizes == 1 else
                f"the grid has {n_sizes} model sizes: A and alpha trade off (a power law with its floor needs three)")
-        out.update({k: why for k in ("E", "A", "alpha", *names[5:6])})
-    if n_budgets < need:
+        out.update({k: why for k in ("E", "A", "alpha", *mixes)})
+    if n_budgets < need and "beta" in names:
         out.update({k: "the grid has one token budget" if n_budgets == 1 else
                     f"the grid has {n_budgets} token budgets: B and beta trade off (a power law with its floor needs "
                     f"three)" for k in ("E", "B", "beta", *rstar)})
@@ -227,7 +229,7 @@ class JointLaw:
     @property
     def mix(self) -> str:
         """The MoE's parameter: "lambda" or "m"."""
-        return "lambda" if form_of(self.form) is LambdaLaw else "m"
+        return "m" if "log_m" in form_of(self.form)._fields else "lambda"
 
     def table(self) -> pd.DataFrame:
         """One row per parameter: estimate, ci_low, ci_high (seeds resampled), cell_ci_low,

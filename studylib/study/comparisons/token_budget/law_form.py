@@ -7,6 +7,15 @@ writes the optimiser's vector.
 * "lambda": the joint law of the three roles, the MoE's ``N_eff = N_active^(1 - lambda) *
   N_total^lambda`` (Clark et al. 2022; 0: worth its active match, 1: its total match).
 * "multiplier": the MoE's ``N_eff = m * N_active``.
+* "lambda_size" (issue #47): the lambda form with a worth that may change with size,
+  ``lambda(N) = lambda_0 + lambda_1 log10(N_active / N_ref)`` kept in [0, 1] (clipped; the
+  reported "lambda" is lambda_0, the worth at ``N_ref``, "lambda_1" the change per decade).
+  ``N_ref`` (:data:`N_REF_MAP`) is the geometric middle of the map's MoE sizes, so lambda_0 is the
+  worth where the map measures it and the least correlated with lambda_1.
+* "n_lambda", "n_lambda_size": the N part alone, ``L = E + A / N_eff^alpha`` with the lambda or
+  lambda(N) worth, for runs that all saw the same tokens (Clark et al. 2022's; ``N_ref``
+  :data:`N_REF_CLARK`, the geometric middle of their 15-55M fit sizes). No D term: B, beta and R*
+  are not fields.
 
 The joint forms see repeated data through Muennighoff et al. 2023: ``U_s = min(D, U)`` unique tokens
 seen, ``R = D / U_s - 1`` repetitions, ``D_eff = U_s + U_s R* (1 - exp(-R / R*))``, with R* shared
@@ -27,6 +36,12 @@ from studylib.study.comparisons.token_budget.knobs import ROLES
 FREE = (-math.inf, math.inf)
 EXPONENT_BOUNDS = (0.0, 4.0)
 LAMBDA_BOUNDS, M_BOUNDS, RSTAR_BOUNDS = (0.0, 1.0), (0.1, 100.0), (0.1, 1000.0)
+#: lambda_1, the change of lambda per decade of N_active
+LAMBDA1_BOUNDS = (-2.0, 2.0)
+#: the size forms' N_ref: the map's MoE sizes run 59k-231k active parameters (geometric middle 117k)
+N_REF_MAP = 1.2e5
+#: Clark et al.'s fit sizes 16.5M, 27.3M, 57.4M active (geometric middle 29.6M)
+N_REF_CLARK = 3e7
 
 
 class Chinchilla(NamedTuple):
@@ -66,9 +81,67 @@ class MultiplierLaw(NamedTuple):
     BOUNDS = {**Chinchilla.BOUNDS, "log_m": M_BOUNDS, "log_rstar": RSTAR_BOUNDS}
 
 
-FORMS = {"chinchilla": Chinchilla, "lambda": LambdaLaw, "multiplier": MultiplierLaw}
+class LambdaSizeLaw(NamedTuple):
+    """The joint law, the MoE worth ``N_active^(1 - lambda(N)) N_total^lambda(N)``, ``lambda(N) =
+    lambda_0 + lambda_1 log10(N_active / N_REF)`` kept in [0, 1]."""
+    log_E: np.ndarray
+    log_A: np.ndarray
+    log_B: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+    lam: np.ndarray
+    lam1: np.ndarray
+    log_rstar: np.ndarray
+    NAMES = ("E", "A", "B", "alpha", "beta", "lambda", "lambda_1", "R*")
+    BOUNDS = {**LambdaLaw.BOUNDS, "lam1": LAMBDA1_BOUNDS}
+    N_REF = N_REF_MAP
+
+
+class NLambdaLaw(NamedTuple):
+    """The N part alone, ``L = E + A / N_eff^alpha``, the MoE worth ``N_active^(1 - lambda) N_total^lambda``."""
+    log_E: np.ndarray
+    log_A: np.ndarray
+    alpha: np.ndarray
+    lam: np.ndarray
+    NAMES = ("E", "A", "alpha", "lambda")
+    BOUNDS = {"log_E": FREE, "log_A": FREE, "alpha": EXPONENT_BOUNDS, "lam": LAMBDA_BOUNDS}
+
+
+class NLambdaSizeLaw(NamedTuple):
+    """The N part alone with ``lambda(N) = lambda_0 + lambda_1 log10(N_active / N_REF)`` in [0, 1]."""
+    log_E: np.ndarray
+    log_A: np.ndarray
+    alpha: np.ndarray
+    lam: np.ndarray
+    lam1: np.ndarray
+    NAMES = ("E", "A", "alpha", "lambda", "lambda_1")
+    BOUNDS = {**NLambdaLaw.BOUNDS, "lam1": LAMBDA1_BOUNDS}
+    N_REF = N_REF_CLARK
+
+
+FORMS = {"chinchilla": Chinchilla, "lambda": LambdaLaw, "multiplier": MultiplierLaw, "lambda_size": LambdaSizeLaw,
+         "n_lambda": NLambdaLaw, "n_lambda_size": NLambdaSizeLaw}
 #: the joint law's forms (the MoE's worth)
 JOINT_FORMS = ("lambda", "multiplier")
+#: the joint law whose MoE worth may change with size, a candidate beside :data:`JOINT_FORMS`
+SIZE_FORM = "lambda_size"
+#: the N-only forms (every run saw the same tokens)
+N_FORMS = ("n_lambda", "n_lambda_size")
+
+
+def has_d_term(form: str) -> bool:
+    """Whether the form has the data term ``B / D_eff^beta``."""
+    return "log_B" in form_of(form)._fields
+
+
+def lambda_at(theta, form: str, n_active) -> np.ndarray:
+    """The MoE's lambda at ``n_active`` (``(..., n)`` over theta's leading axes): lambda_0 +
+    lambda_1 log10(N / N_ref) kept in [0, 1] for a size form, lambda for the others."""
+    p = unpack(theta, form)
+    lam = p.lam
+    if "lam1" in p._fields:
+        lam = np.clip(lam + p.lam1 * (np.log10(np.asarray(n_active, float)) - math.log10(type(p).N_REF)), 0.0, 1.0)
+    return np.broadcast_to(lam, np.broadcast_shapes(lam.shape, np.shape(np.atleast_1d(n_active))))
 
 
 def form_of(form: str):
@@ -89,8 +162,9 @@ def unpack(theta, form: str):
     that indexes the vector (with :func:`pack`)."""
     theta = np.asarray(theta, dtype=float)
     cls = form_of(form)
-    fields = [theta[..., i, None] for i in range(len(cls._fields) - (cls is not Chinchilla))]
-    return cls(*fields, *([theta[..., len(fields):]] if cls is not Chinchilla else []))
+    rs = "log_rstar" in cls._fields
+    fields = [theta[..., i, None] for i in range(len(cls._fields) - rs)]
+    return cls(*fields, *([theta[..., len(fields):]] if rs else []))
 
 
 def pack(p) -> np.ndarray:
@@ -126,7 +200,7 @@ def design(df: pd.DataFrame) -> dict:
     d = df["tokens"].to_numpy(float)
     us = np.minimum(d, df["unique"].to_numpy(float))
     return {"lna": lna, "span": moe * (lnt - lna), "moe": moe, "lnu": np.log(us), "R": np.maximum(d / us - 1, 0.0),
-            "role": np.array([ROLES.index(r) for r in df["role"]], dtype=np.int64)}
+            "role": np.array([ROLES.index(r) for r in df["role"]], dtype=np.int64), "log10a": lna / math.log(10)}
 
 
 def take(X: dict, idx) -> dict:
@@ -134,15 +208,26 @@ def take(X: dict, idx) -> dict:
 
 
 def _parts(p, X):
-    """(ln N_eff, ln D_eff, d ln N_eff / d mix, d ln D_eff / d log R*) per row."""
+    """(ln N_eff, ln D_eff or None, {field: d ln N_eff / d field} for the MoE's worth, d ln D_eff / d
+    log R* or None) per row."""
     if isinstance(p, Chinchilla):
-        return X["lna"], X["lnu"], None, None
-    mix, dn = (p.lam, X["span"]) if isinstance(p, LambdaLaw) else (p.log_m, X["moe"])
+        return X["lna"], X["lnu"], {}, None
+    if "log_m" in p._fields:
+        lnN, dmix = X["lna"] + p.log_m * X["moe"], {"log_m": X["moe"]}
+    elif "lam1" in p._fields:
+        rel = X["log10a"] - math.log10(type(p).N_REF)
+        raw = p.lam + p.lam1 * rel
+        inside = ((raw > 0) & (raw < 1)) * X["span"]
+        lnN, dmix = X["lna"] + np.clip(raw, 0.0, 1.0) * X["span"], {"lam": inside, "lam1": inside * rel}
+    else:
+        lnN, dmix = X["lna"] + p.lam * X["span"], {"lam": X["span"]}
+    if "log_rstar" not in p._fields:
+        return lnN, None, dmix, None
     rho = p.log_rstar[..., X["role"]] if p.log_rstar.shape[-1] > 1 else p.log_rstar
     rs = np.exp(rho)
     x = X["R"] / rs
     q = -rs * np.expm1(-x)
-    return X["lna"] + mix * dn, X["lnu"] + np.log1p(q), dn, rs * (-np.expm1(-x) - x * np.exp(-x)) / (1 + q)
+    return lnN, X["lnu"] + np.log1p(q), dmix, rs * (-np.expm1(-x) - x * np.exp(-x)) / (1 + q)
 
 
 def logsumexp(t: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -155,25 +240,35 @@ def log_loss(theta, X: dict, form: str) -> np.ndarray:
     """log L_hat per row, broadcast over theta's leading axes."""
     p = unpack(theta, form)
     lnN, lnD, _, _ = _parts(p, X)
-    a, b = p.log_A - p.alpha * lnN, p.log_B - p.beta * lnD
-    return logsumexp(np.stack([a, b, np.broadcast_to(p.log_E, a.shape)], axis=-1), axis=-1)
+    a = p.log_A - p.alpha * lnN
+    terms = [a] + ([p.log_B - p.beta * lnD] if lnD is not None else []) + [np.broadcast_to(p.log_E, a.shape)]
+    return logsumexp(np.stack(np.broadcast_arrays(*terms), axis=-1), axis=-1)
 
 
 def log_loss_jacobian(theta, X: dict, form: str) -> tuple[np.ndarray, np.ndarray]:
     """(log L_hat per row, its Jacobian d log L_hat / d theta: rows x P) at one theta."""
     p = unpack(theta, form)
-    lnN, lnD, dn, dd = _parts(p, X)
-    t = np.stack([p.log_A - p.alpha * lnN, p.log_B - p.beta * lnD, np.full_like(lnN, p.log_E[0])], axis=1)
+    lnN, lnD, dmix, dd = _parts(p, X)
+    a = p.log_A - p.alpha * lnN
+    terms = [a] + ([p.log_B - p.beta * lnD] if lnD is not None else []) + [np.full_like(a, p.log_E[0])]
+    t = np.stack(np.broadcast_arrays(*terms), axis=1)
     lse = logsumexp(t, axis=1)
     w = np.exp(t - lse[:, None])
-    cols = [w[:, 2], w[:, 0], w[:, 1], -lnN * w[:, 0], -lnD * w[:, 1]]
-    if not isinstance(p, Chinchilla):
+    wa, we = w[:, 0], w[:, -1]
+    col = {"log_E": we, "log_A": wa, "alpha": -lnN * wa}
+    if lnD is not None:
+        wb = w[:, 1]
+        col.update(log_B=wb, beta=-lnD * wb)
+    col.update({f: -p.alpha[0] * d * wa for f, d in dmix.items()})
+    cols = [col[f] for f in p._fields if f != "log_rstar"]
+    if "log_rstar" in p._fields:
         r_col = -p.beta[0] * dd * w[:, 1]
-        per_role = p.log_rstar.shape[-1] > 1
-        cols += [-p.alpha[0] * dn * w[:, 0], *([r_col * (X["role"] == k) for k in range(3)] if per_role else [r_col])]
+        cols += [r_col * (X["role"] == k) for k in range(3)] if p.log_rstar.shape[-1] > 1 else [r_col]
     return lse, np.stack(cols, axis=1)
 
 
-__all__ = ["Chinchilla", "LambdaLaw", "MultiplierLaw", "FORMS", "JOINT_FORMS", "EXPONENT_BOUNDS", "LAMBDA_BOUNDS",
+__all__ = ["Chinchilla", "LambdaLaw", "MultiplierLaw", "LambdaSizeLaw", "NLambdaLaw", "NLambdaSizeLaw", "FORMS",
+           "JOINT_FORMS", "SIZE_FORM", "N_FORMS", "N_REF_MAP", "N_REF_CLARK", "LAMBDA1_BOUNDS", "has_d_term",
+           "lambda_at", "EXPONENT_BOUNDS", "LAMBDA_BOUNDS",
            "M_BOUNDS", "RSTAR_BOUNDS", "param_names", "unpack", "pack", "bounds", "natural", "design", "take",
            "log_loss", "log_loss_jacobian", "logsumexp"]

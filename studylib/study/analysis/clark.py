@@ -1,0 +1,363 @@
+"""Clark et al. 2022's public loss curves beside this study's MoE: where a routed model sits
+between its two dense matches, per router, number of experts E and size; the trend of that
+position in log10 N; one table and one figure "position against size"; and Clark's runs in the
+form a joint law fit takes.
+
+**The data.** ``curves.csv.gz`` of ``google-deepmind/scaling_laws_for_routing`` (*Unified Scaling
+Laws for Routed Language Models*, Clark et al., ICML 2022; CC-BY 4.0, cite the paper), found at
+``../shared/data/clark2022/`` beside the repository (:func:`clark_file`; its SOURCE.md gives the
+commit and checksum). It is never committed here.
+
+**The method** (docs/statistics.md, "Clark et al.'s position against size"):
+
+1. The loss at the end of training, as the paper's laws use: the last evaluation (largest ``step``)
+   of each run (``hyper_id``), column ``loss_validation`` (the held-out part of their training
+   data; it reproduces SOURCE.md's figures, the other columns do not).
+2. The plain dense baselines: ``router_type == "Dense"`` and ``flop_increase == 1`` (wider-FFN
+   dense runs emulate k > 1 and are left out), one loss per size, the mean over its runs (``n``:
+   the 130M has 3 seeds, the others 1).
+3. The dense loss at any N between the smallest and largest plain dense sizes: linear
+   interpolation in log10 N between the neighbouring sizes (exact where the dense loss is linear in
+   log N between them). Outside that range it is not extrapolated: the routed runs whose total N
+   lies beyond the largest dense model (the 1.3B routed runs) get no position, and their row says so.
+4. Routed runs in the paper's main setting only: ``k == 1`` and ``routing_frequency == 0.5`` (every
+   other block routed; the other values are ablations at 25M and 370M). Per router, E and size the
+   mean loss over its runs with their number ``n`` (every such config has one run, seed 42).
+5. ``p = (L_dense(N_active) - L_routed) / (L_dense(N_active) - L_dense(N_total))``
+   (:func:`studylib.study.analysis.position.position`): 0 at a dense model of the routed model's
+   ``dense_parameter_count``, 1 at one of its ``total_parameter_count``.
+6. The trend: per router and E, ``p = a + b log10(N_active)`` by OLS (statsmodels) over the sizes
+   where p is defined, with the 95% CI of ``b``; read at other sizes with the 95% CI of the line
+   and the 95% prediction interval of one new size. Read at this study's 59k-231k active
+   parameters it is an extrapolation of about 2 decades below Clark's smallest run (15M), and
+   every readout says how many decades outside Clark's sizes it lies.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from studylib.config.schema import ConfigError
+from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_POSITION
+from studylib.study.analysis.position import position
+
+#: where the data lies, relative to the repository root (as ``params/*.yaml`` find the TinyStories subset)
+CLARK_DIR = Path("..") / "shared" / "data" / "clark2022"
+CLARK_FILE = "curves.csv.gz"
+#: the loss that reproduces SOURCE.md's figures (and the paper's laws use)
+LOSS = "loss_validation"
+ROUTERS = ("S-Base", "Hash", "RL-R")
+EXPERTS = (4, 8)
+#: the columns :func:`load_curves` checks (besides ``loss``)
+COLUMNS = ("hyper_id", "step", "router_type", "num_experts", "k", "routing_frequency", "flop_increase", "seed",
+           "dense_parameter_count", "total_parameter_count", "model_size_label")
+_TEXT = ("router_type", "model_size_label")
+#: the law frame's split (:func:`law_frame`): fit on 15-55M, hold the 130M runs out
+FIT_SIZES, HELD_OUT_SIZES = ("15M", "25M", "55M"), ("130M",)
+#: the columns :func:`position_against_size` takes for this study's cells
+STUDY_COLUMNS = ("n_active", "p", "p_lo", "p_hi", "source")
+
+
+class ClarkDataError(ConfigError):
+    """Clark et al.'s file is missing, unreadable or lacks a column (one line naming the file)."""
+
+
+def clark_file(root: Optional[Path] = None) -> Path:
+    """``<root>/../shared/data/clark2022/curves.csv.gz``; ``root``: the repository (default: the
+    one this package lies in)."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[3]
+    return (root / CLARK_DIR / CLARK_FILE).resolve()
+
+
+def load_curves(path: Optional[Path] = None, loss: str = LOSS) -> pd.DataFrame:
+    """Every evaluation of every run in ``path`` (default :func:`clark_file`), checked: the file
+    exists and parses, holds :data:`COLUMNS` and ``loss``, numeric where numbers are expected,
+    and at least one row. Any failure: one :class:`ClarkDataError` line naming the file."""
+    path = Path(path) if path is not None else clark_file()
+    if not path.is_file():
+        raise ClarkDataError(f"{path}: Clark et al. 2022's curves are missing (curves.csv.gz of "
+                             f"google-deepmind/scaling_laws_for_routing; expected in {CLARK_DIR}/ beside the repo)")
+    try:
+        df = pd.read_csv(path)
+    except (OSError, EOFError, ValueError) as e:  # bad gzip, truncated file, parser or encoding error
+        raise ClarkDataError(f"{path}: not a readable CSV ({type(e).__name__}: {e})") from None
+    need = (*COLUMNS, loss)
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise ClarkDataError(f"{path}: missing column(s) {missing}; expected the columns {list(need)}")
+    wrong = [c for c in need if c not in _TEXT and not pd.api.types.is_numeric_dtype(df[c])]
+    if wrong:
+        raise ClarkDataError(f"{path}: column(s) {wrong} are not numeric")
+    if df.empty:
+        raise ClarkDataError(f"{path}: no rows")
+    return df
+
+
+def last_evaluations(curves: pd.DataFrame) -> pd.DataFrame:
+    """One row per run (``hyper_id``): its last evaluation (largest ``step``)."""
+    return curves.sort_values(["hyper_id", "step"]).groupby("hyper_id").tail(1).reset_index(drop=True)
+
+
+def _plain_dense(last: pd.DataFrame) -> pd.DataFrame:
+    return last[(last["router_type"] == "Dense") & (last["flop_increase"] == 1)]
+
+
+def _main_setting(last: pd.DataFrame) -> pd.Series:
+    return (last["k"] == 1) & (last["routing_frequency"] == 0.5)
+
+
+def dense_sizes(last: pd.DataFrame, loss: str = LOSS) -> pd.DataFrame:
+    """The plain dense baselines (``flop_increase == 1``), one row per size in increasing N:
+    ``size_label``, ``n_params``, ``loss`` (the mean over its runs), ``n`` (runs)."""
+    d = _plain_dense(last)
+    if d.empty:
+        raise ClarkDataError("Clark et al.'s curves: no plain dense run (router_type Dense, flop_increase 1)")
+    return (d.groupby("dense_parameter_count")
+            .agg(size_label=("model_size_label", "first"), loss=(loss, "mean"), n=(loss, "size"))
+            .rename_axis("n_params").reset_index().sort_values("n_params").reset_index(drop=True))
+
+
+def dense_loss_at(dense: pd.DataFrame, n_params) -> np.ndarray:
+    """The dense loss at ``n_params`` (:func:`dense_sizes`'s frame): linear in log10 N between
+    the neighbouring sizes; NaN outside the smallest-largest range (never extrapolated)."""
+    x = np.log10(dense["n_params"].to_numpy(float))
+    return np.interp(np.log10(np.asarray(n_params, float)), x, dense["loss"].to_numpy(float),
+                     left=math.nan, right=math.nan)
+
+
+def positions(last: pd.DataFrame, routers: Sequence[str] = ROUTERS, experts: Sequence[int] = EXPERTS,
+              loss: str = LOSS) -> pd.DataFrame:
+    """Where each routed config sits between its dense matches, one row per router, E and size
+    (the main setting, k 1 and every other block routed): ``router``, ``experts``,
+    ``size_label``, ``n_active`` (``dense_parameter_count``), ``n_total``, ``n`` (runs
+    averaged), ``loss`` (their mean), ``l_dense_active`` and ``l_dense_total`` (interpolated,
+    :func:`dense_loss_at`), ``p`` and ``note`` (why p is missing: a total N outside the plain
+    dense sizes). Sorted by router (in ``routers``' order), E and size."""
+    dense = dense_sizes(last, loss)
+    r = last[last["router_type"].isin(routers) & last["num_experts"].isin(experts) & _main_setting(last)]
+    out = (r.groupby(["router_type", "num_experts", "model_size_label"])
+           .agg(n_active=("dense_parameter_count", "mean"), n_total=("total_parameter_count", "mean"),
+                n=(loss, "size"), loss=(loss, "mean"))
+           .reset_index().rename(columns={"router_type": "router", "num_experts": "experts",
+                                          "model_size_label": "size_label"}))
+    out["l_dense_active"] = dense_loss_at(dense, out["n_active"])
+    out["l_dense_total"] = dense_loss_at(dense, out["n_total"])
+    out["p"] = position(out["l_dense_active"], out["loss"], out["l_dense_total"])
+    lo, hi = dense["n_params"].min(), dense["n_params"].max()
+
+    def note(row) -> str:
+        outside = [f"{k} N {row[c] / 1e6:,.0f}M" for k, c in (("active", "n_active"), ("total", "n_total"))
+                   if not lo <= row[c] <= hi]
+        return (f"{' and '.join(outside)} outside the plain dense sizes ({lo / 1e6:,.1f}M-{hi / 1e6:,.0f}M): "
+                "not extrapolated, no position") if outside else ""
+
+    out["note"] = out.apply(note, axis=1) if len(out) else pd.Series(dtype=str)
+    order = {k: i for i, k in enumerate(routers)}
+    return (out.assign(_o=out["router"].map(order)).sort_values(["_o", "experts", "n_active"])
+            .drop(columns="_o").reset_index(drop=True))
+
+
+@dataclass(frozen=True)
+class Trend:
+    """``p = intercept + slope log10(N_active)`` fitted by OLS over ``n`` sizes of one router and E
+    (:func:`trends`), with the slope's 95% CI; ``n_min`` / ``n_max``: the sizes it rests on."""
+
+    router: str
+    experts: int
+    n: int
+    slope: float
+    slope_lo: float
+    slope_hi: float
+    intercept: float
+    n_min: float
+    n_max: float
+    result: Any = field(repr=False, compare=False)  # statsmodels' RegressionResults
+
+    def at(self, n_active, level: float = 0.95) -> pd.DataFrame:
+        """The line at ``n_active``: ``p``, its CI (``ci_lo``, ``ci_hi``), the prediction interval
+        of one new size (``pi_lo``, ``pi_hi``) and ``decades_out`` (log10 distance outside
+        ``[n_min, n_max]``; 0 inside): any readout with ``decades_out > 0`` is an extrapolation."""
+        n = np.atleast_1d(np.asarray(n_active, float))
+        x = np.log10(n)
+        sf = self.result.get_prediction(np.column_stack([np.ones_like(x), x])).summary_frame(alpha=1 - level)
+        out = np.maximum(np.log10(self.n_min) - x, 0) + np.maximum(x - np.log10(self.n_max), 0)
+        return pd.DataFrame({"n_active": n, "p": sf["mean"].to_numpy(), "ci_lo": sf["mean_ci_lower"].to_numpy(),
+                             "ci_hi": sf["mean_ci_upper"].to_numpy(), "pi_lo": sf["obs_ci_lower"].to_numpy(),
+                             "pi_hi": sf["obs_ci_upper"].to_numpy(), "decades_out": out})
+
+
+def trends(pos: pd.DataFrame, level: float = 0.95) -> dict:
+    """``{(router, E): Trend}`` over :func:`positions`' rows where p is defined; a router and E
+    with fewer than 3 such sizes (no interval) is left out. To fit over fewer sizes, pass fewer rows
+    (e.g. without the 370M, which sits below the 15-130M line for every router)."""
+    import statsmodels.api as sm
+
+    fits = {}
+    for (router, e), g in pos.dropna(subset=["p"]).groupby(["router", "experts"], sort=False):
+        if len(g) < 3:
+            continue
+        x = np.log10(g["n_active"].to_numpy(float))
+        res = sm.OLS(g["p"].to_numpy(float), sm.add_constant(x, has_constant="add")).fit()
+        b_lo, b_hi = np.asarray(res.conf_int(alpha=1 - level))[1]
+        fits[(router, int(e))] = Trend(router, int(e), len(g), float(res.params[1]), float(b_lo), float(b_hi),
+                                       float(res.params[0]), float(g["n_active"].min()),
+                                       float(g["n_active"].max()), res)
+    return fits
+
+
+def trend_table(fits: dict, sizes: dict) -> pd.DataFrame:
+    """Every trend read at ``sizes`` (``{label: N_active}``, e.g. this study's MoEs and the
+    paper's 14.77M): one row per router, E and size with the slope (and its CI) beside
+    :meth:`Trend.at`'s columns and ``readout`` ("inside Clark's sizes" or "extrapolated, x.xx
+    decades below / above Clark's sizes")."""
+    rows = []
+    for t in fits.values():
+        at = t.at(list(sizes.values())).assign(size=list(sizes))
+        at.insert(0, "router", t.router)
+        at.insert(1, "experts", t.experts)
+        at["slope"], at["slope_lo"], at["slope_hi"], at["fit_sizes"] = t.slope, t.slope_lo, t.slope_hi, t.n
+        at["readout"] = [("inside Clark's sizes" if d == 0 else
+                          f"extrapolated, {d:.2f} decades {'below' if n < t.n_min else 'above'} Clark's sizes")
+                         for n, d in zip(at["n_active"], at["decades_out"])]
+        rows.append(at)
+    cols = ["router", "experts", "size", "n_active", "p", "ci_lo", "ci_hi", "pi_lo", "pi_hi", "decades_out",
+            "readout", "slope", "slope_lo", "slope_hi", "fit_sizes"]
+    return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
+
+
+def cells_from_gap_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The token-budget map's position table (``token_budget.gaps.gap_table``: ``moe_active``,
+    ``size_label``, ``tokens_per_param``, ``position``, ``position_low``, ``position_high``,
+    ``position_defined``, ``position_reason``) in :data:`STUDY_COLUMNS`' form with ``note`` (the
+    reason); a cell whose position is not defined keeps NaN."""
+    d = table["position_defined"].fillna(False).astype(bool)
+    return pd.DataFrame({
+        "n_active": table["moe_active"].astype(float),
+        "p": table["position"].where(d), "p_lo": table["position_low"].where(d),
+        "p_hi": table["position_high"].where(d),
+        "source": [f"{s}, {x:.3g} tokens/param" for s, x in zip(table["size_label"], table["tokens_per_param"])],
+        "note": table.get("position_reason", pd.Series("", index=table.index)).fillna("")})
+
+
+def position_against_size(study_cells: pd.DataFrame, pos: pd.DataFrame, routers: Sequence[str] = ("S-Base", "Hash"),
+                          experts: Sequence[int] = EXPERTS) -> pd.DataFrame:
+    """One table, p against active parameters: this study's cells (``study_cells``, columns
+    :data:`STUDY_COLUMNS`: p with its 95% CI at the MoE's active parameters; optional ``n``
+    (seeds) and ``note``; :func:`cells_from_gap_table` makes it from the map's table), Clark et al.'s
+    ``routers`` for ``experts`` per size (:func:`positions`; one run each: no interval) and the
+    paper's 0.81 at 14.77M (Table 2 means: no interval). Columns ``kind`` ("this study", "Clark
+    et al. 2022", "the paper"), ``source``, ``router``, ``experts``, ``n_active``, ``p``,
+    ``p_lo``, ``p_hi``, ``n``, ``note``; sorted by kind, then N."""
+    missing = [c for c in STUDY_COLUMNS if c not in study_cells.columns]
+    if missing:
+        raise ValueError(f"study_cells: missing column(s) {missing}; expected {list(STUDY_COLUMNS)}")
+    note = study_cells["note"].fillna("") if "note" in study_cells else ""
+    n = study_cells["n"] if "n" in study_cells else np.nan
+    study = study_cells[list(STUDY_COLUMNS)].assign(kind="this study", router="", experts=np.nan, n=n, note=note)
+    c = pos[pos["router"].isin(routers) & pos["experts"].isin(experts)]
+    clark = pd.DataFrame({"kind": "Clark et al. 2022",
+                          "source": [f"{r}, E = {e}, {s}"
+                                     for r, e, s in zip(c["router"], c["experts"], c["size_label"])],
+                          "router": c["router"], "experts": c["experts"], "n_active": c["n_active"], "p": c["p"],
+                          "p_lo": np.nan, "p_hi": np.nan, "n": c["n"], "note": c["note"]})
+    paper = pd.DataFrame([{"kind": "the paper", "source": "the paper (Table 2 means)", "router": "learned (top-2)",
+                           "experts": 4, "n_active": PAPER_ACTIVE_PARAMS, "p": PAPER_POSITION,
+                           "p_lo": np.nan, "p_hi": np.nan, "n": 3, "note": ""}])
+    cols = ["kind", "source", "router", "experts", "n_active", "p", "p_lo", "p_hi", "n", "note"]
+    return pd.concat([study[cols], clark[cols], paper[cols]], ignore_index=True)
+
+
+def position_against_size_figure(table: pd.DataFrame, fits: dict, outdir=None,
+                                 name: str = "position_against_size"):
+    """p against active N (log x) from :func:`position_against_size`'s table: this study's cells
+    with their 95% CIs (black), Clark et al.'s points (colour: router; marker: E) with each trend
+    of ``fits`` (:func:`trends`) whose router and E the table shows, drawn over the whole x range
+    (dashed where extrapolated) with the 95% CI of the line as a band, the paper's point (star),
+    and lines at 0 (the active match) and 1 (the total match)."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from studylib.study.analysis.plots import save_figure
+
+    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    clark = table[(table["kind"] == "Clark et al. 2022") & table["p"].notna()]
+    routers = list(dict.fromkeys(clark["router"]))
+    colours = dict(zip(routers, sns.color_palette("colorblind", len(routers))))
+    markers = {4: "o", 8: "s"}
+    if len(clark):
+        sns.scatterplot(data=clark.assign(E=clark["experts"].astype(int)), x="n_active", y="p", hue="router",
+                        hue_order=routers, palette=colours, style="E", markers=markers, s=60, ax=ax, zorder=3)
+    x = table.loc[table["p"].notna(), "n_active"].astype(float)
+    grid = np.logspace(np.log10(x.min()) - 0.2, np.log10(x.max()) + 0.2, 200)
+    shown = set(zip(clark["router"], clark["experts"].astype(int)))
+    for (router, e), t in fits.items():
+        if (router, e) not in shown:
+            continue
+        at = t.at(grid)
+        ls = "-" if e == 4 else "--"
+        inside = at["decades_out"] == 0
+        ax.plot(grid[inside], at["p"][inside], color=colours[router], ls=ls, lw=1.5)
+        ax.plot(grid, at["p"], color=colours[router], ls=ls, lw=0.8, alpha=0.6)
+        ax.fill_between(grid, at["ci_lo"], at["ci_hi"], color=colours[router], alpha=0.08 if e == 8 else 0.12, lw=0)
+    study = table[(table["kind"] == "this study") & table["p"].notna()]
+    if len(study):
+        yerr = np.vstack([study["p"] - study["p_lo"], study["p_hi"] - study["p"]]).clip(min=0)
+        ax.errorbar(study["n_active"], study["p"], yerr=np.nan_to_num(yerr), fmt="o", color="black", capsize=3,
+                    label="this study (95% CI)", zorder=4)
+    paper = table[table["kind"] == "the paper"]
+    ax.scatter(paper["n_active"], paper["p"], marker="*", s=220, color="crimson", edgecolor="black",
+               label=f"the paper ({PAPER_POSITION:.2f})", zorder=5)
+    for y, words in ((0.0, "active match"), (1.0, "total match")):
+        ax.axhline(y, color="grey", ls=":", lw=1)
+        ax.text(grid[0], y, f" {words}", va="bottom", ha="left", fontsize=8, color="grey")
+    ax.set_xscale("log")
+    ax.set_xlabel("active parameters N (log scale)")
+    ax.set_ylabel("position p between the dense matches")
+    ax.set_title("Position against size. Clark et al.'s trends: E = 4 solid, E = 8 dashed; band: 95% CI of the "
+                 "line; thin: extrapolated", fontsize=9)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    save_figure(fig, name, outdir)
+    return fig
+
+
+def law_frame(last: pd.DataFrame, experts: Sequence[int] = EXPERTS, fit_sizes: Sequence[str] = FIT_SIZES,
+              held_out: Sequence[str] = HELD_OUT_SIZES, loss: str = LOSS) -> pd.DataFrame:
+    """Clark et al.'s plain dense runs and S-Base runs with ``experts`` experts (main setting: k 1,
+    every other block routed) of the sizes ``fit_sizes`` and ``held_out`` (other sizes left out),
+    one row per run, in the form a joint law fit takes. Columns:
+
+    - ``run``: ``hyper_id``; ``role``: ``"dense"`` or ``"moe"``; ``router``: ``"Dense"`` or
+      ``"S-Base"``; ``experts``: E (1 for dense); ``size_label``: Clark's label; ``seed``;
+    - ``n_active``: parameters one token uses (``dense_parameter_count``); ``n_total``: every
+      parameter, all experts counted (``total_parameter_count``; equal to ``n_active`` for dense);
+    - ``loss``: ``loss`` (nats per token, their tokenizer) at the run's last evaluation; ``step``:
+      that evaluation's step (249,000 for every run here);
+    - ``split``: ``"fit"`` (``fit_sizes``, default 15-55M) or ``"held_out"`` (default 130M).
+
+    Tokens seen: every run trained the same number of steps, but the file gives neither the batch
+    nor the tokens per step (``flops_per_step`` is a forward-FLOPs estimate whose ratio to 2N
+    varies with size, so no token count follows from it): the frame has no token column, and only
+    the N part of a law can be fitted on it."""
+    sizes = {**{s: "fit" for s in fit_sizes}, **{s: "held_out" for s in held_out}}
+    dense = _plain_dense(last)
+    moe = last[(last["router_type"] == "S-Base") & last["num_experts"].isin(experts) & _main_setting(last)]
+    both = pd.concat([dense.assign(role="dense"), moe.assign(role="moe")])
+    both = both[both["model_size_label"].isin(sizes)]
+    out = pd.DataFrame({"run": both["hyper_id"], "role": both["role"], "router": both["router_type"],
+                        "experts": both["num_experts"].astype(int), "size_label": both["model_size_label"],
+                        "seed": both["seed"], "n_active": both["dense_parameter_count"],
+                        "n_total": both["total_parameter_count"], "loss": both[loss], "step": both["step"],
+                        "split": both["model_size_label"].map(sizes)})
+    return out.sort_values(["role", "experts", "n_active", "seed"]).reset_index(drop=True)
+
+
+__all__ = ["CLARK_DIR", "COLUMNS", "ClarkDataError", "EXPERTS", "FIT_SIZES", "HELD_OUT_SIZES", "LOSS", "ROUTERS",
+           "STUDY_COLUMNS", "Trend", "cells_from_gap_table", "clark_file", "dense_loss_at", "dense_sizes",
+           "last_evaluations", "law_frame", "load_curves", "position_against_size", "position_against_size_figure",
+           "positions", "trend_table", "trends"]

@@ -1,0 +1,166 @@
+"""A law whose MoE worth may change with size (issue #47, item 3): the one-lambda form beside the
+size form ``lambda(N) = lambda_0 + lambda_1 log10(N_active / N_ref)`` kept in [0, 1]
+(:class:`~.law_form.LambdaSizeLaw`), both carried to the paper's point.
+
+* :func:`fit_forms`: both forms fitted on the map's runs (R* shared or per role as chosen).
+* :func:`paper_points`: each form's :func:`~.law_checks.paper_point` table with ``form`` and
+  ``chosen``, and for the size form a row ``lambda_at_paper`` (lambda at the paper's MoE N_active,
+  with the seed-bootstrap interval). Where that interval covers all of [0, 1] the map says nothing
+  of the MoE's worth at the paper's size: the size form's MoE loss, gaps and position there are
+  "not identified" with that reason, never a number.
+* :func:`sizes_needed`: how far apart the sizes would have to lie for lambda at the paper's point
+  to be pinned to +-``target``, computed from the fitted lambda_1's interval: a slope's interval
+  narrows as 1 / (the spread of log10 N over the sizes), with the same number of sizes and the same
+  noise per size; the sizes spread evenly in log10 N up from the smallest measured one, and the
+  paper's point read at its distance from their centre.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from studylib.study.analysis.bootstrap import percentile_ci
+from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS
+from studylib.study.comparisons.token_budget.law_checks import paper_point
+from studylib.study.comparisons.token_budget.law_fit import COLUMNS, JointLaw, fit_law
+from studylib.study.comparisons.token_budget.law_form import SIZE_FORM, lambda_at
+
+#: the forms compared at the paper's point: one lambda, and lambda(N)
+FORMS = ("lambda", SIZE_FORM)
+#: the half-width of lambda's interval at the paper's point that :func:`sizes_needed` aims for
+TARGET_HALF_WIDTH = 0.25
+#: the paper-point quantities that rest on the MoE's worth there
+_ON_WORTH = ("loss_moe", "gap_active", "gap_total", "position")
+
+
+def fit_forms(runs: pd.DataFrame, per_role_rstar: bool = False, n_boot: int = 200, seed: int = 0,
+              forms=FORMS) -> dict:
+    """``{form: JointLaw}`` of the map's runs (:data:`~.law_fit.COLUMNS`) for each of ``forms``."""
+    return {f: fit_law(runs[list(COLUMNS)], f, per_role_rstar, n_boot=n_boot, seed=seed) for f in forms}
+
+
+def lambda_at_paper(law: JointLaw) -> tuple[float, float, float]:
+    """(lambda at the paper's MoE N_active, its seed-bootstrap interval low, high): lambda_0 +
+    lambda_1 log10(14.77M / N_ref) kept in [0, 1] for the size form; lambda for the one-lambda form."""
+    point = float(lambda_at(law.theta, law.form, PAPER_ACTIVE_PARAMS)[0])
+    draws = law.seed.draws
+    if not len(draws) or np.isnan(draws).all():
+        return point, math.nan, math.nan
+    d = lambda_at(draws, law.form, PAPER_ACTIVE_PARAMS)[:, :1]
+    lo, hi = percentile_ci(d, law.level)
+    return point, float(lo[0]), float(hi[0])
+
+
+def sizes_needed(law: JointLaw, sizes_active, target: float = TARGET_HALF_WIDTH) -> dict:
+    """What would pin the size form's lambda at the paper's point to +-``target``: ``sizes`` (k,
+    the map's MoE N_active per size), ``spread`` (the population sd of their log10 N), ``slope_hw``
+    (half the width of lambda_1's interval), ``decades`` (the span that would do, evenly spaced, up
+    from the smallest size; NaN if none short of the paper's own size does), ``largest`` (the
+    largest size of that span), ``span_now`` (the measured sizes' span in decades) and ``reason`` where it cannot be computed."""
+    x = np.log10(np.unique(np.asarray(sizes_active, float)))
+    k, xp = len(x), math.log10(PAPER_ACTIVE_PARAMS)
+    c = law.coefs.get("lambda_1")
+    base = {"sizes": k, "spread": float(np.std(x)) if k else math.nan,
+            "span_now": float(np.ptp(x)) if k else math.nan, "slope_hw": math.nan, "decades": math.nan,
+            "largest": math.nan, "reason": ""}
+    if c is None:
+        return {**base, "reason": f"the {law.form} form has no lambda_1"}
+    if not c.identified or not np.isfinite(c.ci_low):
+        return {**base, "reason": "lambda_1 has no interval" + (f" ({c.reason})" if c.reason else "")}
+    hw = (c.ci_high - c.ci_low) / 2
+    base["slope_hw"] = hw
+    if k < 2 or base["spread"] <= 0:
+        return {**base, "reason": "one size: no spread to scale"}
+    unit = math.sqrt((k * k - 1) / 12) / (k - 1)  # the sd of k evenly spaced points over one decade
+    span = np.linspace(1e-3, xp - x.min(), 4000)  # up to the paper's own size
+    half = hw * base["spread"] / (unit * span) * np.abs(xp - (x.min() + span / 2))
+    ok = np.nonzero(half <= target)[0]
+    if not len(ok):
+        return {**base, "reason": f"no span short of the paper's size holds it within +-{target:g}"}
+    r = float(span[ok[0]])
+    return {**base, "decades": r, "largest": float(10 ** (x.min() + r))}
+
+
+def _need_words(need: Mapping) -> str:
+    """:func:`sizes_needed` in words (its span found)."""
+    held = f"lambda at the paper's N to +-{TARGET_HALF_WIDTH:g}"
+    if need["decades"] <= need["span_now"]:
+        return (f"the measured {need['sizes']} sizes over {need['span_now']:.2f} decades already hold {held} (by the "
+                f"interval's scaling, {need['decades']:.2f} decades would)")
+    return (f"{need['sizes']} sizes spread evenly over {need['decades']:.1f} decades (up to {need['largest']:.3g} "
+            f"active parameters; now {need['span_now']:.2f}) would hold {held}, with the same noise per size")
+
+
+def paper_points(laws: Mapping[str, JointLaw], chosen: str, sizes_active=None) -> pd.DataFrame:
+    """Each form's :func:`~.law_checks.paper_point` rows with ``form`` and ``chosen`` (the form
+    :func:`~.law_checks.choose` took), the size form's with ``lambda_at_paper`` after its lambda
+    and, given ``sizes_active`` (the map's MoE N_active), ``span_needed`` (:func:`sizes_needed`:
+    estimate the decades, note in words, reason where it cannot be computed); where lambda at the
+    paper's N has an interval covering [0, 1], the quantities resting on it (the MoE's loss, the
+    gaps, the position, the ordering) are not identified, with the reason."""
+    out = []
+    for form, law in laws.items():
+        t = paper_point(law)
+        if "lambda_1" in law.names:
+            lam, lo, hi = lambda_at_paper(law)
+            c1 = law.coefs["lambda_1"]
+            ident = c1.identified and np.isfinite(lo)
+            row = {"quantity": "lambda_at_paper", "estimate": lam if ident else math.nan,
+                   "ci_low": lo if ident else math.nan, "ci_high": hi if ident else math.nan, "identified": ident,
+                   "reason": "" if ident else c1.reason if not c1.identified else "no interval", "note": f"lambda_0 + lambda_1 log10({PAPER_ACTIVE_PARAMS:.4g} / N_ref), kept in [0, 1]"}
+            if ident and lo <= 1e-9 and hi >= 1 - 1e-9:
+                why = (f"not identified: lambda at the paper's N has the 95% interval [{lo:.2f}, {hi:.2f}], all of "
+                       f"[0, 1] (lambda_1 = {c1.estimate:.3f} [{c1.ci_low:.3f}, {c1.ci_high:.3f}] per decade, carried "
+                       f"{math.log10(PAPER_ACTIVE_PARAMS / law.largest_moe_active):.1f} decades)")
+                row.update(identified=False, reason=why)
+                rest = t["quantity"].isin(_ON_WORTH + ("ordering",))
+                t.loc[rest, ["estimate", "ci_low", "ci_high"]] = math.nan
+                t.loc[rest, "identified"] = False
+                t.loc[rest, "reason"] = why
+                t.loc[rest & (t["quantity"] == "ordering"), "note"] = ""
+                t.loc[t["quantity"] == "position", "paper_inside"] = None
+            rows = [row]
+            if sizes_active is not None:
+                need = sizes_needed(law, sizes_active)
+                ok = np.isfinite(need["decades"])
+                rows.append({"quantity": "span_needed", "estimate": need["decades"], "identified": bool(ok),
+                             "reason": need["reason"],
+                             "note": _need_words(need) if ok else ""})
+            i = int(np.nonzero(t["quantity"].to_numpy() == law.mix)[0][0]) + 1
+            t = pd.concat([t.iloc[:i], pd.DataFrame(rows), t.iloc[i:]], ignore_index=True)
+        t.insert(0, "form", form)
+        t["chosen"] = form == chosen
+        out.append(t)
+    return pd.concat(out, ignore_index=True).fillna({"reason": "", "note": "", "paper_note": ""})
+
+
+def size_form_sentences(points: pd.DataFrame, forms: pd.DataFrame) -> list:
+    """The two forms at the paper's point in words, from :func:`paper_points`' table and the forms'
+    parameter tables (``law_words.law_table`` rows with ``form``): each form's position there (or
+    why it is not identified), the size form's lambda_1 and what span of sizes would pin lambda there."""
+    out = []
+    for form, t in points.groupby("form", sort=False):
+        t = t.set_index("quantity")
+        p = t.loc["position"]
+        chosen = " (chosen by leaving cells out)" if bool(t["chosen"].iloc[0]) else ""
+        said = (f"p = {p['estimate']:.2f} [{p['ci_low']:.2f}, {p['ci_high']:.2f}]" if p["identified"] and
+                np.isfinite(p["ci_low"]) else f"p = {p['estimate']:.2f} (no interval)" if p["identified"] else
+                f"p is not identified ({p['reason']})")
+        s = f"The {form} form{chosen} gives at the paper's point {said}"
+        c = forms[(forms["form"] == form) & (forms["parameter"] == "lambda_1")]
+        if len(c):
+            c = c.iloc[0]
+            s += (f"; lambda_1 = {c['estimate']:.3f} [{c['ci_low']:.3f}, {c['ci_high']:.3f}] per decade of N_active"
+                  if c["identified"] else f"; lambda_1 is not identified ({c['reason']})")
+        if "span_needed" in t.index:
+            n = t.loc["span_needed"]
+            s += f"; {n['note']}" if n["identified"] else f"; what span of sizes would pin it: {n['reason']}"
+        out.append(s + ".")
+    return out
+
+
+__all__ = ["FORMS", "TARGET_HALF_WIDTH", "fit_forms", "lambda_at_paper", "sizes_needed", "paper_points",
+           "size_form_sentences"]
