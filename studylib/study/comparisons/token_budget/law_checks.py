@@ -385,43 +385,5 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
     return t.fillna({"reason": "", "note": "", "paper_note": ""})
 
 
-# the runs that move the law
-
-#: a run whose standardised residual lies beyond this many robust sds is named (the residuals' scale is
-#: 1.4826 x their median absolute deviation: one run far off does not widen the scale it is judged by)
-RESIDUAL_LIMIT = 4.0
-
-
-def _paper_position(law: JointLaw) -> float:
-    trio = pd.DataFrame([paper_params(r) for r in ROLES], index=list(ROLES), columns=["active", "total"])
-    return float(_quantities(_trio_draws(law, trio, PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)[0])["position"])
-
-
-def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
-    """One row per run of ``law``'s fit (role, size, seed, tokens, unique, value; stories where
-    ``runs`` has it): ``fitted`` (the
-    law's loss there), ``std_residual`` ((log L - log L_hat) / the residuals' robust sd), ``beyond``
-    (past :data:`RESIDUAL_LIMIT`), and the position at the paper's point refitted without that run
-    (from the law's optimum): ``position_without``, ``position_change`` (from the full fit's
-    ``position``); NaN where the refit fails (``note`` says why)."""
-    df = runs_frame(runs, "influence")
-    fitted = law.at(df["role"], df["active"], df["total"], df["tokens"], df["unique"]).point
-    r = np.log(df["value"].to_numpy()) - np.log(fitted)
-    scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
-    p0 = _paper_position(law)
-    out = df[list(COLUMNS) + (["stories"] if "stories" in df else [])].assign(fitted=fitted, std_residual=r / scale if scale > 0 else math.nan,
-                                   position=p0, position_without=math.nan, note="")
-    for i in range(len(df)):
-        try:
-            refit = fit_law(df.drop(index=i)[list(COLUMNS)], law.form, law.per_role_rstar, n_boot=0, n_boot_cell=0,
-                            start=law.theta)
-            out.loc[i, "position_without"] = _paper_position(refit)
-        except ValueError as e:
-            out.loc[i, "note"] = str(e)
-    out["position_change"] = out["position_without"] - p0
-    out["beyond"] = out["std_residual"].abs() > RESIDUAL_LIMIT
-    return out
-
-
-__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "RESIDUAL_LIMIT", "influence", "TIE", "CANDIDATES", "position_ci", "Choice", "choice_sentence", "choose", "held_out_verdict",
-           "HeldOut", "held_out", "paper_point"]
+__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "CANDIDATES", "position_ci", "Choice", "choice_sentence", "choose",
+           "held_out_verdict", "HeldOut", "held_out", "paper_point"]

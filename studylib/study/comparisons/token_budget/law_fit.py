@@ -17,12 +17,11 @@ run of the token-budget map, with one identification test, one grid of starts an
   interval.
 * A parameter the map does not pin down is "not identified" with the reason (:func:`_not_identified`:
   at the fit, the change of the predictions with it, the others free to compensate, below
-  :data:`IDENTIFIED_TOL`; a bound; one size; one budget; no repeated data), never a number. One whose
+  :data:`IDENTIFIED_TOL`; a bound; too few sizes or budgets; no repeated data), never a number. One whose
   only reason is a bound (``JointLaw.on_bound``) is the constrained fit's value: the data push it
   past the bound, so it has no interval of its own, but the law's predictions with it held there
   are the law's (:mod:`.law_checks` predicts with it and says so).
-* :func:`role_laws`: the "chinchilla" form per model role (N its active parameters, D its tokens),
-  a check of the joint law.
+* :func:`role_law`: the "chinchilla" form per model role (N, D its own), a check (:mod:`.law_roles`).
 """
 from __future__ import annotations
 

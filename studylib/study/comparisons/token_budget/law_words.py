@@ -89,7 +89,7 @@ def law_sentences(law: pd.DataFrame, choice: pd.DataFrame, held: pd.DataFrame, p
                   runs: pd.DataFrame | None = None) -> list[str]:
     """The joint law in words, from notebook 09's tables: the form chosen, the parameters, the
     held-out-size and held-out-budget checks, the paper's point (:func:`paper_sentences`) and, given
-    ``runs`` (:func:`~.law_checks.influence`), the runs that move it (:func:`influence_sentence`)."""
+    ``runs`` (:func:`~.law_influence.influence`), the runs that move it (:func:`influence_sentence`)."""
     out = [choice_sentence(choice), parameter_sentence(law)]
     level = float(law["level"].iloc[0])
     checks = [held_out_verdict(held[held["by"] == by], by, level) for by in ("size", "budget")
@@ -100,10 +100,10 @@ def law_sentences(law: pd.DataFrame, choice: pd.DataFrame, held: pd.DataFrame, p
 
 
 def influence_sentence(runs: pd.DataFrame, paper: pd.DataFrame) -> str:
-    """:func:`~.law_checks.influence`'s table in one sentence: the runs beyond the limit by name (or
+    """:func:`~.law_influence.influence`'s table in one sentence: the runs beyond the limit by name (or
     the largest residual), and whether leaving one run out changes the answer at the paper's point:
     the refitted position outside the full fit's interval (or, without one, by how much it moves)."""
-    from studylib.study.comparisons.token_budget.law_checks import RESIDUAL_LIMIT
+    from studylib.study.comparisons.token_budget.law_influence import RESIDUAL_LIMIT
 
     p = paper.set_index("quantity").loc["position"]
     name = lambda r: (f"{r['role']} of size {r['size']} seed {int(r['seed'])} at {r['tokens']:.3g} tokens"  # noqa: E731
