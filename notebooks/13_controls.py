@@ -2,6 +2,7 @@
 # jupyter:
 #   jupytext:
 #     formats: py:percent
+#     notebook_metadata_filter: studylib
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -9,6 +10,8 @@
 #     display_name: Python 3
 #     language: python
 #     name: python3
+#   studylib:
+#     after: ["09"]
 # ---
 
 # %% [markdown]

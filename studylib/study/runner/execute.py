@@ -3,7 +3,8 @@ several at a time (:func:`execute_all`). :mod:`studylib.study.runner.notebooks` 
 
 A notebook that times something (its Jupytext header holds ``studylib: {run_alone: true}``, e.g.
 05_throughput's benchmarks) runs alone: it starts once the running notebooks have finished, and
-nothing starts beside it. A failing notebook stops the phase: nothing new starts, the running
+nothing starts beside it. One that reads another's tables (``studylib: {after: ["09"]}``, e.g.
+13_controls) starts once that notebook has finished when the same study runs it. A failing notebook stops the phase: nothing new starts, the running
 notebooks finish, and the first failure in file order is raised as a :class:`StudyError` naming
 the notebook, the failing cell and the error. Ctrl+C ends the running kernels.
 """
@@ -17,7 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 from studylib.config import ConfigError
 from studylib.storage.files import write_atomic
@@ -165,19 +166,27 @@ def _partly_executed(where: Optional[Path], what: str = "") -> str:
             else "  (papermill saved no executed notebook)")
 
 
-def run_alone(py_path: os.PathLike) -> bool:
-    """Whether a notebook must execute with no other notebook's kernel beside it: its Jupytext
-    header holds ``studylib: {run_alone: true}`` (a notebook that times things, which a second
-    kernel on the same cores would slow down). Anything else under ``studylib`` is a
-    :class:`ConfigError` naming the file."""
+class Header(NamedTuple):
+    """A notebook's ``studylib`` header metadata: ``run_alone`` (a notebook that times things, which
+    a second kernel on the same cores would slow down) and ``after`` (the numbers of notebooks whose
+    tables it reads: when the same study runs them, it starts once they have finished)."""
+    run_alone: bool = False
+    after: tuple = ()
+
+
+def notebook_header(py_path: os.PathLike) -> Header:
+    """:class:`Header` from the notebook's Jupytext header (``studylib: {run_alone: true, after:
+    ["09"]}``); anything else under ``studylib`` is a :class:`ConfigError` naming the file."""
     import jupytext
 
     meta = jupytext.read(str(py_path)).metadata.get("studylib", {})
-    if not isinstance(meta, dict) or set(meta) - {"run_alone"} \
-            or not isinstance(meta.get("run_alone", False), bool):
-        raise ConfigError(f"{py_path}: header metadata studylib: expected {{run_alone: true}} or "
-                          f"{{run_alone: false}}, got {meta!r}")
-    return meta.get("run_alone", False)
+    after = meta.get("after", []) if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or set(meta) - set(Header._fields) \
+            or not isinstance(meta.get("run_alone", False), bool) \
+            or not isinstance(after, list) or not all(isinstance(a, str) and a.isdigit() for a in after):
+        raise ConfigError(f"{py_path}: header metadata studylib: expected {{run_alone: true|false, after: "
+                          f"[notebook numbers like \"09\"]}}, got {meta!r}")
+    return Header(meta.get("run_alone", False), tuple(after))
 
 
 class _Kernels:
@@ -239,18 +248,22 @@ def executed_stem(py: Path, parameters: Mapping[str, Any]) -> str:
 
 
 def execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path, timeout, progress,
-                 echo, t_start: float, notebook_jobs: int = 1, alone: Optional[Mapping[Path, bool]] = None) -> dict:
+                 echo, t_start: float, notebook_jobs: int = 1, headers: Optional[Mapping[Path, Header]] = None) -> dict:
     """Execute ``nbs`` into ``nb_out`` (``parameters``: ``{notebook: its parameters}``; the file
     names: :func:`executed_stem`), at most
-    ``notebook_jobs`` at a time, each from a worker thread, started in file order; a notebook with
-    ``alone[notebook]`` (default :func:`run_alone`) waits for the running ones to finish and runs
-    with nothing beside it. After a failure nothing new starts; once the running ones have
+    ``notebook_jobs`` at a time, each from a worker thread, started in file order; a notebook whose
+    header (``headers[notebook]``, default :func:`notebook_header`) says ``run_alone`` waits for the
+    running ones to finish and runs with nothing beside it, one that names notebooks ``after``
+    starts once those of ``nbs`` have finished. After a failure nothing new starts; once the running ones have
     finished, the first failure in file order is raised. ``{executed stem: seconds}`` in file order."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     from studylib.study.orchestration.watch import RunWatcher
 
-    alone = dict(alone) if alone is not None else {py: run_alone(py) for py in nbs}
+    headers = dict(headers) if headers is not None else {py: notebook_header(py) for py in nbs}
+    alone = {py: headers[py].run_alone for py in nbs}
+    needs = {py: {q for q in nbs if q.name.split("_")[0] in headers[py].after} for py in nbs}
+    finished: set = set()
     stems = {py: executed_stem(py, parameters[py]) for py in nbs}
     bar = progress and notebook_jobs == 1  # interleaved progress bars are unreadable
     n, todo = len(nbs), list(enumerate(nbs, 1))
@@ -262,8 +275,8 @@ def execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path,
     try:
         with RunWatcher(nb_out.parent / "runs", echo, tty=progress and sys.stderr.isatty()):  # runs, step, ETA
             while running or (todo and not failed):
-                while todo and not failed and _may_start(alone[todo[0][1]], [alone[py] for _, py in running.values()],
-                                                         notebook_jobs):
+                while todo and not failed and needs[todo[0][1]] <= finished and _may_start(
+                        alone[todo[0][1]], [alone[py] for _, py in running.values()], notebook_jobs):
                     i, py = todo.pop(0)
                     echo(f"[{i}/{n}] {py.name} ..." + (" (alone)" if alone[py] and notebook_jobs > 1 else ""))
                     fut = pool.submit(execute_notebook, py, nb_out / (stems[py] + ".ipynb"), parameters[py], root,
@@ -274,6 +287,7 @@ def execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path,
                     i, py = running.pop(fut)
                     try:
                         times[stems[py]] = fut.result()
+                        finished.add(py)
                     except Exception as e:  # a StudyError (execute_notebook wraps what fails in papermill)
                         failed[i] = e
                         echo(f"[{i}/{n}] {py.name} failed" + (f"; waiting for {len(running)} running notebook(s) to "

@@ -45,7 +45,7 @@ import yaml
 from studylib.config import ConfigError, load_preset
 from studylib.run.layout import outputs_root
 from studylib.run.tensorboard import after_runs
-from studylib.study.runner.execute import StudyError, execute_all, notebook_parameters, run_alone
+from studylib.study.runner.execute import StudyError, execute_all, notebook_header, notebook_parameters
 from studylib.study.orchestration.train import SCHEDULER_ENV, available_cores, default_jobs, scheduler_address
 from studylib.study.runner.parameters import apply_parameters, check_notebook, check_parameters
 from studylib.study.runner.report import write_answer, write_report
@@ -213,7 +213,7 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
         raise ConfigError(f"no notebooks (NN_*.py) in {nb_dir}")
     declared, extra, jobs = _check_parameters(nbs, parameters, jobs)
     notebook_jobs = _check_notebook_jobs(notebook_jobs)
-    alone = {py: run_alone(py) for py in nbs}  # a bad header fails before any run trains
+    headers = {py: notebook_header(py) for py in nbs}  # a bad header fails before any run trains
     preset, ov = apply_parameters(preset, extra.get("seeds"), extra.get("overrides"))
     out = root / outputs_root(preset) / preset.name  # where notebook_context puts it too
     echo(f"study {preset.name!r}: {len(nbs)} notebook(s) -> {out / 'notebooks'}"
@@ -224,12 +224,12 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
                     for py in nbs}
     address = scheduler_address(preset, scheduler)
     runs_s = train_study_runs(preset, nbs, jobs, root, progress, echo, address, per_notebook)
-    lone = [py.name.split("_")[0] for py in nbs if alone[py]]
+    lone = [py.name.split("_")[0] for py in nbs if headers[py].run_alone]
     echo(f"notebooks: {min(notebook_jobs, len(nbs))} at a time"
          + (f"; {', '.join(lone)} alone (run_alone in the header)" if lone and notebook_jobs > 1 else ""))
     with _environment(SCHEDULER_ENV, address):  # a run a notebook trains itself goes to the same cluster
         times = execute_all(nbs, out / "notebooks", per_notebook, root, timeout, progress, echo, t_start,
-                            notebook_jobs, alone)
+                            notebook_jobs, headers)
     after_runs(out / "runs", echo)  # every run trained, by the queue or by a notebook: its TensorBoard curves
     report_path = None
     if report:

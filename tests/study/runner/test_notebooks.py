@@ -207,11 +207,12 @@ def test_importing_plots_leaves_matplotlib_alone():
 # --------------------------------------------------------------------------------------------
 # the notebook phase: several notebooks at a time, run-alone notebooks, failures
 # --------------------------------------------------------------------------------------------
-def _timed(name: str, *, wait_for=(), sleep=0.0, fail=False, alone=False) -> str:
+def _timed(name: str, *, wait_for=(), sleep=0.0, fail=False, alone=False, after=()) -> str:
     """A notebook that writes ``stamps/<name>.start`` when its cell starts, waits (at most 30 s)
     until the notebooks ``wait_for`` have started, sleeps ``sleep`` s, writes ``stamps/<name>.end``
     (wall-clock times), then raises if ``fail``. ``alone``: marked run_alone in its header."""
-    header = HEADER[:-len("# ---\n")] + ("#   studylib:\n#     run_alone: true\n" if alone else "") + "# ---\n"
+    meta = ("#     run_alone: true\n" if alone else "") + (f"#     after: {list(after)!r}\n".replace("'", '"') if after else "")
+    header = HEADER[:-len("# ---\n")] + ("#   studylib:\n" + meta if meta else "") + "# ---\n"
     return header + textwrap.dedent(f"""\
 
         # %% tags=["parameters"]
@@ -283,6 +284,20 @@ def test_two_notebooks_run_at_once_and_times_stay_in_file_order(repo, monkeypatc
     assert os.getcwd() == str(elsewhere)
 
 
+def test_a_notebook_after_another_starts_once_that_one_has_finished(repo):
+    """03 reads 01's tables (after: ["01"]): with two kernels it starts only once 01 has finished,
+    while 02 runs beside 01; 04 (after a notebook this study does not run) is not held back."""
+    _write_timed(repo, **{"01_a": _timed("01_a", wait_for=["02_b"], sleep=2.0),
+                          "02_b": _timed("02_b", wait_for=["01_a"]),
+                          "03_reads": _timed("03_reads", after=["01"]),
+                          "04_d": _timed("04_d", after=["09"])})
+    lines = []
+    _study(repo, lines, notebook_jobs=2)
+    st = _stamps(repo)
+    assert _overlap(st["01_a"], st["02_b"])
+    assert st["03_reads"][0] >= st["01_a"][1], st
+
+
 def test_a_run_alone_notebook_overlaps_no_other(repo):
     """03 is marked run_alone: it starts after 01 and 02 have finished, and 04 starts after it."""
     _write_timed(repo, **{"01_a": _timed("01_a", wait_for=["02_b"], sleep=1.0),
@@ -305,14 +320,17 @@ def test_a_run_alone_notebook_overlaps_no_other(repo):
 def test_the_timing_notebooks_are_marked_run_alone():
     """The real notebooks: those that time things (05 benchmarks, 07 times greedy decoding)."""
     nbs = study.find_notebooks(Path(__file__).parents[3] / "notebooks")
-    assert [p.name for p in nbs if study.run_alone(p)] == ["05_throughput.py", "07_iso_width.py"]
+    assert [p.name for p in nbs if study.notebook_header(p).run_alone] == ["05_throughput.py", "07_iso_width.py"]
+    # and those that read another's tables: 13 reads 09's map (its position against size)
+    assert {p.name: study.notebook_header(p).after for p in nbs if study.notebook_header(p).after} == {
+        "13_controls.py": ("09",)}
 
 
 def test_run_alone_header_errors_name_the_file(repo):
     bad = repo / "notebooks" / "04_bad.py"
     bad.write_text(_timed("x").replace("# ---\n\n", "#   studylib:\n#     run_alone: yes please\n# ---\n\n", 1))
-    with pytest.raises(study.ConfigError, match=r"04_bad.py: header metadata studylib: expected \{run_alone: true\}"):
-        study.run_alone(bad)
+    with pytest.raises(study.ConfigError, match=r"04_bad.py: header metadata studylib: expected \{run_alone: true"):
+        study.notebook_header(bad)
     with pytest.raises(study.ConfigError, match="04_bad.py"):  # before any run trains or kernel starts
         study.run_study(str(repo / "params" / "t.yaml"), root=repo, report=False, progress=False,
                         echo=lambda m: None)
