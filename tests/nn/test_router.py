@@ -214,14 +214,11 @@ def test_eval_and_decoding_leave_the_bias_and_a_checkpoint_holds_it(tmp_path, da
     assert all(torch.equal(a, b.ffn.router.bias_E) for a, b in zip(before, m.blocks))
 
 
-def test_resume_with_the_bias_is_bit_exact(tmp_path, data, monkeypatch, one_thread):
-    from studylib.run import checkpoint as C
+def _crash_and_resume(p, model, run_dir, data, monkeypatch) -> None:
+    """Train ``model`` into ``run_dir``, killed in step 6 (checkpoint at 3), then resumed to the end."""
     from studylib.run import trainer as T
-    from studylib.run.rundir import RunDir
     import studylib.nn.model as M
 
-    p = _preset(max_steps=8)
-    T.train_run(p, "bias", 1, run_dir=tmp_path / "ref", progress=False, data=data)
     forward, calls = M.Decoder.forward, {"n": 0}
 
     def crash(self, *a, **kw):
@@ -234,8 +231,18 @@ def test_resume_with_the_bias_is_bit_exact(tmp_path, data, monkeypatch, one_thre
     with monkeypatch.context() as mp:
         mp.setattr(M.Decoder, "forward", crash)
         with pytest.raises(KeyboardInterrupt):
-            T.train_run(p, "bias", 1, run_dir=tmp_path / "res", progress=False, data=data)
-    T.train_run(p, "bias", 1, run_dir=tmp_path / "res", progress=False, data=data)
+            T.train_run(p, model, 1, run_dir=run_dir, progress=False, data=data)
+    T.train_run(p, model, 1, run_dir=run_dir, progress=False, data=data)
+
+
+def test_resume_with_the_bias_is_bit_exact(tmp_path, data, monkeypatch, one_thread):
+    from studylib.run import checkpoint as C
+    from studylib.run import trainer as T
+    from studylib.run.rundir import RunDir
+
+    p = _preset(max_steps=8)
+    T.train_run(p, "bias", 1, run_dir=tmp_path / "ref", progress=False, data=data)
+    _crash_and_resume(p, "bias", tmp_path / "res", data, monkeypatch)
     a, b = (C.load(RunDir(tmp_path / n).checkpoints / C.LATEST)["model"] for n in ("ref", "res"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert RunDir(tmp_path / "res").summary()["best_val_loss"] == RunDir(tmp_path / "ref").summary()["best_val_loss"]
@@ -604,24 +611,10 @@ def test_resume_with_a_frozen_router_is_bit_exact(tmp_path, data, monkeypatch, o
     from studylib.run import checkpoint as C
     from studylib.run import trainer as T
     from studylib.run.rundir import RunDir
-    import studylib.nn.model as M
 
     p = tiny_preset(models={"frozen": FROZEN}, train={"max_steps": 8, "eval_every": 3})
     T.train_run(p, "frozen", 1, run_dir=tmp_path / "ref", progress=False, data=data)
-    forward, calls = M.Decoder.forward, {"n": 0}
-
-    def crash(self, *a, **kw):
-        if self.training:
-            calls["n"] += 1
-            if calls["n"] > 2 * 5:  # dies in step 6 (checkpoint at 3)
-                raise KeyboardInterrupt
-        return forward(self, *a, **kw)
-
-    with monkeypatch.context() as mp:
-        mp.setattr(M.Decoder, "forward", crash)
-        with pytest.raises(KeyboardInterrupt):
-            T.train_run(p, "frozen", 1, run_dir=tmp_path / "res", progress=False, data=data)
-    T.train_run(p, "frozen", 1, run_dir=tmp_path / "res", progress=False, data=data)
+    _crash_and_resume(p, "frozen", tmp_path / "res", data, monkeypatch)
     a, b = (C.load(RunDir(tmp_path / n).checkpoints / C.LATEST)["model"] for n in ("ref", "res"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
