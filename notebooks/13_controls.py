@@ -99,9 +99,7 @@ else:
 # set given the token id, bits; 0 for the hash router).
 
 # %%
-specs = [s for i, c in enumerate(cells) for s in runs.specs[i]
-         if s.model in {c.moe, c.role("hash"), c.role("frozen")}]
-per_run = R.measures(specs)
+per_run = R.measures(R.routed_specs(runs, cells))
 plots.save_table(per_run, "controls_router_runs", out, index=False)
 learned = R.summary(per_run)
 plots.save_table(learned, "controls_routers", out, index=False)

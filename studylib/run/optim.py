@@ -63,7 +63,7 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over :func:`param_groups` (fused where available, else foreach, else plain)."""
     groups = [{k: v for k, v in g.items() if k != "names"}
-              for g in param_groups(model, cfg.weight_decay, getattr(cfg, "router_lr_scale", 1.0))]
+              for g in param_groups(model, cfg.weight_decay, cfg.router_lr_scale)]
     for impl in ({"fused": True}, {"foreach": True}, {}):
         try:
             return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **impl)

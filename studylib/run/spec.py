@@ -72,6 +72,12 @@ def epoch_steps(preset: Preset) -> int:
     return total_steps_for(preset.train, len(shared_data(preset.data).train_idx))
 
 
+def tokens_per_step(preset: Preset) -> int:
+    """Target tokens of one optimizer step: windows per step times ``data.context - 1`` targets (the
+    unit budgets in tokens per parameter become steps with)."""
+    return preset.train.batch_size * preset.train.grad_accum * (preset.data.context - 1)
+
+
 def budget_overrides(preset: Preset, epochs: float, epoch: Optional[int] = None) -> dict:
     """Overrides that train ``epochs`` times the preset's own schedule (``epoch`` steps; default
     :func:`epoch_steps`) as a run of its own (its own warmup and cosine to its own end):
@@ -83,4 +89,4 @@ def budget_overrides(preset: Preset, epochs: float, epoch: Optional[int] = None)
     return {"train.max_steps": max(1, round(epochs * (epoch_steps(preset) if epoch is None else epoch)))}
 
 
-__all__ = ["RunSpec", "epoch_steps", "budget_overrides"]
+__all__ = ["RunSpec", "epoch_steps", "tokens_per_step", "budget_overrides"]

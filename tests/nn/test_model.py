@@ -158,6 +158,20 @@ def test_router_mode_switches():
         m.set_router_mode("random")
 
 
+def _load_dense_weights(model, dense) -> None:
+    """``dense``'s weights into ``model`` (a one-expert MoE or soft MoE of the same shape): its expert
+    takes the dense FFN's matrices; the router keeps its own."""
+    sd = dense.state_dict()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in sd:
+                p.copy_(sd[name])
+            elif "w_in_EFD" in name:
+                p.copy_(sd[name.replace("w_in_EFD", "w_in.weight")][None])
+            elif "w_out_EDH" in name:
+                p.copy_(sd[name.replace("w_out_EDH", "w_out.weight")][None])
+
+
 @pytest.mark.parametrize("ffn", ["moe", "soft"])
 def test_model_e1_k1_equals_dense_model(ffn):
     """Whole-model identity: a one-expert top-1 MoE (or K=1 soft) model == the dense model."""
@@ -165,15 +179,7 @@ def test_model_e1_k1_equals_dense_model(ffn):
     kind = {"moe": FFNConfig(kind="moe", hidden=96, num_experts=1, top_k=1),
             "soft": FFNConfig(kind="soft", hidden=96, num_experts=1)}[ffn]
     other = Decoder(dataclasses.replace(dense.cfg, ffn=kind)).eval()
-    sd = dense.state_dict()
-    with torch.no_grad():
-        for name, p in other.named_parameters():
-            if name in sd:
-                p.copy_(sd[name])
-            elif "w_in_EFD" in name:
-                p.copy_(sd[name.replace("w_in_EFD", "w_in.weight")][None])
-            elif "w_out_EDH" in name:
-                p.copy_(sd[name.replace("w_out_EDH", "w_out.weight")][None])
+    _load_dense_weights(other, dense)
     idx = torch.randint(0, 101, (2, 16))
     torch.testing.assert_close(other(idx).logits, dense(idx).logits, rtol=1e-5, atol=1e-5)
 
@@ -367,15 +373,7 @@ def test_one_expert_moe_with_gate_one_is_its_dense_twin_exactly(dispatch):
     one = FFNConfig(kind="moe", hidden=96, num_experts=1, top_k=1, balance_coef=0.01, z_coef=0.001,
                     dispatch=dispatch, grouped_mm="off")
     moe = Decoder(dataclasses.replace(dense.cfg, ffn=one)).train()
-    sd = dense.state_dict()
-    with torch.no_grad():
-        for name, p in moe.named_parameters():
-            if name in sd:
-                p.copy_(sd[name])
-            elif "w_in_EFD" in name:
-                p.copy_(sd[name.replace("w_in_EFD", "w_in.weight")][None])
-            elif "w_out_EDH" in name:
-                p.copy_(sd[name.replace("w_out_EDH", "w_out.weight")][None])
+    _load_dense_weights(moe, dense)
     idx = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(4))
     out_d, out_m = dense(idx, idx.roll(-1, 1)), moe(idx, idx.roll(-1, 1))
     assert all(bool((rec.w_TK == 1).all()) for rec in out_m.routing)

@@ -84,18 +84,25 @@ def test_every_variant_and_path_matches_the_per_token_reference(name, path):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 9, 16, generator=g)
     gy = torch.randn(2, 9, 16, generator=g)
+    _assert_matches_reference(layer, x, gy, lambda xr: reference_layer(layer, xr),
+                              lambda xp: layer(xp, aux=False)[0], f"{name}, {path}")
+
+
+def _assert_matches_reference(layer, x, gy, reference, forward, label: str) -> None:
+    """``forward`` (the layer on ``x``) against ``reference`` (per token, on ``x`` flattened to
+    rows): the outputs, the input's gradient and every parameter's gradient of ``sum(y * gy)``."""
     xr = x.clone().requires_grad_(True)
-    ref = reference_layer(layer, xr.reshape(-1, 16))
-    (ref * gy.reshape(-1, 16)).sum().backward()
+    ref = reference(xr.reshape(-1, x.shape[-1]))
+    (ref * gy.reshape(-1, x.shape[-1])).sum().backward()
     ref_grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
     layer.zero_grad()
     xp = x.clone().requires_grad_(True)
-    y, _ = layer(xp, aux=False)
+    y = forward(xp)
     (y * gy).sum().backward()
-    torch.testing.assert_close(y.reshape(-1, 16), ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y.reshape(ref.shape), ref.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(xp.grad, xr.grad, rtol=1e-5, atol=1e-5)
     for n, p in layer.named_parameters():
-        torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-5, atol=1e-5, msg=f"grad of {n} ({name}, {path})")
+        torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-5, atol=1e-5, msg=f"grad of {n} ({label})")
 
 
 def test_the_bias_picks_the_experts_but_not_their_weights():
@@ -537,18 +544,8 @@ def test_the_hash_router_on_every_dispatch_path_matches_the_per_token_reference(
     g = torch.Generator().manual_seed(1)
     x, gy = torch.randn(2, 9, 16, generator=g), torch.randn(2, 9, 16, generator=g)
     ids = torch.randint(0, 53, (2, 9), generator=g)
-    xr = x.clone().requires_grad_(True)
-    ref = reference_hash_layer(layer, xr.reshape(-1, 16), ids.reshape(-1))
-    (ref * gy.reshape(-1, 16)).sum().backward()
-    ref_grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
-    layer.zero_grad()
-    xp = x.clone().requires_grad_(True)
-    y, out = layer(xp, ids_BS=ids)
-    (y * gy).sum().backward()
-    torch.testing.assert_close(y.reshape(-1, 16), ref.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(xp.grad, xr.grad, rtol=1e-5, atol=1e-5)
-    for n, p in layer.named_parameters():
-        torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-5, atol=1e-5, msg=f"grad of {n} ({path})")
+    _assert_matches_reference(layer, x, gy, lambda xr: reference_hash_layer(layer, xr, ids.reshape(-1)),
+                              lambda xp: layer(xp, ids_BS=ids)[0], path)
     with pytest.raises(ValueError, match="routes by token id"):
         layer(x)  # no ids: refused, never routed by something else
 

@@ -116,12 +116,11 @@ def test_a_package_on_the_path_under_studylib_study_comparisons_is_not_imported(
     assert not (pkg / "RAN").exists()
 
 
-def test_a_module_named_with_comparison_module_joins_the_registry(tmp_path, monkeypatch):
+def test_a_module_named_with_comparison_module_joins_the_registry(tmp_path, monkeypatch, request):
     monkeypatch.setenv(C.MODULES_ENV, "")  # name_modules sets it for this process: undone after the test
     on_the_path(monkeypatch, installed_comparison(tmp_path / "named", "toy_named", TOY))
     assert "toy" not in C.registry()
-    monkeypatch.setitem(sys.modules, "toy_named", None)  # the module imported below is forgotten after the test
-    monkeypatch.delitem(sys.modules, "toy_named")
+    request.addfinalizer(lambda: sys.modules.pop("toy_named", None))  # later tests cannot import it
     C.name_modules(["toy_named"])
     assert os.environ[C.MODULES_ENV] == "toy_named"  # what the kernels inherit
     assert C.comparison("14_toy").knobs.keys() == ("toy_models", "toy_epochs")

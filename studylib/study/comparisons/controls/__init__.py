@@ -14,17 +14,11 @@ runs) on the trio MoE's vocabulary. ``study.controls_recipe`` adds the MoE's rec
 from __future__ import annotations
 
 from studylib.config import ConfigError, Preset
-from studylib.run.spec import budget_overrides
+from studylib.run.spec import budget_overrides, tokens_per_step
 from studylib.study.comparisons.base import Comparison
 from studylib.study.comparisons.controls.knobs import CONTROLS_SHAPE, ControlCell, ControlsKnobs, Recipe
 from studylib.study.comparisons.knobs import Study, required
 from studylib.study.orchestration.plan import Grid
-
-
-def tokens_per_step(preset: Preset) -> int:
-    """Target tokens of one optimizer step (windows per step x ``data.context - 1``): the unit the
-    token-budget map turns tokens per parameter into steps with."""
-    return preset.train.batch_size * preset.train.grad_accum * (preset.data.context - 1)
 
 
 def cell_overrides(preset: Preset, cell: ControlCell) -> dict:

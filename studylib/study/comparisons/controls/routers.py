@@ -116,6 +116,13 @@ def measures(specs, n_windows: Optional[int] = None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def routed_specs(runs, cells) -> list:
+    """The runs of each cell's routers whose routing is measured: its reference MoE, hash and frozen
+    routers (``runs.specs[i]``: cell ``i``'s planned runs, in plan order)."""
+    return [s for i, c in enumerate(cells) for s in runs.specs[i]
+            if s.model in {c.moe, c.role("hash"), c.role("frozen")}]
+
+
 def summary(per_run: pd.DataFrame) -> pd.DataFrame:
     """Per model and layer: mean, sample std and n over seeds of changed, changed_model, busiest,
     entropy and entropy_given_id."""
@@ -127,4 +134,4 @@ def summary(per_run: pd.DataFrame) -> pd.DataFrame:
     return out[[f"{c}_{s}" for c in cols for s in ("mean", "std")] + ["n"]].reset_index()
 
 
-__all__ = ["initial_model", "measures", "router_measures", "summary"]
+__all__ = ["initial_model", "measures", "routed_specs", "router_measures", "summary"]

@@ -26,7 +26,7 @@ import pandas as pd
 
 from studylib.config import ConfigError, Preset, load_preset
 from studylib.run.rundir import RunDir
-from studylib.run.spec import RunSpec, budget_overrides, epoch_steps
+from studylib.run.spec import RunSpec, budget_overrides, epoch_steps, tokens_per_step
 from studylib.study.analysis.frames import collect_runs
 from studylib.study.comparisons.knobs import Study, required
 from studylib.study.comparisons.token_budget.gaps import gap_frame, gap_table
@@ -43,7 +43,7 @@ def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] =
     """The trios of ``study.token_budget`` (:class:`TrioConfig`, checked when the study loaded the
     preset) with every budget in epochs: a ``tokens_per_param`` budget ``x`` (a repeated one too)
     becomes ``round(x * A / tokens_per_step)`` optimizer steps (``A``: the trio's MoE's active
-    parameters; :func:`tokens_per_step`), i.e. that many steps over one epoch's ``S`` steps
+    parameters; :func:`studylib.run.spec.tokens_per_step`), i.e. that many steps over one epoch's ``S`` steps
     (``epoch``; default :func:`studylib.run.spec.epoch_steps` of the preset, which may load the
     data), and ``1.0`` exactly when the steps are ``S`` (the preset's own run). Absent: one
     ConfigError line naming the knob. Each budget is checked (:func:`check_budgets`) unless
@@ -102,11 +102,6 @@ def check_budgets(preset: Preset, trios: Sequence[TrioConfig], epoch: int) -> No
                 raise ConfigError(f"{where}: {what} rounds to {n:,} optimizer steps, as {seen[n]} does; "
                                   f"two budgets of one trio must differ by at least one step")
             seen[n] = what
-
-
-def tokens_per_step(preset: Preset) -> int:
-    """Target tokens of one optimizer step: windows per step times ``data.context - 1`` targets."""
-    return preset.train.batch_size * preset.train.grad_accum * (preset.data.context - 1)
 
 
 def active_params(preset: Preset, trios: Sequence[TrioConfig]) -> dict:
@@ -220,4 +215,4 @@ def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], 
 
 
 __all__ = ["KEY", "MAX_EPOCHS", "active_params", "budget_columns", "budget_trios", "cell_overrides", "check_budgets",
-           "paper_preset_points", "run_plan", "tokens_per_step"]
+           "paper_preset_points", "run_plan"]

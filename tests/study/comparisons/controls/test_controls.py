@@ -16,7 +16,7 @@ from studylib.run.spec import RunSpec
 from studylib.study.analysis.stats import holm, paired
 from studylib.study.comparisons import registry, study_of
 from studylib.study.comparisons.controls import analysis as A
-from studylib.study.comparisons.controls import cell_overrides, tokens_per_step
+from studylib.run.spec import tokens_per_step
 from studylib.study.comparisons.controls import routers as R
 from studylib.study.comparisons.controls.knobs import ControlCell, parse_cells
 from studylib.study.comparisons.knobs import Context

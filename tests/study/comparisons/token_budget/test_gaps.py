@@ -15,7 +15,7 @@ import yaml
 from _tiny import tiny_preset, tiny_raw
 from studylib.config import ConfigError, run_document
 from studylib.run.rundir import RunDir
-from studylib.run.spec import RunSpec
+from studylib.run.spec import RunSpec, tokens_per_step
 from studylib.study.analysis import paper
 from studylib.study.comparisons import comparison, study_of, token_budget
 from studylib.study.comparisons.token_budget import budgets, gaps as bm, repetition as budget_checks
@@ -208,7 +208,7 @@ def test_gap_frame_pairs_by_seed_and_signs_both_gaps_dense_minus_moe():
 # --------------------------------------------------------------------------------------------
 def test_tokens_per_param_budgets_become_steps_and_the_presets_own_run_is_reused():
     p = _study(token_budget={"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [2.0]}]}).preset
-    a, per_step = p.model_config("moe").num_params.active, budgets.tokens_per_step(p)
+    a, per_step = p.model_config("moe").num_params.active, tokens_per_step(p)
     assert per_step == p.train.batch_size * p.train.grad_accum * (p.data.context - 1)
     s = p.train.max_steps  # the tiny preset's "epoch": 12 steps
     x_own, x_3 = s * per_step / a, 3 * per_step / a  # exactly the preset's own run; 3 steps
