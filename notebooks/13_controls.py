@@ -48,6 +48,7 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 from IPython.display import Markdown, display
 
 from studylib.study.analysis import plots, tables, text
+from studylib.study.comparisons import controls as C
 from studylib.study.comparisons.controls import analysis as A
 from studylib.study.comparisons.controls import routers as R
 from studylib.study.runner.notebooks import open_comparison
@@ -67,23 +68,23 @@ display(tables.accounting_frame([preset.model_config(m) for m in dict.fromkeys(m
 # %%
 tabs = A.cell_tables(summaries, cells, study.general.margin)
 table = A.control_table(tabs["positions"], tabs["gaps"])
-plots.save_table(table, "controls", out, index=False)
-plots.save_table(tabs["positions"], "controls_positions", out, index=False)
-plots.save_table(tabs["gaps"], "controls_gaps", out)
+plots.save_table(table, C.CONTROLS, out, index=False)
+plots.save_table(tabs["positions"], C.POSITIONS, out, index=False)
+plots.save_table(tabs["gaps"], C.GAPS, out)
 display(table)
 fig = plots.intervals(tabs["gaps"], title="Each control − the reference MoE (paired by seed)",
-                      xlabel="gap (nats; > 0: the reference is better)", outdir=out, name="controls_gaps")
+                      xlabel="gap (nats; > 0: the reference is better)", outdir=out, name=C.GAPS)
 pos = A.position_intervals(tabs["positions"])
 if len(pos):
     fig = plots.intervals(pos, title="Position between the dense matches (0: active match, 1: total match)",
-                          xlabel="position p", outdir=out, name="controls_positions")
+                          xlabel="position p", outdir=out, name=C.POSITIONS)
 
 # %% [markdown]
 # ## The one-expert MoE against its dense twin
 
 # %%
 if len(tabs["twin"]):
-    plots.save_table(tabs["twin"], "controls_twin", out)
+    plots.save_table(tabs["twin"], C.TWIN, out)
     display(tabs["twin"])
 else:
     print("no cell names a one-expert MoE and its dense twin")
@@ -100,9 +101,9 @@ else:
 
 # %%
 per_run = R.measures(R.routed_specs(runs, cells))
-plots.save_table(per_run, "controls_router_runs", out, index=False)
+plots.save_table(per_run, C.ROUTER_RUNS, out, index=False)
 learned = R.summary(per_run)
-plots.save_table(learned, "controls_routers", out, index=False)
+plots.save_table(learned, C.ROUTERS, out, index=False)
 display(learned)
 
 # %% [markdown]
@@ -119,8 +120,8 @@ recipe_words = ""
 if recipe is not None:
     rcell = cells[recipe.cell]
     rt = A.recipe_tables(A.recipe_runs(runs, len(cells)), summaries[recipe.cell], rcell)
-    plots.save_table(rt["lrs"], "controls_recipe_lrs", out, index=False)
-    plots.save_table(rt["position"], "controls_recipe", out, index=False)
+    plots.save_table(rt["lrs"], C.RECIPE_LRS, out, index=False)
+    plots.save_table(rt["position"], C.RECIPE, out, index=False)
     display(rt["lrs"], rt["position"])
     recipe_words = A.recipe_sentence(rt["position"], len(recipe.lrs), recipe.batch_scale, recipe.router_lr_scale)
     display(Markdown(recipe_words))

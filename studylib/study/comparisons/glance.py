@@ -21,7 +21,7 @@ import pandas as pd
 from studylib.config import ConfigError
 
 #: the sentences of the first screen: at most three, at most this many words together
-MAX_SENTENCES, MAX_WORDS = 3, 120
+MAX_SENTENCES, MAX_WORDS = 3, 145
 #: the README's answer: the same sentences and a pointer, at most this many words
 README_WORDS = 150
 
@@ -126,7 +126,7 @@ def glance_markdown(question: str, rows: Sequence[GlanceRow], lead: Sequence[str
 def readme_answer(lead: Sequence[str], report: str = "outputs/cpu/report.html") -> str:
     """The README's answer: the same sentences and where the rest is, within :data:`README_WORDS`."""
     check_lead(lead)
-    text = " ".join(lead) + f" Every number with its interval, and what it does not show: `{report}`."
+    text = " ".join(lead) + f" Intervals and limits: `{report}`."
     if words(text) > README_WORDS:
         raise ValueError(f"the README's answer: {words(text)} words, at most {README_WORDS}")
     return text

@@ -204,7 +204,7 @@ def _law_paper(out):
 
 def test_the_first_screen_is_one_table_three_sentences_and_the_key_figure(out):
     """issue #40: the answer ran 1,453 words before the contents; now the first screen (before the
-    first <details>) is the question, one table, at most three sentences of at most 120 words,
+    first <details>) is the question, one table, at most three sentences of at most 145 words,
     and the key figure; everything else is folded below it."""
     from studylib.study.comparisons import glance
 
@@ -227,7 +227,7 @@ def test_the_first_screen_is_one_table_three_sentences_and_the_key_figure(out):
     assert [re.sub("<[^>]+>", "", r).split()[0] for r in rows] == ["headline:", "paper:", "map:", "joint"]
     act = g.loc["active"]
     assert f"{act['mean']:+.4f} [{act['ci_low']:+.4f}, {act['ci_high']:+.4f}]" in rows[0]
-    # the sentences: at most three, at most 120 words, the words the answer module builds
+    # the sentences: at most three, at most 145 words, the words the answer module builds
     answer_md = (out / "answer.md")
     assert not answer_md.exists()  # the runner writes it, not write_report
     report.write_answer(out)
@@ -253,6 +253,49 @@ def _full(out):
     return g
 
 
+def _controls(out):
+    """Notebook 13's tables for one cell whose MoE is the headline's (controls_positions, _gaps,
+    _twin) and Clark et al.'s trend read at it (clark_trend)."""
+    from studylib.study.comparisons import controls as C
+    from studylib.study.comparisons.controls import analysis as A
+    from studylib.study.comparisons.controls.knobs import ControlCell
+
+    rng = np.random.default_rng(3)
+    base = {"dense_a": 3.05, "moe_x": 3.0, "dense_t": 2.98, "hash": 2.99, "frozen": 3.02, "one": 3.1, "twin": 3.1}
+    s = pd.DataFrame([{"model": m, "seed": k, "best_val_loss": v + rng.normal(0, 0.002)}
+                      for m, v in base.items() for k in SEEDS])
+    cell = ControlCell(("dense_a", "moe_x", "dense_t"), (("hash", "hash"), ("frozen", "frozen"), ("one_expert", "one"),
+                                                         ("dense_twin", "twin")), epochs=1.0)
+    t = A.cell_tables([s], [cell], 0.03)
+    t["positions"].to_csv(out / "tables" / f"{C.POSITIONS}.csv", index=False)
+    t["gaps"].to_csv(out / "tables" / f"{C.GAPS}.csv")
+    t["twin"].to_csv(out / "tables" / f"{C.TWIN}.csv")
+    pd.DataFrame([{"router": "S-Base", "experts": 4, "size": "this study, moe_x (20k active)", "p": 0.4,
+                   "ci_lo": 0.1, "ci_hi": 0.7, "decades_out": 2.4}]).to_csv(out / "tables" / "clark_trend.csv", index=False)
+
+
+def test_the_controls_add_the_third_sentence_and_say_when_they_did_not_run(out):
+    """issue #47: the first screen says what the controls show and where the MoE sits against
+    Clark et al.'s trend; without notebook 13's tables the answer says it did not run."""
+    from studylib.study.comparisons import glance
+
+    _full(out)
+    text_md = report.write_answer(out).read_text()
+    lead = text_md.split("## For the README")[0].strip().split("\n\n")[-1]
+    assert len(re.split(r"(?<=\.) (?=[A-Z])", lead)) == 2 and "Controls (" not in lead
+    html = report.write_report(_notebooks(out), out / "report.html", title="Study toy").read_text()
+    assert "Controls. Not computed: no tables/controls_positions.csv" in " ".join(re.sub("<[^>]+>", " ", html).split())
+    _controls(out)
+    text_md = report.write_answer(out).read_text()
+    lead = text_md.split("## For the README")[0].strip().split("\n\n")[-1]
+    sentences = re.split(r"(?<=\.) (?=[A-Z])", lead)
+    assert len(sentences) == 3 and sentences[2].startswith("Controls (moe_x @ 1 epochs, nats): a hash router is equi")
+    assert "a frozen one trails it by" in sentences[2]
+    assert "Clark et al.'s learned routers, extrapolated 2.4 decades down, trend to p = 0.40 [0.10, 0.70] here" in lead
+    readme = text_md.split("## For the README (at most 150 words)")[1].strip()
+    assert glance.words(lead) <= glance.MAX_WORDS and glance.words(readme) <= glance.README_WORDS
+
+
 def test_a_missing_table_under_the_answer_is_said_not_a_row_dropped(out):
     """issue #49: without token_budget_law_paper.csv answer.md (and the README's block) lost the
     joint law's row and sentence, exit 0, no line."""
@@ -265,7 +308,7 @@ def test_a_missing_table_under_the_answer_is_said_not_a_row_dropped(out):
                                                                    "joint law at the paper's N and D"]
     assert "not computed (no tables/token_budget_law_paper.csv)" in rows[3]
     assert "(no tables/table6_per_seed.csv: losses and p not computed)" in rows[0]
-    assert "The joint law's answer is missing: no tables/token_budget_law_paper.csv" in text_md
+    assert "the joint law's answer is missing: no tables/token_budget_law_paper.csv" in text_md
 
 
 @pytest.mark.parametrize("name, damage, lacking", [
@@ -300,10 +343,10 @@ def test_the_glance_refuses_a_long_first_screen():
     from studylib.study.comparisons import glance
 
     assert glance.words("At 3.53 tokens/param the MoE is +0.0026 [-0.0164, +0.0215] ahead.") == 10
-    with pytest.raises(ValueError, match="4 sentences of .* at most 3 of 120 words"):
+    with pytest.raises(ValueError, match="4 sentences of .* at most 3 of 145 words"):
         glance.check_lead(["One.", "Two.", "Three.", "Four."])
-    with pytest.raises(ValueError, match="1 sentences of 121 words"):
-        glance.check_lead([" ".join(["word"] * 121)])
+    with pytest.raises(ValueError, match="1 sentences of 146 words"):
+        glance.check_lead([" ".join(["word"] * 146)])
 
 
 _PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"

@@ -13,12 +13,19 @@ runs) on the trio MoE's vocabulary. ``study.controls_recipe`` adds the MoE's rec
 (:func:`recipe_grids`: larger steps, an lr sweep per model, the router at a fraction of the lr)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from studylib.config import ConfigError, Preset
 from studylib.run.spec import budget_overrides, tokens_per_step
-from studylib.study.comparisons.base import Comparison
+from studylib.study.comparisons.base import Answer, Comparison
 from studylib.study.comparisons.controls.knobs import CONTROLS_SHAPE, ControlCell, ControlsKnobs, Recipe
 from studylib.study.comparisons.knobs import Study, required
 from studylib.study.orchestration.plan import Grid
+
+#: the tables notebook 13 writes, each read back by name (Clark et al.'s: ``law_clark.TABLES``)
+CONTROLS, POSITIONS, GAPS, TWIN = "controls", "controls_positions", "controls_gaps", "controls_twin"
+ROUTER_RUNS, ROUTERS = "controls_router_runs", "controls_routers"
+RECIPE_LRS, RECIPE = "controls_recipe_lrs", "controls_recipe"
 
 
 def cell_overrides(preset: Preset, cell: ControlCell) -> dict:
@@ -80,4 +87,27 @@ def grids(study: Study, knobs: ControlsKnobs) -> list[Grid]:
     return [Grid(c.models, seeds, cell_overrides(study.preset, c) or None) for c in cells] + recipe_grids(study, knobs)
 
 
-COMPARISON = Comparison("controls", "13_controls", ControlsKnobs, grids, tables=("controls_gaps", "controls_twin"))
+def answer(out_dir: Path) -> Answer:
+    """The controls' sentence of the first screen (:func:`.analysis.lead_sentence`: the hash and
+    frozen routers against the learned one, one expert against its dense twin, Clark et al.'s trend
+    at this MoE's size) and, folded, the same with the positions' table and figure."""
+    from studylib.study.comparisons.controls.analysis import lead_sentence
+    from studylib.study.comparisons.glance import read_table
+    from studylib.study.comparisons.token_budget.law_clark import CLARK_TREND, POSITION_AGAINST_SIZE
+
+    cols = ("cell", "role", "model", "position", "position_low", "position_high", "position_defined")
+    pos, gap = read_table(out_dir, POSITIONS, cols), read_table(out_dir, GAPS, ("a", "mean", "ci_low", "ci_high",
+                                                                               "verdict", "margin", "family"))
+    if pos is None or gap is None:
+        return Answer(f"**Controls.** Not computed: no `tables/{POSITIONS}.csv` (notebook 13 did not run in this study).")
+    lead = lead_sentence(pos, gap, read_table(out_dir, TWIN, ("mean", "ci_low", "ci_high", "verdict", "family")),
+                         read_table(out_dir, CLARK_TREND, ("router", "experts", "size", "p", "ci_lo", "ci_hi", "decades_out")))
+    figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (POSITION_AGAINST_SIZE, GAPS)) if p.is_file())
+    rows = [f"| {r.cell} | {r.role} | `{r.model}` | "
+            + (f"{r.position:+.2f} [{r.position_low:+.2f}, {r.position_high:+.2f}]" if r.position_defined else "–") + " |"
+            for r in pos.itertuples()]
+    table = "\n".join(["| cell | role | model | position p [95% CI] |", "|---|---|---|---|", *rows])
+    return Answer(f"**Controls (notebook 13).** {lead}\n\n{table}", figures, lead=(lead,) if lead else ())
+
+
+COMPARISON = Comparison("controls", "13_controls", ControlsKnobs, grids, tables=(GAPS, TWIN), answer=answer)

@@ -7,7 +7,7 @@ worded from them. Losses: each run's best validation loss (nats)."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -160,7 +160,7 @@ def recipe_sentence(pos: pd.DataFrame, n_lrs: int, batch_scale: int, router: flo
             f"which favours the recipe).")
 
 
-__all__ = ["recipe_runs", "recipe_sentence", "recipe_tables", "ROLE_LABELS", "cell_tables", "control_table", "gaps", "learns_to_route", "position_intervals", "positions", "sentences",
+__all__ = ["lead_sentence", "recipe_runs", "recipe_sentence", "recipe_tables", "ROLE_LABELS", "cell_tables", "control_table", "gaps", "learns_to_route", "position_intervals", "positions", "sentences",
            "twin"]
 
 
@@ -171,3 +171,54 @@ def position_intervals(pos: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"mean": p["position"].to_numpy(), "ci_low": p["position_low"].to_numpy(),
                          "ci_high": p["position_high"].to_numpy(), "resolved": True},
                         index=[f"{c}: {m}" for c, m in zip(p["cell"], p["model"])])
+
+
+def _against(r: pd.Series, name: str, other: str) -> str:
+    """How control ``name`` stands against ``other`` from its family row (``a`` − ``b``; > 0: ``b``
+    better): beats it / trails it by the gap with its 95% CI, equivalent within the margin, or not
+    resolved (the interval is in the table below the first screen)."""
+    v, m, lo, hi = r["verdict"], float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
+    if v == "A better":
+        return f"{name} beats {other} by {-m:.3f} [{-hi:.3f}, {-lo:.3f}]"
+    if v == "B better":
+        return f"{name} trails {other} by {m:.3f} [{lo:.3f}, {hi:.3f}]"
+    if v == "equivalent":
+        return f"{name} is equivalent to {other} (±{float(r['margin']):g})"
+    return f"{name} is not resolved from {other}"
+
+
+def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFrame],
+                  trend: Optional[pd.DataFrame]) -> str:
+    """The first screen's sentence on the controls, from notebook 13's tables: at the first cell
+    (``pos``: ``controls_positions``), the hash and frozen routers against the learned one (Holm
+    over the cell's controls, ``gap``: ``controls_gaps``), the one-expert MoE against its dense twin
+    (``twin``: ``controls_twin``), and Clark et al.'s S-Base trend (E = 4) read at this MoE's size
+    (``trend``: ``clark_trend``) against the MoE's own p. "" without a first cell."""
+    if not len(pos):
+        return ""
+    cell = pos["cell"].iloc[0]
+    here = pos[pos["cell"] == cell]
+    fam = gap[gap["family"].str.contains(cell, regex=False)]
+    role = dict(zip(here["model"], here["role"]))
+    parts = []
+    for label, name in ((ROLE_LABELS["hash"], "a hash router"), (ROLE_LABELS["frozen"], "a frozen one")):
+        rows = fam[fam["a"].map(role) == label]
+        if len(rows):
+            parts.append(_against(rows.iloc[0], name, "the learned one" if not parts else "it"))
+    if twin is not None and len(twin):
+        t = twin[twin["family"].str.contains(cell, regex=False)]
+        if len(t):
+            parts.append(_against(t.iloc[0], "one expert", "its dense twin"))
+    said = f"Controls ({cell}, nats): " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts))
+    ref = here[here["role"] == ROLE_LABELS["moe"]]
+    if trend is None or not len(ref) or not bool(ref["position_defined"].iloc[0]):
+        return said + "."
+    moe, p = ref["model"].iloc[0], float(ref["position"].iloc[0])
+    t = trend[(trend["router"] == "S-Base") & (trend["experts"] == 4)
+              & trend["size"].str.startswith(f"this study, {moe} ")]
+    if not len(t):
+        return said + "."
+    t = t.iloc[0]
+    where = "above" if t["ci_lo"] > p else "below" if t["ci_hi"] < p else "around"
+    return (said + f"; Clark et al.'s learned routers, extrapolated {t['decades_out']:.1f} decades down, trend to "
+            f"p = {t['p']:.2f} [{t['ci_lo']:.2f}, {t['ci_hi']:.2f}] here, {where} the tiny MoE's {p:.2f}.")

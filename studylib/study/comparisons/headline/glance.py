@@ -36,7 +36,7 @@ def _phrase(row, moe_is_b: bool) -> str:
     if not isinstance(v, str):
         v = "inconclusive" if not bool(row["resolved"]) else ("A better" if row["mean"] > 0 else "B better")
     if v == "equivalent":
-        return f"equivalent (within ±{float(row['margin']):g} nats) to"
+        return f"equivalent (±{float(row['margin']):g} nats) to"
     if v == "inconclusive":
         return "not resolved from"
     return "ahead of" if (v == "B better") == moe_is_b else "behind"
@@ -66,10 +66,10 @@ def headline_glance(out_dir: Path, gaps: pd.DataFrame, summary: Optional[dict]) 
                           gap_active=ci_text(act["mean"], act["ci_low"], act["ci_high"], "+.4f"),
                           gap_total=ci_text(-tot["mean"], -tot["ci_high"], -tot["ci_low"], "+.4f"))]
     rows.append(paper_row())
-    at = f" (p = {pos})" if pos[0].isdigit() or pos[0] == "-" else ""
+    at = f"p = {pos}; " if pos[0].isdigit() or pos[0] == "-" else ""
     lead = (f"At the headline budget ({budget.replace('/param', ' per parameter')}{n} seeds) the MoE is "
             f"{_phrase(act, moe_is_b=True)} its active match and {_phrase(tot, moe_is_b=False)} its total match"
-            f"{at}; the paper, at {PAPER_TOKENS_PER_PARAM:.1f}, found it between them at p = {PAPER_POSITION:.2f}.")
+            f" ({at}the paper: {PAPER_POSITION:.2f} at {PAPER_TOKENS_PER_PARAM:.1f}).")
     return rows, lead
 
 

@@ -82,8 +82,9 @@ LIMITS = ("The map's points are few sizes and budgets with a handful of seeds ea
 GLANCE_COLUMNS = {
     MAP: ("size", "epochs", "tokens_per_param", "data_passes", "active_n", "moe_active", "active_mean",
           "active_ci_low", "active_ci_high", "total_mean", "total_ci_low", "total_ci_high"),
-    "token_budget_per_seed": ("size", "epochs", "gap", "dense", "moe"),
-    "token_budget_law_paper": ("quantity", "estimate", "ci_low", "ci_high", "identified"),
+    PER_SEED: ("size", "epochs", "gap", "dense", "moe"),
+    LAW_PAPER: ("quantity", "estimate", "ci_low", "ci_high", "identified"),
+    LAW_FORMS_PAPER: ("form", "quantity", "estimate", "ci_low", "ci_high", "identified", "chosen"),
 }
 
 
@@ -127,7 +128,8 @@ def answer(out_dir: Path) -> Answer:
 
     figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (MAP, CROSSING))
                     if p.is_file())
-    rows, lead = map_glance(table, _table(out_dir, PER_SEED), _table(out_dir, LAW_PAPER))
+    rows, lead = map_glance(table, _table(out_dir, PER_SEED), _table(out_dir, LAW_PAPER),
+                            _table(out_dir, LAW_FORMS_PAPER))
     key = out_dir / "figures" / f"{MAP}.png"
     return Answer("**The token-budget map (notebook 09).**\n\n" + "\n".join(f"* {s}" for s in
                                                                           map_sentences(out_dir, table)),

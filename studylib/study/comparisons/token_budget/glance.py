@@ -1,6 +1,6 @@
 """The map's part of the answer at a glance (:mod:`studylib.study.comparisons.glance`): the row of
-its best-supported point and the joint law's row at the paper's point, and two sentences (where
-the MoE starts to win; what the law predicts at the paper's scale), from notebook 09's CSVs."""
+its best-supported point and the joint law's row at the paper's point, and one sentence (where
+the MoE starts to win; what each law form predicts at the paper's scale), from notebook 09's CSVs."""
 from __future__ import annotations
 
 import math
@@ -64,52 +64,93 @@ def _law_row(paper: pd.DataFrame) -> GlanceRow:
 def win_sentence(table: pd.DataFrame) -> str:
     """Where the MoE starts to win: per gap the smallest tokens per parameter at which the map's
     family (Holm, TOST) finds the MoE better, or none up to the largest measured."""
+    return _win_clause(table) + "."
+
+
+def _win_clause(table: pd.DataFrame) -> str:
     top = table["tokens_per_param"].max()
-    lead = f"On the map (Holm over each gap's {len(table)} points) the MoE beats "
+    lead = f"On the map ({len(table)} points, Holm) the MoE beats "
     if not any((table.get(f"{g}_verdict", pd.Series(dtype=object)) == "B better").any() for g in ("active", "total")):
-        return lead + f"neither dense match at any point up to {top:.3g} tokens per parameter."
+        return lead + f"neither dense match up to {top:.3g} tokens per parameter"
     parts = []
-    for gap, who in (("active", "active"), ("total", "total")):
+    for gap in ("active", "total"):
         col = f"{gap}_verdict"
         wins = table[table[col] == "B better"] if col in table else table.iloc[0:0]
         if len(wins):
             w = wins.sort_values("tokens_per_param").iloc[0]
-            parts.append(f"its {who} match from {w['tokens_per_param']:.3g} tokens per parameter ({w.get('size_label', w['size'])}, "
-                         f"{w['data_passes']:.2g} passes)")
+            parts.append(f"its {gap} match from {w['tokens_per_param']:.3g} tokens per parameter")
         else:
-            parts.append(f"its {who} match at no point up to {top:.3g}")
-    return lead + " and ".join(parts) + "."
+            parts.append(f"its {gap} match at no point up to {top:.3g}")
+    return lead + " and ".join(parts)
 
 
 def law_sentence(paper: pd.DataFrame) -> str:
-    """What the joint law says at the paper's point, or why it says nothing."""
+    """What the joint law says at the paper's point, or why it says nothing (as a sentence)."""
+    c = _law_clause(paper)
+    return c[0].upper() + c[1:] + "."
+
+
+def _law_clause(paper: pd.DataFrame, other: str = "") -> str:
+    """The law's clause; ``other``: what another form says, added in parentheses."""
     t = paper.set_index("quantity")
     p, d = t.loc["position"], t.loc["decades", "estimate"]
     if not p["identified"]:
-        return f"The joint law is not carried to the paper's scale ({d:.1f} decades beyond the map): {p['reason']}."
-    inside = (f" ({p['reason'][:-len(ON_BOUND)]}: on the bound, no interval)" if _on_bound(p) else
-              "" if p["ci_low"] != p["ci_low"] else
-              f", {'inside' if p['paper_inside'] in (True, 'True') else 'outside'} of which lies the paper's "
-              f"{PAPER_POSITION:.2f}")
-    return (f"Carried {d:.1f} decades beyond the largest model measured, the joint law puts the MoE at p = "
-            f"{ci_text(p['estimate'], p['ci_low'], p['ci_high'], '.2f')} at the paper's scale{inside}.")
+        return (f"the joint law is not carried to the paper's scale ({d:.1f} decades beyond the map): {p['reason']}"
+                + (f" ({other})" if other else ""))
+    said = (f"carried {d:.1f} decades, the joint law puts the MoE at p = "
+            f"{ci_text(p['estimate'], p['ci_low'], p['ci_high'], '.2f')} at the paper's scale")
+    if _on_bound(p):
+        return said + f" (on the bound, no interval{'; ' + other if other else ''})"
+    if p["ci_low"] == p["ci_low"]:
+        said += f", {'which holds' if p['paper_inside'] in (True, 'True') else 'excluding'} the paper's {PAPER_POSITION:.2f}"
+    return said + (f" ({other})" if other else "")
 
 
-def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Optional[pd.DataFrame]
-               ) -> tuple[list[GlanceRow], list[str]]:
-    """(the best-supported point's row and the law's, the two sentences) from
-    ``token_budget_gaps.csv``, ``token_budget_per_seed.csv`` and ``token_budget_law_paper.csv``."""
-    rows, lead = [], [win_sentence(table)]
+#: the law forms the answer names (``token_budget_law_forms_paper.csv``'s ``form``), as it names them
+FORM_NAMES = {"lambda": "one λ", "lambda_size": "λ varying with size"}
+
+
+def _other_form(forms: Optional[pd.DataFrame]) -> str:
+    """``λ varying with size: p = ...``: the position at the paper's point of each named form the
+    choice did not take (or "not identified"); "" without the forms' table."""
+    if forms is None or not len(forms):
+        return ""
+    out = []
+    for form, t in forms[forms["form"].isin(list(FORM_NAMES))].groupby("form", sort=False):
+        t = t.set_index("quantity")
+        if bool(t["chosen"].iloc[0]) or "position" not in t.index:
+            continue
+        p = t.loc["position"]
+        said = (("p = " + ci_text(p["estimate"], p["ci_low"], p["ci_high"], ".2f")) if p["identified"]
+                else "not identified")
+        out.append(f"{FORM_NAMES[form]}: {said}")
+    return "; ".join(out)
+
+
+def map_sentence(table: pd.DataFrame, paper: Optional[pd.DataFrame], forms: Optional[pd.DataFrame] = None) -> str:
+    """The map's sentence of the first screen: where the MoE starts to win (:func:`win_sentence`)
+    and what the chosen law form puts at the paper's point (:func:`law_sentence`), with the other
+    named form's position there (``forms``: ``token_budget_law_forms_paper.csv``)."""
+    if paper is None or not len(paper):
+        return (_win_clause(table) + "; the joint law's answer is missing: no tables/token_budget_law_paper.csv "
+                "(run notebook 09 again).")
+    return _win_clause(table) + "; " + _law_clause(paper, _other_form(forms)) + "."
+
+
+def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Optional[pd.DataFrame],
+               forms: Optional[pd.DataFrame] = None) -> tuple[list[GlanceRow], list[str]]:
+    """(the best-supported point's row and the law's, the map's sentence) from
+    ``token_budget_gaps.csv``, ``token_budget_per_seed.csv``, ``token_budget_law_paper.csv`` and
+    ``token_budget_law_forms_paper.csv``."""
+    rows = []
     best = best_point(table)
     if best is not None:
         rows.append(_map_row(best, per_seed))
     if paper is not None and len(paper):
         rows.append(_law_row(paper))
-        lead.append(law_sentence(paper))
     else:  # notebook 09 always writes it: missing is said, not a row dropped
         rows.append(missing_row("joint law at the paper's N and D", "tables/token_budget_law_paper.csv"))
-        lead.append("The joint law's answer is missing: no tables/token_budget_law_paper.csv (run notebook 09 again).")
-    return rows, lead
+    return rows, [map_sentence(table, paper, forms)]
 
 
-__all__ = ["best_point", "win_sentence", "law_sentence", "map_glance"]
+__all__ = ["FORM_NAMES", "best_point", "win_sentence", "law_sentence", "map_sentence", "map_glance"]

@@ -204,3 +204,38 @@ def test_the_recipe_tables_pick_each_models_best_lr_and_place_the_moe_there():
     assert p_new == pytest.approx(((la + 0.0) - (lm - 0.03)).mean() / ((la + 0.0) - (lt + 0.0)).mean())
     assert t["position"].iloc[0]["position"] == pytest.approx((la - lm).mean() / (la - lt).mean())
     assert "the router at 0.1x" in A.recipe_sentence(t["position"], 2, 4, 0.1)
+
+
+def _trend(p, lo, hi, moe="moe"):
+    """clark_trend.csv's S-Base E = 4 row at the cell's MoE (and a Hash row that must not be read)."""
+    row = {"router": "S-Base", "experts": 4, "size": f"this study, {moe} (9.9k active)", "p": p, "ci_lo": lo,
+           "ci_hi": hi, "decades_out": 2.4}
+    return pd.DataFrame([row, {**row, "router": "Hash", "p": 9.0}, {**row, "experts": 8, "p": 9.0}])
+
+
+def test_the_first_screen_sentence_words_each_controls_verdict_and_places_the_moe_against_clark():
+    t = A.cell_tables([_summaries()], [TCELL], 0.03)
+    pos, g, tw = t["positions"], t["gaps"], t["twin"]
+    p = pos.set_index("model").loc["moe", "position"]
+    h = paired(LOSS["hash"], LOSS["moe"])
+    fz = g.set_index("a").loc["frozen"]
+    assert fz["verdict"] not in ("A better", "B better")  # frozen: not resolved from the reference
+    frozen = "is equivalent to it (±0.03)" if fz["verdict"] == "equivalent" else "is not resolved from it"
+    s = A.lead_sentence(pos, g, tw, _trend(p + 0.30, p + 0.10, p + 0.50))
+    assert s == (f"Controls ({TCELL.name}, nats): a hash router trails the learned one by {h.mean:.3f} "
+                 f"[{h.ci_low:.3f}, {h.ci_high:.3f}], a frozen one {frozen} and one expert is equivalent to its "
+                 f"dense twin (±0.03); Clark et al.'s learned routers, extrapolated 2.4 decades down, trend to "
+                 f"p = {p + 0.30:.2f} [{p + 0.10:.2f}, {p + 0.50:.2f}] here, above the tiny MoE's {p:.2f}.")
+    assert A.lead_sentence(pos, g, tw, _trend(p, p - 0.1, p + 0.1)).endswith(f"here, around the tiny MoE's {p:.2f}.")
+    assert A.lead_sentence(pos, g, tw, _trend(p - 0.3, p - 0.5, p - 0.1)).endswith(f"here, below the tiny MoE's {p:.2f}.")
+    # no Clark table (the shared file absent) or no row for this MoE: the controls alone
+    assert A.lead_sentence(pos, g, tw, None).endswith("dense twin (±0.03).")
+    assert A.lead_sentence(pos, g, tw, _trend(p, p, p, moe="other")).endswith("dense twin (±0.03).")
+    # a control better than the learned router: by how much, the interval turned to match
+    s2 = _summaries()
+    s2.loc[s2["model"] == "hash", "best_val_loss"] -= 0.30
+    t2 = A.cell_tables([s2], [TCELL], 0.03)
+    h2 = paired(s2[s2["model"] == "hash"]["best_val_loss"].to_numpy(), LOSS["moe"])
+    assert f"a hash router beats the learned one by {-h2.mean:.3f} [{-h2.ci_high:.3f}, {-h2.ci_low:.3f}]," in \
+        A.lead_sentence(t2["positions"], t2["gaps"], t2["twin"], None)
+    assert A.lead_sentence(pos.iloc[0:0], g, tw, None) == ""

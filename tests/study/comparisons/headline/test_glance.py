@@ -8,7 +8,7 @@ from studylib.study.comparisons.headline.glance import _phrase, paper_row
 
 def test_the_headline_phrase_follows_the_familys_verdict():
     row = {"verdict": "equivalent", "margin": 0.03, "resolved": False, "mean": 0.001}
-    assert _phrase(row, moe_is_b=True) == "equivalent (within ±0.03 nats) to"
+    assert _phrase(row, moe_is_b=True) == "equivalent (±0.03 nats) to"
     assert _phrase({"verdict": "B better"}, moe_is_b=True) == "ahead of"  # dense_active - MoE: B is the MoE
     assert _phrase({"verdict": "B better"}, moe_is_b=False) == "behind"  # MoE - dense_total: B is the dense
     assert _phrase({"verdict": float("nan"), "resolved": True, "mean": 0.07}, moe_is_b=False) == "ahead of"

@@ -30,14 +30,13 @@ def test_the_best_supported_point_is_nearest_the_papers_budget_then_most_seeds_t
 
 def test_where_the_moe_starts_to_win_is_the_smallest_budget_the_family_resolves():
     s = G.win_sentence(_table())
-    assert s == ("On the map (Holm over each gap's 4 points) the MoE beats its active match from 10 tokens per "
-                 "parameter (b (230k active), 1.6 passes) and its total match from 10 tokens per parameter "
-                 "(b (230k active), 1.6 passes).")
+    assert s == ("On the map (4 points, Holm) the MoE beats its active match from 10 tokens per "
+                 "parameter and its total match from 10 tokens per parameter.")
     none = _table().assign(total_verdict="inconclusive")
     assert G.win_sentence(none).endswith("and its total match at no point up to 28.9.")
     neither = _table().assign(active_verdict="inconclusive", total_verdict="A better")
-    assert G.win_sentence(neither) == ("On the map (Holm over each gap's 4 points) the MoE beats neither dense match "
-                                       "at any point up to 28.9 tokens per parameter.")
+    assert G.win_sentence(neither) == ("On the map (4 points, Holm) the MoE beats neither dense match "
+                                       "up to 28.9 tokens per parameter.")
 
 
 def test_the_law_sentence_says_where_the_paper_lies_or_why_nothing_is_said():
@@ -46,8 +45,39 @@ def test_the_law_sentence_says_where_the_paper_lies_or_why_nothing_is_said():
             {"quantity": "decades", "estimate": 1.63, "ci_low": math.nan, "ci_high": math.nan, "identified": True,
              "paper_inside": None, "reason": ""}]
     assert G.law_sentence(pd.DataFrame(rows)) == (
-        "Carried 1.6 decades beyond the largest model measured, the joint law puts the MoE at p = 0.62 [0.55, 0.66] "
-        "at the paper's scale, outside of which lies the paper's 0.81.")
+        "Carried 1.6 decades, the joint law puts the MoE at p = 0.62 [0.55, 0.66] at the paper's scale, excluding "
+        "the paper's 0.81.")
     rows[0].update(identified=False, reason="lambda not identified by this map")
     assert G.law_sentence(pd.DataFrame(rows)) == ("The joint law is not carried to the paper's scale (1.6 decades "
                                                   "beyond the map): lambda not identified by this map.")
+
+
+def _forms(size_identified: bool, chosen: str = "lambda"):
+    """token_budget_law_forms_paper.csv's position rows of the two named forms (and another form's)."""
+    rows = [{"form": "lambda", "quantity": "position", "estimate": 0.05, "ci_low": -0.02, "ci_high": 0.13,
+             "identified": True},
+            {"form": "lambda_size", "quantity": "position", "estimate": 0.31 if size_identified else math.nan,
+             "ci_low": 0.10 if size_identified else math.nan, "ci_high": 0.52 if size_identified else math.nan,
+             "identified": size_identified},
+            {"form": "multiplier", "quantity": "position", "estimate": 0.5, "ci_low": 0.4, "ci_high": 0.6,
+             "identified": True}]
+    return pd.DataFrame(rows).assign(chosen=lambda t: t["form"] == chosen)
+
+
+def test_the_maps_sentence_adds_what_the_other_law_form_puts_at_the_papers_point():
+    rows = [{"quantity": "position", "estimate": 0.05, "ci_low": -0.02, "ci_high": 0.13, "identified": True,
+             "paper_inside": False, "reason": ""},
+            {"quantity": "decades", "estimate": 1.8, "ci_low": math.nan, "ci_high": math.nan, "identified": True,
+             "paper_inside": None, "reason": ""}]
+    paper, neither = pd.DataFrame(rows), _table().assign(active_verdict="inconclusive", total_verdict="A better")
+    head = ("On the map (4 points, Holm) the MoE beats neither dense match up to 28.9 tokens per parameter; carried "
+            "1.8 decades, the joint law puts the MoE at p = 0.05 [-0.02, 0.13] at the paper's scale, excluding the "
+            "paper's 0.81")
+    assert G.map_sentence(neither, paper, _forms(True)) == head + " (λ varying with size: p = 0.31 [0.10, 0.52])."
+    assert G.map_sentence(neither, paper, _forms(False)) == head + " (λ varying with size: not identified)."
+    assert G.map_sentence(neither, paper, _forms(True, chosen="lambda_size")).endswith(" (one λ: p = 0.05 [-0.02, 0.13]).")
+    assert G.map_sentence(neither, paper, None) == head + "."
+    rows[0].update(identified=True, ci_low=math.nan, ci_high=math.nan,
+                   reason="lambda held at its bound 0 by the fit" + G.ON_BOUND)
+    assert G.map_sentence(neither, pd.DataFrame(rows), _forms(False)).endswith(
+        "p = 0.05 at the paper's scale (on the bound, no interval; λ varying with size: not identified).")
