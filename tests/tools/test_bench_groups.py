@@ -104,3 +104,13 @@ def test_bench_paths_pairs_plain_against_the_preset():
     assert list(df.model) == ["moe", "dense"]
     assert list(df.differs) == ["lm_head_chunk 2048 -> 48", "nothing"]
     assert (df.tok_s_plain > 0).all() and (df.tok_s_preset > 0).all() and (df.ratio > 0).all()
+
+
+def test_bench_fold_times_each_model_at_k_times_the_batch_against_once():
+    from studylib.tools.bench.paths import bench_fold
+
+    df = bench_fold(CFG, [3, 2, 3], ["dense", "moe"], batch=2, context=16, rounds=2, warmup=1, progress=False)
+    assert list(zip(df.model, df.fold)) == [("dense", 1), ("dense", 2), ("dense", 3), ("moe", 1), ("moe", 2),
+                                            ("moe", 3)]
+    assert (df[df.fold == 1].gain == 1.0).all()  # 1x against itself, round by round
+    assert (df.tok_s > 0).all() and (df.gain > 0).all()

@@ -86,6 +86,9 @@ def _add_paths(sub) -> None:
     p.add_argument("--rounds", type=T.positive_int, default=10)
     p.add_argument("--warmup", type=T.non_negative_int, default=2)
     p.add_argument("--seed", type=T.seed, default=0)
+    p.add_argument("--fold", type=T.positive_int, nargs="+", default=None, metavar="K",
+                   help="instead: each model's step at K x the batch against 1x (what K seeds stacked into one "
+                        "model could gain at most), tokens per CPU-second side by side")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -205,17 +208,24 @@ def _run_decode(args) -> int:
 
 
 def _run_paths(args) -> int:
-    from studylib.tools.bench.paths import bench_paths
+    from studylib.tools.bench.paths import bench_fold, bench_paths
 
-    df = bench_paths(args.params, args.models, args.batch, args.context, args.rounds, args.warmup, args.seed)
+    if args.fold:
+        df = bench_fold(args.params, args.fold, args.models, args.batch, args.context, args.rounds, args.warmup,
+                        args.seed)
+    else:
+        df = bench_paths(args.params, args.models, args.batch, args.context, args.rounds, args.warmup, args.seed)
     if args.json:
         _print_json({"attrs": df.attrs, "rows": df.to_dict(orient="records")})
         return 0
     a = df.attrs
     print(f"# bench paths: batch {a['batch']} x {a['context']}, fp32, {a['threads']} thread(s), {a['rounds']} rounds "
           f"after {a['warmup']} warm-up, allocator {allocator_info()}, load average {a['loadavg'][0]:.1f} -> "
-          f"{a['loadavg'][1]:.1f}; tokens per CPU-second (fastest round); ratio: median paired plain / preset")
-    print(fmt_table(df, ["model", "params", "tok_s_plain", "tok_s_preset", "ratio", "ratio_min", "differs"]))
+          f"{a['loadavg'][1]:.1f}; tokens per CPU-second (fastest round); "
+          + ("gain: median paired per-token CPU time at 1x / at fold x" if args.fold else
+             "ratio: median paired plain / preset"))
+    print(fmt_table(df, ["model", "params", "fold", "tok_s", "gain"] if args.fold else
+                    ["model", "params", "tok_s_plain", "tok_s_preset", "ratio", "ratio_min", "differs"]))
     return 0
 
 

@@ -75,3 +75,48 @@ def bench_paths(preset: Any, models: Optional[Sequence[str]] = None, batch: int 
     df.attrs.update(loadavg=(load0, os.getloadavg()[0]), threads=torch.get_num_threads(), rounds=rounds,
                     warmup=warmup, batch=batch, context=context)
     return df
+
+
+def bench_fold(preset: Any, folds: Sequence[int], models: Optional[Sequence[str]] = None, batch: int = 8,
+               context: int = 128, rounds: int = 10, warmup: int = 2, seed: int = 0, clip: float = 1.0,
+               progress: bool = True):
+    """What training ``k`` seeds of a cell as one stacked model could gain at most: the preset's
+    step of each model at ``k`` x ``batch`` windows against ``batch`` (a stacked model does the
+    same kernels on ``k`` x the rows, plus its own per-seed work), interleaved in one process. A
+    DataFrame, one row per model and ``k`` (1 included): tok_s (tokens per CPU-second, fastest
+    round) and gain (median over rounds of the paired per-token CPU time at 1x / at k x; > 1: the
+    larger step costs less per token)."""
+    import pandas as pd
+
+    say = progress_printer(progress)
+    device = torch.device("cpu")
+    ks = sorted({1, *(int(k) for k in folds)})
+    variants = []
+    for name, cfg in resolve_models(preset, models):
+        cfg = with_context(cfg, context)
+        for k in ks:
+            v = Variant(name, "studylib", None, cfg)
+            v.fold = k
+            build_variant(v, device, seed)
+            probe = DataProbe(cfg.vocab_size, batch * k, context, seed=seed)
+
+            def call(v=v, probe=probe):
+                idx, tgt = probe()
+                train_step(v, idx, tgt, device, None, clip)
+
+            v.call = call
+            variants.append(v)
+    load0 = os.getloadavg()[0]
+    for i, timed in interleaved_rounds(variants, warmup, rounds, device):
+        say(f"{'round' if timed else 'warm-up round'} {i} done")
+    rows = []
+    for g in range(0, len(variants), len(ks)):
+        one = variants[g].cpu_total
+        for v in variants[g:g + len(ks)]:
+            rows.append({"model": v.model, "params": v.n_params, "fold": v.fold,
+                         "tok_s": batch * v.fold * context / min(v.cpu_total),
+                         "gain": statistics.median(a * v.fold / b for a, b in zip(one, v.cpu_total))})
+    df = pd.DataFrame(rows)
+    df.attrs.update(loadavg=(load0, os.getloadavg()[0]), threads=torch.get_num_threads(), rounds=rounds,
+                    warmup=warmup, batch=batch, context=context)
+    return df
