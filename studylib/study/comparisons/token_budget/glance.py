@@ -61,13 +61,9 @@ def _law_row(paper: pd.DataFrame) -> GlanceRow:
                      cell("gap_total", "+.4f"), cell("position", ".2f"))
 
 
-def win_sentence(table: pd.DataFrame) -> str:
+def win_clause(table: pd.DataFrame) -> str:
     """Where the MoE starts to win: per gap the smallest tokens per parameter at which the map's
     family (Holm, TOST) finds the MoE better, or none up to the largest measured."""
-    return _win_clause(table) + "."
-
-
-def _win_clause(table: pd.DataFrame) -> str:
     top = table["tokens_per_param"].max()
     lead = f"On the map ({len(table)} points, Holm) the MoE beats "
     if not any((table.get(f"{g}_verdict", pd.Series(dtype=object)) == "B better").any() for g in ("active", "total")):
@@ -84,18 +80,13 @@ def _win_clause(table: pd.DataFrame) -> str:
     return lead + " and ".join(parts)
 
 
-def law_sentence(paper: pd.DataFrame) -> str:
-    """What the joint law says at the paper's point, or why it says nothing (as a sentence)."""
-    c = _law_clause(paper)
-    return c[0].upper() + c[1:] + "."
-
-
-def _law_clause(paper: pd.DataFrame, other: str = "") -> str:
-    """The law's clause; ``other``: what another form says, added in parentheses."""
+def law_clause(paper: pd.DataFrame, other: str = "") -> str:
+    """What the joint law puts at the paper's point (``token_budget_law_paper.csv``), or that it
+    identifies nothing there; ``other``: what another form says, added in parentheses."""
     t = paper.set_index("quantity")
     p, d = t.loc["position"], t.loc["decades", "estimate"]
     if not p["identified"]:
-        return (f"the joint law is not carried to the paper's scale ({d:.1f} decades beyond the map): {p['reason']}"
+        return (f"the joint law does not identify p at the paper's scale, {d:.1f} decades beyond the map"
                 + (f" ({other})" if other else ""))
     said = (f"carried {d:.1f} decades, the joint law puts the MoE at p = "
             f"{ci_text(p['estimate'], p['ci_low'], p['ci_high'], '.2f')} at the paper's scale")
@@ -128,13 +119,13 @@ def _other_form(forms: Optional[pd.DataFrame]) -> str:
 
 
 def map_sentence(table: pd.DataFrame, paper: Optional[pd.DataFrame], forms: Optional[pd.DataFrame] = None) -> str:
-    """The map's sentence of the first screen: where the MoE starts to win (:func:`win_sentence`)
-    and what the chosen law form puts at the paper's point (:func:`law_sentence`), with the other
+    """The map's sentence of the first screen: where the MoE starts to win (:func:`win_clause`)
+    and what the chosen law form puts at the paper's point (:func:`law_clause`), with the other
     named form's position there (``forms``: ``token_budget_law_forms_paper.csv``)."""
     if paper is None or not len(paper):
-        return (_win_clause(table) + "; the joint law's answer is missing: no tables/token_budget_law_paper.csv "
+        return (win_clause(table) + "; the joint law's answer is missing: no tables/token_budget_law_paper.csv "
                 "(run notebook 09 again).")
-    return _win_clause(table) + "; " + _law_clause(paper, _other_form(forms)) + "."
+    return win_clause(table) + "; " + law_clause(paper, _other_form(forms)) + "."
 
 
 def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Optional[pd.DataFrame],
@@ -153,4 +144,4 @@ def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Opt
     return rows, [map_sentence(table, paper, forms)]
 
 
-__all__ = ["FORM_NAMES", "best_point", "win_sentence", "law_sentence", "map_sentence", "map_glance"]
+__all__ = ["FORM_NAMES", "best_point", "win_clause", "law_clause", "map_sentence", "map_glance"]

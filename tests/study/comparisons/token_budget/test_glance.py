@@ -29,27 +29,29 @@ def test_the_best_supported_point_is_nearest_the_papers_budget_then_most_seeds_t
 
 
 def test_where_the_moe_starts_to_win_is_the_smallest_budget_the_family_resolves():
-    s = G.win_sentence(_table())
+    s = G.win_clause(_table())
     assert s == ("On the map (4 points, Holm) the MoE beats its active match from 10 tokens per "
-                 "parameter and its total match from 10 tokens per parameter.")
+                 "parameter and its total match from 10 tokens per parameter")
     none = _table().assign(total_verdict="inconclusive")
-    assert G.win_sentence(none).endswith("and its total match at no point up to 28.9.")
+    assert G.win_clause(none).endswith("and its total match at no point up to 28.9")
     neither = _table().assign(active_verdict="inconclusive", total_verdict="A better")
-    assert G.win_sentence(neither) == ("On the map (4 points, Holm) the MoE beats neither dense match "
-                                       "up to 28.9 tokens per parameter.")
+    assert G.win_clause(neither) == ("On the map (4 points, Holm) the MoE beats neither dense match "
+                                     "up to 28.9 tokens per parameter")
 
 
-def test_the_law_sentence_says_where_the_paper_lies_or_why_nothing_is_said():
+def test_the_law_clause_says_where_the_paper_lies_or_that_nothing_is_said():
     rows = [{"quantity": "position", "estimate": 0.62, "ci_low": 0.55, "ci_high": 0.66, "identified": True,
              "paper_inside": False, "reason": ""},
             {"quantity": "decades", "estimate": 1.63, "ci_low": math.nan, "ci_high": math.nan, "identified": True,
              "paper_inside": None, "reason": ""}]
-    assert G.law_sentence(pd.DataFrame(rows)) == (
-        "Carried 1.6 decades, the joint law puts the MoE at p = 0.62 [0.55, 0.66] at the paper's scale, excluding "
-        "the paper's 0.81.")
+    assert G.law_clause(pd.DataFrame(rows)) == (
+        "carried 1.6 decades, the joint law puts the MoE at p = 0.62 [0.55, 0.66] at the paper's scale, excluding "
+        "the paper's 0.81")
+    rows[0]["paper_inside"] = True
+    assert G.law_clause(pd.DataFrame(rows)).endswith("at the paper's scale, which holds the paper's 0.81")
     rows[0].update(identified=False, reason="lambda not identified by this map")
-    assert G.law_sentence(pd.DataFrame(rows)) == ("The joint law is not carried to the paper's scale (1.6 decades "
-                                                  "beyond the map): lambda not identified by this map.")
+    assert G.law_clause(pd.DataFrame(rows), "one λ: p = 0.10") == (
+        "the joint law does not identify p at the paper's scale, 1.6 decades beyond the map (one λ: p = 0.10)")
 
 
 def _forms(size_identified: bool, chosen: str = "lambda"):
