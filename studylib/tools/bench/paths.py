@@ -35,6 +35,29 @@ def plain(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, **{k: getattr(base, k) for k in SPEED_KEYS})
 
 
+def _step(name: str, cfg: ModelConfig, batch: int, context: int, seed: int, clip: float, device) -> Variant:
+    """One model's trainer step on ``batch`` synthetic windows, as a timed :class:`Variant`."""
+    v = Variant(name, "studylib", None, cfg)
+    build_variant(v, device, seed)
+    probe = DataProbe(cfg.vocab_size, batch, context, seed=seed)
+
+    def call():
+        idx, tgt = probe()
+        train_step(v, idx, tgt, device, None, clip)
+
+    v.call = call
+    return v
+
+
+def _time(variants: list, warmup: int, rounds: int, device, progress: bool) -> dict:
+    """Time ``variants`` in interleaved rounds; the attrs every table of this module carries."""
+    say = progress_printer(progress)
+    load0 = os.getloadavg()[0]
+    for i, timed in interleaved_rounds(variants, warmup, rounds, device):
+        say(f"{'round' if timed else 'warm-up round'} {i} done")
+    return dict(loadavg=(load0, os.getloadavg()[0]), threads=torch.get_num_threads(), rounds=rounds, warmup=warmup)
+
+
 def bench_paths(preset: Any, models: Optional[Sequence[str]] = None, batch: int = 8, context: int = 128,
                 rounds: int = 10, warmup: int = 2, seed: int = 0, clip: float = 1.0, progress: bool = True):
     """A DataFrame, one row per model: tok_s_plain, tok_s_preset (tokens per CPU-second, fastest
@@ -42,26 +65,11 @@ def bench_paths(preset: Any, models: Optional[Sequence[str]] = None, batch: int 
     rounds), the settings that differ."""
     import pandas as pd
 
-    say = progress_printer(progress)
     device = torch.device("cpu")
-    variants = []
-    for name, cfg in resolve_models(preset, models):
-        cfg = with_context(cfg, context)
-        for path, c in (("plain", plain(cfg)), ("preset", cfg)):
-            v = Variant(name, "studylib", None, c)
-            v.path = path
-            build_variant(v, device, seed)
-            probe = DataProbe(c.vocab_size, batch, context, seed=seed)
-
-            def call(v=v, probe=probe):
-                idx, tgt = probe()
-                train_step(v, idx, tgt, device, None, clip)
-
-            v.call = call
-            variants.append(v)
-    load0 = os.getloadavg()[0]
-    for i, timed in interleaved_rounds(variants, warmup, rounds, device):
-        say(f"{'round' if timed else 'warm-up round'} {i} done")
+    variants = [_step(name, c, batch, context, seed, clip, device)
+                for name, cfg in resolve_models(preset, models)
+                for c in (plain(with_context(cfg, context)), with_context(cfg, context))]
+    attrs = _time(variants, warmup, rounds, device, progress)
     rows = []
     tokens = batch * context
     for a, b in zip(variants[::2], variants[1::2]):
@@ -72,8 +80,7 @@ def bench_paths(preset: Any, models: Optional[Sequence[str]] = None, batch: int 
                      "tok_s_plain": tokens / min(ca), "tok_s_preset": tokens / min(cb),
                      "ratio": statistics.median(x / y for x, y in zip(ca, cb)), "ratio_min": min(ca) / min(cb)})
     df = pd.DataFrame(rows)
-    df.attrs.update(loadavg=(load0, os.getloadavg()[0]), threads=torch.get_num_threads(), rounds=rounds,
-                    warmup=warmup, batch=batch, context=context)
+    df.attrs.update(attrs, batch=batch, context=context)
     return df
 
 
@@ -88,35 +95,18 @@ def bench_fold(preset: Any, folds: Sequence[int], models: Optional[Sequence[str]
     larger step costs less per token)."""
     import pandas as pd
 
-    say = progress_printer(progress)
     device = torch.device("cpu")
     ks = sorted({1, *(int(k) for k in folds)})
-    variants = []
-    for name, cfg in resolve_models(preset, models):
-        cfg = with_context(cfg, context)
-        for k in ks:
-            v = Variant(name, "studylib", None, cfg)
-            v.fold = k
-            build_variant(v, device, seed)
-            probe = DataProbe(cfg.vocab_size, batch * k, context, seed=seed)
-
-            def call(v=v, probe=probe):
-                idx, tgt = probe()
-                train_step(v, idx, tgt, device, None, clip)
-
-            v.call = call
-            variants.append(v)
-    load0 = os.getloadavg()[0]
-    for i, timed in interleaved_rounds(variants, warmup, rounds, device):
-        say(f"{'round' if timed else 'warm-up round'} {i} done")
+    named = [(name, with_context(cfg, context)) for name, cfg in resolve_models(preset, models)]
+    variants = [_step(name, cfg, batch * k, context, seed, clip, device) for name, cfg in named for k in ks]
+    attrs = _time(variants, warmup, rounds, device, progress)
     rows = []
     for g in range(0, len(variants), len(ks)):
         one = variants[g].cpu_total
-        for v in variants[g:g + len(ks)]:
-            rows.append({"model": v.model, "params": v.n_params, "fold": v.fold,
-                         "tok_s": batch * v.fold * context / min(v.cpu_total),
-                         "gain": statistics.median(a * v.fold / b for a, b in zip(one, v.cpu_total))})
+        for k, v in zip(ks, variants[g:g + len(ks)]):
+            rows.append({"model": v.model, "params": v.n_params, "fold": k,
+                         "tok_s": batch * k * context / min(v.cpu_total),
+                         "gain": statistics.median(a * k / b for a, b in zip(one, v.cpu_total))})
     df = pd.DataFrame(rows)
-    df.attrs.update(loadavg=(load0, os.getloadavg()[0]), threads=torch.get_num_threads(), rounds=rounds,
-                    warmup=warmup, batch=batch, context=context)
+    df.attrs.update(attrs, batch=batch, context=context)
     return df
