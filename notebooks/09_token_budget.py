@@ -253,7 +253,7 @@ n_boot = ctx.knobs.law_boot  # study.map_law_boot: replicates of each interval
 choice = law_checks.choose(law_runs)
 joint = law_fit.fit_law(law_runs, choice.form, choice.per_role_rstar, n_boot=n_boot)
 law_table = law_words.law_table(joint)
-held = pd.concat([law_checks.held_out(law_runs, by, choice.form, choice.per_role_rstar, n_boot=n_boot).table
+held = pd.concat([law_checks.held_out(law_runs, by, choice.form, choice.per_role_rstar, n_boot=n_boot)
                   for by in ("size", "budget")], ignore_index=True)
 at_paper = law_checks.paper_point(joint)
 influence = law_influence.influence(law_runs, joint)

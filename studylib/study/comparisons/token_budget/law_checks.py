@@ -113,19 +113,13 @@ def _per_size_active(df: pd.DataFrame) -> pd.Series:
 # the form and R*, by leaving each map cell out
 @dataclass(frozen=True)
 class Choice:
-    """:func:`choose`'s answer: the chosen ``form`` and ``per_role_rstar``, and ``errors``, one row
-    per candidate: form, per_role_rstar, loo_mse (mean squared error of the left-out cells' mean
-    log L, over every role of every map cell), loo_rmse, cells, chosen; ``ratio``: the MoE's
-    N_total / N_active per size (min, max)."""
+    """:func:`choose`'s answer: the chosen ``form`` and ``per_role_rstar``; ``errors``, one row per
+    candidate (form, per_role_rstar, loo_mse and loo_rmse of the left-out cells' mean log L over
+    every role of every map cell, cells, chosen, ratio_min/max: the MoE's N_total / N_active)."""
 
     form: str
     per_role_rstar: bool
     errors: pd.DataFrame
-    ratio: tuple
-
-    def sentence(self) -> str:
-        """The choice in one sentence, with the errors it rests on (:func:`choice_sentence`)."""
-        return choice_sentence(self.errors)
 
 
 def choice_sentence(errors: pd.DataFrame) -> str:
@@ -190,45 +184,10 @@ def choose(runs: pd.DataFrame, forms=CANDIDATES, per_role=(False, True), huber_d
     moe = df[df["role"] == "moe"]
     r = (moe["total"] / moe["active"]) if len(moe) else pd.Series([1.0])
     t["ratio_min"], t["ratio_max"] = float(r.min()), float(r.max())
-    return Choice(form, bool(per), t, (float(r.min()), float(r.max())))
+    return Choice(form, bool(per), t)
 
 
 # what the law never saw: the largest size, each budget
-@dataclass(frozen=True)
-class HeldOut:
-    """:func:`held_out`'s points: ``table``, one row per held-out cell and quantity (held_out, size,
-    tokens, unique, passes, tokens_per_param, quantity, n, measured, predicted, pi_low, pi_high,
-    inside, checked, note); ``checked``: predicted with an interval from a refit that identifies
-    what the quantity rests on, or holds it on a bound (the note says so), and, for the position,
-    measured where it is defined."""
-
-    by: str
-    table: pd.DataFrame
-    level: float
-
-    @property
-    def n_checked(self) -> int:
-        return int(self.table["checked"].sum()) if len(self.table) else 0
-
-    @property
-    def n_inside(self) -> int:
-        return int((self.table["checked"] & self.table["inside"]).sum()) if len(self.table) else 0
-
-    @property
-    def fraction(self) -> float:
-        """The share of checked points inside their interval (NaN without a checked point)."""
-        return self.n_inside / self.n_checked if self.n_checked else math.nan
-
-    @property
-    def passes(self) -> bool:
-        """At least :data:`PASS_SHARE` of the checked points inside their interval."""
-        return bool(self.n_checked) and self.fraction >= PASS_SHARE
-
-    def verdict(self) -> str:
-        """"the law passes / fails the held-out-<by> check: k of n points inside their 95% interval"."""
-        return held_out_verdict(self.table, self.by, self.level)
-
-
 def held_out_verdict(table: pd.DataFrame, by: str, level: float = 0.95) -> str:
     """A :func:`held_out` table's verdict: passes (at least :data:`PASS_SHARE` of the checked points
     inside their interval), fails, or cannot be put to the check (no point checked, and why)."""
@@ -310,8 +269,11 @@ def _cell_rows(law, cell, s, label, level, rng):
 
 
 def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_role_rstar: bool = False,
-             n_boot: int = 200, level: float = 0.95, seed: int = 0) -> HeldOut:
-    """:class:`HeldOut`: the law (``form``, ``per_role_rstar``) refitted from its grid of starts
+             n_boot: int = 200, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """One row per held-out cell and quantity (held_out, size, tokens, unique, passes,
+    tokens_per_param, quantity, n, measured, predicted, pi_low, pi_high, inside, checked: predicted
+    with an interval from a refit that identifies what it rests on, or holds it on a bound, note;
+    by): the law (``form``, ``per_role_rstar``) refitted from its grid of starts
     without the largest size (``by="size"``) or without each tokens-per-active-parameter value in
     turn (``by="budget"``: every cell of that budget, its repeated-data cells too), and each held-out
     cell's :data:`QUANTITIES` predicted with a ``level`` interval: the refit's seed bootstrap
@@ -327,7 +289,7 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
     if len(groups) < (1 if by == "size" else 2):  # one size, or one budget: nothing left to fit on
         none = {"held_out": "", "quantity": "", "checked": False, "inside": False,
                 "note": f"the map has one {by}: nothing to hold out"}
-        return HeldOut(by, pd.DataFrame([none]).assign(by=by), level)
+        return pd.DataFrame([none]).assign(by=by)
     for label, mask in groups:
         train = df[~mask]
         try:
@@ -341,7 +303,7 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
         for _, cell in df[mask].groupby("map_cell"):
             same = _pooled_sd(train[train["budget"] == cell["budget"].iloc[0]])
             rows += _cell_rows(law, cell, pooled if math.isnan(same) else same, label, level, rng)
-    return HeldOut(by, pd.DataFrame(rows).assign(by=by), level)
+    return pd.DataFrame(rows).assign(by=by)
 
 
 # the paper's point
@@ -386,4 +348,4 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
 
 
 __all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "CANDIDATES", "position_ci", "Choice", "choice_sentence", "choose",
-           "held_out_verdict", "HeldOut", "held_out", "paper_point"]
+           "held_out_verdict", "held_out", "paper_point"]

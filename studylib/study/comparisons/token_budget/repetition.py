@@ -16,9 +16,8 @@ import pandas as pd
 
 from studylib.study.analysis.stats import holm, paired
 from studylib.study.analysis.tables import power_rows
-from studylib.study.comparisons.token_budget.gaps import size_label
-from studylib.study.analysis.bootstrap import Coef, bootstrap_values, no_interval, percentile_ci
-from studylib.study.comparisons.token_budget.gaps import CELL, GAPS, PAPER_POINT
+from studylib.study.analysis.bootstrap import Coef, linear_fit, no_interval, p_boot, percentile_ci
+from studylib.study.comparisons.token_budget.gaps import CELL, GAPS, PAPER_POINT, size_label
 from studylib.study.comparisons.token_budget.knobs import TrioConfig
 
 ALPHA = 0.05
@@ -99,15 +98,13 @@ def _slope(d: pd.DataFrame, value: str, n_boot: int, seed: int) -> tuple[Coef, n
     X = np.column_stack([(groups == g).astype(float) for g in np.unique(groups)] + [np.log10(d["data_passes"])])
     if np.linalg.matrix_rank(X) < X.shape[1]:
         return Coef("passes", math.nan, math.nan, math.nan, False, "no repeated budget has two different passes"), None
-    pinv = np.linalg.pinv(X)
-    y = d[value].to_numpy()
-    beta = float((pinv @ y)[-1])
     lonely = no_interval(d.assign(cell=cell))
+    fit = linear_fit(X, d[value].to_numpy(), cell, n_boot, seed, lonely=lonely)
+    beta = float(fit.point[-1])
     if lonely:
         return Coef("passes", beta, math.nan, math.nan, reason=lonely), None
-    draws = (bootstrap_values(y, cell, n_boot, np.random.default_rng(seed)) @ pinv.T)[:, -1]
-    lo, hi = percentile_ci(draws, 0.95)
-    return Coef("passes", beta, float(lo), float(hi)), draws
+    lo, hi = percentile_ci(fit.draws[:, -1], 0.95)
+    return Coef("passes", beta, float(lo), float(hi)), fit.draws[:, -1]
 
 
 def repetition_fit(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
@@ -132,8 +129,7 @@ def repetition_fit(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) ->
         rows.append({"family": "role", "what": role, "estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
                      "identified": c.identified, "reason": c.reason})
     t = pd.DataFrame(rows)
-    p = {g: float(min(1.0, max(2 * min(np.mean(d <= 0), np.mean(d >= 0)), 1 / len(d))))
-         for g, d in draws.items() if d is not None}
+    p = {g: p_boot(d) for g, d in draws.items() if d is not None}
     adj = dict(zip(p, holm(list(p.values())))) if p else {}
     t["p_boot"] = t["what"].map(p).where(t["family"] == "gap")
     t["p_holm"] = t["what"].map(adj).where(t["family"] == "gap")
