@@ -1,11 +1,8 @@
-"""Checks of the joint law (issue #40, :mod:`.law_fit`) and where the MoE sits between its dense
-matches: :func:`position_ci` (``p = (L_dense_active - L_moe) / (L_dense_active - L_dense_total)``:
-0, no better than its active match; 1, as good as its total match; per map cell with a bootstrap
-interval over seeds paired across the roles, :mod:`studylib.study.analysis.position`);
-:func:`choose` (lambda or multiplier, shared or per-role R*, by leaving each map cell out);
-:func:`held_out` (the law refitted without the largest size or each budget, the left-out cells'
-losses, gaps and position predicted); :func:`paper_point` (the law at the paper's N and D, an
-extrapolation); the per-role laws are :mod:`.law_roles`'. Their words are :mod:`.law_words`'.
+"""Checks of the joint law (issue #40, :mod:`.law_fit`): :func:`choose` (the form and R* shared or
+per role, by leaving each map cell out), :func:`held_out` (refitted without the largest size or
+each budget, the left-out cells' losses, gaps and position predicted) and :func:`paper_point` (the
+law at the paper's N and D, an extrapolation). The per-role laws are :mod:`.law_roles`'; the
+words :mod:`.law_words`'.
 """
 from __future__ import annotations
 
@@ -18,10 +15,10 @@ import pandas as pd
 from studylib.study.analysis.paper import PAPER_HEADLINE_TOKENS, PAPER_POSITION, PAPER_TABLE6
 from studylib.study.analysis.bootstrap import percentile_ci
 from studylib.study.analysis.position import position, position_row
-from studylib.study.comparisons.token_budget.gaps import PAPER_MODELS, paper_params
+from studylib.study.comparisons.token_budget.gaps import PAPER_MODELS, close_groups, paper_params
 from studylib.study.comparisons.token_budget.knobs import ROLES
-from studylib.study.comparisons.token_budget.law_fit import (COLUMNS, HUBER_DELTA, MAP_KEYS, JointLaw, fit_law,
-                                                             per_role_start, runs_frame)
+from studylib.study.comparisons.token_budget.law_fit import (COLUMNS, HUBER_DELTA, JointLaw, fit_law, per_role_start,
+                                                             runs_frame)
 from studylib.study.comparisons.token_budget.law_form import JOINT_FORMS, SIZE_FORM
 
 #: what a held-out cell predicts, in this order
@@ -40,21 +37,13 @@ TIE = 0.01
 CANDIDATES = (*JOINT_FORMS, SIZE_FORM)
 
 
-def position_ci(per_seed: pd.DataFrame, keys=MAP_KEYS, value: str = "value", n_boot: int = 2000,
-                level: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """One row per cell (distinct ``keys``) of a per-seed frame with ``role``, ``seed``, ``value``:
-    ``n`` (seeds run by all three roles) and :func:`~.gaps.position_row` of their paired gaps
-    (``position``, ``ci_low``, ``ci_high``, ``defined``, ``reason``)."""
-    rows = []
-    for key, g in per_seed.groupby(list(keys), sort=True):
-        v = g.pivot_table(index="seed", columns="role", values=value, aggfunc="mean").reindex(columns=list(ROLES))
-        v = v.dropna()
-        r = position_row((v["dense_active"] - v["moe"]).to_numpy(), (v["dense_total"] - v["moe"]).to_numpy(),
-                         n_boot=n_boot, seed=seed, level=level)
-        rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "n": len(v),
-                     "position": r["position"], "ci_low": r["position_low"], "ci_high": r["position_high"],
-                     "defined": r["position_defined"], "reason": r["position_reason"]})
-    return pd.DataFrame(rows)
+def cell_position(cell: pd.DataFrame, n_boot: int = 1000, level: float = 0.95) -> dict:
+    """:func:`~studylib.study.analysis.position.position_row` of one map cell's runs (``role``,
+    ``seed``, ``value``), the roles paired by seed."""
+    v = cell.pivot_table(index="seed", columns="role", values="value", aggfunc="mean").reindex(columns=list(ROLES))
+    v = v.dropna()
+    return position_row((v["dense_active"] - v["moe"]).to_numpy(), (v["dense_total"] - v["moe"]).to_numpy(),
+                        n_boot=n_boot, level=level)
 
 
 def _quantities(l_roles: np.ndarray) -> dict:
@@ -215,12 +204,7 @@ def _budgets(tpp) -> tuple[np.ndarray, list]:
     tokens/param") from its :func:`_tpp`; budgets within 2% of each other are one (a repeated
     cell's steps round apart), named by the largest (the full-data budget)."""
     tpp = np.asarray(tpp, dtype=float)
-    groups: list[list[float]] = []
-    for x in np.unique(tpp):
-        if groups and x <= groups[-1][0] * 1.02:
-            groups[-1].append(x)
-        else:
-            groups.append([x])
+    groups = close_groups(tpp)
     which = np.zeros(len(tpp), dtype=np.int64)
     for i, g in enumerate(groups):
         which[np.isin(tpp, g)] = i
@@ -250,14 +234,14 @@ def _cell_rows(law, cell, s, label, level, rng):
     point, reps = _trio_draws(law, trio, d, u)
     sims = reps + rng.normal(0.0, 1.0, reps.shape) * s / np.sqrt(n.to_numpy(float))
     pq, sq, mq = _quantities(point), _quantities(sims), _quantities(meas)
-    pos = position_ci(cell, n_boot=1000, level=level)
+    pos = cell_position(cell, level=level)
     rows = []
     for q in QUANTITIES:
         lo, hi = percentile_ci(sq[q][:, None], level)
         miss, held = _rests_on(law, q, d > u)
         note = (f"not identified without these cells: {', '.join(miss)}" if miss else
                 "a role has no run here" if not np.isfinite(mq[q]) and q != "position" else
-                pos["reason"].iloc[0] if q == "position" and not pos["defined"].iloc[0] else
+                pos["position_reason"] if q == "position" and not pos["position_defined"] else
                 "no interval" if math.isnan(lo[0]) else "")
         ok = not note
         rows.append({**base, "quantity": q, "n": int(n.min()) if n.notna().all() else 0, "measured": float(mq[q]),
@@ -347,5 +331,5 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
     return t.fillna({"reason": "", "note": "", "paper_note": ""})
 
 
-__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "CANDIDATES", "position_ci", "Choice", "choice_sentence", "choose",
+__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "CANDIDATES", "cell_position", "Choice", "choice_sentence", "choose",
            "held_out_verdict", "held_out", "paper_point"]

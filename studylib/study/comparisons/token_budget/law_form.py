@@ -1,27 +1,18 @@
-"""The law's form: ``L = E + A / N_eff^alpha + B / D_eff^beta`` (Hoffmann et al. 2022) with named
-parameters, one type per form, and the one place (:func:`unpack` / :func:`pack`) that reads or
-writes the optimiser's vector.
+"""The law's form: ``L = E + A / N_eff^alpha + B / D_eff^beta`` (Hoffmann et al. 2022), one
+parameter type per form (its fields, reported ``NAMES`` and natural-unit ``BOUNDS``); :func:`unpack`
+/ :func:`pack` are the one place that reads or writes the optimiser's vector.
 
-* "chinchilla": one model family, ``N_eff = N`` (its active parameters), ``D_eff = D`` (its
-  training tokens): the per-role law, a check of the joint one.
-* "lambda": the joint law of the three roles, the MoE's ``N_eff = N_active^(1 - lambda) *
-  N_total^lambda`` (Clark et al. 2022; 0: worth its active match, 1: its total match).
-* "multiplier": the MoE's ``N_eff = m * N_active``.
-* "lambda_size" (issue #47): the lambda form with a worth that may change with size,
-  ``lambda(N) = lambda_0 + lambda_1 log10(N_active / N_ref)`` kept in [0, 1] (clipped; the
-  reported "lambda" is lambda_0, the worth at ``N_ref``, "lambda_1" the change per decade).
-  ``N_ref`` (:data:`N_REF_MAP`) is the geometric middle of the map's MoE sizes, so lambda_0 is the
-  worth where the map measures it and the least correlated with lambda_1.
-* "n_lambda", "n_lambda_size": the N part alone, ``L = E + A / N_eff^alpha`` with the lambda or
-  lambda(N) worth, for runs that all saw the same tokens (Clark et al. 2022's; ``N_ref``
-  :data:`N_REF_CLARK`, the geometric middle of their 15-55M fit sizes). No D term: B, beta and R*
-  are not fields.
+* "chinchilla": one model family, N its active parameters, D its tokens (the per-role check).
+* "lambda": the joint law of the three roles, the MoE's ``N_eff = N_active^(1 - lambda)
+  N_total^lambda`` (Clark et al. 2022); "multiplier": ``N_eff = m N_active``.
+* "lambda_size" (issue #47): ``lambda(N) = lambda_0 + lambda_1 log10(N_active / N_ref)`` kept in
+  [0, 1], ``N_ref`` (:data:`N_REF_MAP`) the map's middle MoE size.
+* "n_lambda", "n_lambda_size": ``L = E + A / N_eff^alpha`` alone, for runs that all saw the same
+  tokens (Clark et al.'s; ``N_ref`` :data:`N_REF_CLARK`).
 
-The joint forms see repeated data through Muennighoff et al. 2023: ``U_s = min(D, U)`` unique tokens
-seen, ``R = D / U_s - 1`` repetitions, ``D_eff = U_s + U_s R* (1 - exp(-R / R*))``, with R* shared
-by the roles or one per role (``log_rstar`` then holds three). A form's fields are its fit
-parameterisation (``log_`` where the law is fitted on the log, which keeps E, A, B, m and R*
-positive); ``BOUNDS`` gives each field's bounds in natural units, ``NAMES`` the reported names.
+Repeated data (Muennighoff et al. 2023): ``U_s = min(D, U)``, ``R = D / U_s - 1``, ``D_eff = U_s +
+U_s R* (1 - exp(-R / R*))``, R* shared by the roles or one per role. ``log_`` fields are fitted on
+the log (E, A, B, m and R* stay positive).
 """
 from __future__ import annotations
 

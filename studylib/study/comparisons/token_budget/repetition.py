@@ -1,10 +1,7 @@
-"""What repeating the data does, and the power, on the token-budget map of notebook 09 (:mod:`.gaps`):
-what each point takes to resolve (:func:`power_frame`, the power table of
-:func:`studylib.study.analysis.tables.power_rows` against the paper's gap at its own point), what
-passing over the data more than once does to the training loss (:func:`memorisation_table`:
-validation minus training loss at the end of each run) and, measured, to each model and each gap
-(:func:`repetition_table`, :func:`repetition_fit`: the same budget at one size drawn from fewer
-training stories, so the passes vary with the size and the tokens fixed).
+"""What repeating the data does, and the power, on the map (:mod:`.gaps`): what each point takes to
+resolve (:func:`power_frame`), validation minus training loss after more than one pass
+(:func:`memorisation_table`) and, measured, each gap and loss against the passes at one size and
+budget drawn from fewer stories (:func:`repetition_table`, :func:`repetition_fit`).
 """
 from __future__ import annotations
 
@@ -24,15 +21,9 @@ ALPHA = 0.05
 
 
 def memorisation_table(trios: Sequence[TrioConfig], summaries: pd.DataFrame, metrics: Mapping) -> pd.DataFrame:
-    """What passing over the data more than once does to the training loss, per cell x model: the
-    passes, and the mean over seeds of the last training loss (the mean over the steps since the
-    last evaluation) and of the final full-split validation loss, and ``val - train``. In a single
-    pass every training window is new, so its loss estimates the validation loss; once windows
-    repeat, a training loss below the validation loss is memorisation (the gap grows with the
-    passes). Cells under one pass are left out: their last training loss averages over most of a
-    short run, steep start included, and says nothing about repetition. ``metrics``: ``{(size,
-    epochs, stories): the metrics.jsonl records of its runs with model and seed}``
-    (:func:`studylib.study.comparisons.token_budget.cell_metrics`)."""
+    """Per cell of one pass or more x model: the passes, the mean over seeds of the last training
+    loss, of the final validation loss and ``val - train`` (memorisation once windows repeat).
+    ``metrics``: ``{(size, epochs, stories): eval records}`` (:func:`~.cell_metrics`)."""
     rows = []
     by_cell = summaries.groupby(CELL, sort=False)
     for t in trios:
@@ -108,12 +99,9 @@ def _slope(d: pd.DataFrame, value: str, n_boot: int, seed: int) -> tuple[Coef, n
 
 
 def repetition_fit(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Whether repetition moves each gap (and each role's loss): per gap the slope in log10 passes
-    of ``dense - MoE`` over the repeated cells (one intercept per repeated budget; per decade of
-    passes), its bootstrap 95% CI and p (seeds resampled within cells), Holm over the two gaps (a
-    family), and ``verdict``: "the MoE gains with repetition" (positive: repetition hurts the dense
-    model more), "the dense model gains", "not resolved", "not identified" or "no interval"; per
-    role the slope of its loss, described (no family). No repeated budget: an empty frame."""
+    """Per gap the slope in log10 passes of ``dense - MoE`` over the repeated cells (one intercept
+    per repeated budget), its bootstrap 95% CI and p, Holm over the two gaps and ``verdict``; per
+    role the slope of its loss (no family). No repeated budget: an empty frame."""
     ps = _repeated(per_seed)
     if ps.empty:
         return pd.DataFrame()

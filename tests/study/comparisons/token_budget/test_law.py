@@ -294,15 +294,17 @@ def _cell(la, lm, lt, seeds=(1, 2, 3), size="m"):
                          for r, v in zip(ROLES, (la, lm, lt)) for i, s in enumerate(seeds)])
 
 
-def test_position_ci_per_cell():
-    apart = C.position_ci(_cell([2.00, 2.02, 1.99], [1.95, 1.94, 1.96], [1.90, 1.905, 1.89]))
-    r = apart.iloc[0]  # means 2.003333, 1.95, 1.898333: p = 0.053333 / 0.105
-    assert r["defined"] and r["n"] == 3 and r["position"] == pytest.approx(0.507937, abs=1e-6)
-    assert 0 < r["ci_low"] < r["position"] < r["ci_high"] < 1
-    close = C.position_ci(_cell([2.00, 2.03, 1.97], [1.95, 1.96, 1.94], [1.99, 2.02, 1.99])).iloc[0]
-    assert not close["defined"] and math.isnan(close["position"]) and close["reason"].startswith("not defined")
-    one = C.position_ci(_cell([2.0], [1.95], [1.9], seeds=(1,))).iloc[0]
-    assert one["position"] == pytest.approx(0.5) and math.isnan(one["ci_low"]) and "no interval" in one["reason"]
+def test_position_per_cell():
+    r = C.cell_position(_cell([2.00, 2.02, 1.99], [1.95, 1.94, 1.96], [1.90, 1.905, 1.89]))
+    # means 2.003333, 1.95, 1.898333: p = 0.053333 / 0.105
+    assert r["position_defined"] and r["position"] == pytest.approx(0.507937, abs=1e-6)
+    assert 0 < r["position_low"] < r["position"] < r["position_high"] < 1
+    close = C.cell_position(_cell([2.00, 2.03, 1.97], [1.95, 1.96, 1.94], [1.99, 2.02, 1.99]))
+    assert not close["position_defined"] and math.isnan(close["position"])
+    assert close["position_reason"].startswith("not defined")
+    one = C.cell_position(_cell([2.0], [1.95], [1.9], seeds=(1,)))
+    assert one["position"] == pytest.approx(0.5) and math.isnan(one["position_low"])
+    assert "no interval" in one["position_reason"]
 
 
 def test_a_frame_that_is_not_the_map_is_refused():
