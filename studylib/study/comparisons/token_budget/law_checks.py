@@ -1,7 +1,7 @@
 """Checks of the joint law (issue #40, :mod:`.law_fit`): :func:`choose` (the form and R* shared or
 per role, by leaving each map cell out), :func:`held_out` (refitted without the largest size or
 each budget, the left-out cells' losses, gaps and position predicted) and :func:`paper_point` (the
-law at the paper's N and D, an extrapolation). The per-role laws are :mod:`.law_roles`'; the
+law at the paper's N and D, an extrapolation) and :func:`influence` (the runs that move it). The per-role laws are :mod:`.law_roles`'; the
 words :mod:`.law_words`'.
 """
 from __future__ import annotations
@@ -291,6 +291,10 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
 
 
 # the paper's point
+def _paper_trio() -> pd.DataFrame:
+    """The paper's three models' ``active``, ``total`` (Table 5), indexed by role."""
+    return pd.DataFrame([paper_params(r) for r in ROLES], index=list(ROLES), columns=["active", "total"])
+
 
 def paper_point(law: JointLaw) -> pd.DataFrame:
     """What ``law`` says at the paper's N (Table 5) and D (426.3M fresh tokens, R = 0): one row
@@ -299,7 +303,7 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
     (the paper's position from Table 6; its losses are in another unit and not compared),
     paper_inside, identified, reason, extrapolated, note (the ordering's words, or how far the
     point lies), paper_note. ``decades``: log10 of the paper's MoE N_active over the map's largest."""
-    trio = pd.DataFrame([paper_params(r) for r in ROLES], index=list(ROLES), columns=["active", "total"])
+    trio = _paper_trio()
     point, draws = _trio_draws(law, trio, PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)
     pq, dq = _quantities(point), _quantities(draws)
     decades = math.log10(trio.loc["moe", "active"] / law.largest_moe_active)
@@ -331,5 +335,41 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
     return t.fillna({"reason": "", "note": "", "paper_note": ""})
 
 
+# the runs that move it
+#: a run whose standardised residual lies beyond this many robust sds is named (the residuals' scale is
+#: 1.4826 x their median absolute deviation: one run far off does not widen the scale it is judged by)
+RESIDUAL_LIMIT = 4.0
+
+
+def _paper_position(law: JointLaw) -> float:
+    return float(_quantities(_trio_draws(law, _paper_trio(), PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)[0])["position"])
+
+
+def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
+    """One row per run of ``law``'s fit (:data:`~.law_fit.COLUMNS`, ``stories`` where ``runs`` has
+    it): ``fitted``, ``std_residual`` ((log L - log L_hat) / the residuals' robust sd), ``beyond``
+    (past :data:`RESIDUAL_LIMIT`) and the paper-point position refitted without the run (from the
+    optimum): ``position_without``, ``position_change``; NaN where the refit fails (``note``)."""
+    df = runs_frame(runs, "influence")
+    fitted = law.at(df["role"], df["active"], df["total"], df["tokens"], df["unique"]).point
+    r = np.log(df["value"].to_numpy()) - np.log(fitted)
+    scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+    p0 = _paper_position(law)
+    keep = list(COLUMNS) + (["stories"] if "stories" in df else [])
+    out = df[keep].assign(fitted=fitted, std_residual=r / scale if scale > 0 else math.nan, position=p0,
+                          position_without=math.nan, note="")
+    for i in range(len(df)):
+        try:
+            refit = fit_law(df.drop(index=i)[list(COLUMNS)], law.form, law.per_role_rstar, n_boot=0, n_boot_cell=0,
+                            start=law.theta)
+            out.loc[i, "position_without"] = _paper_position(refit)
+        except ValueError as e:
+            out.loc[i, "note"] = str(e)
+    out["position_change"] = out["position_without"] - p0
+    out["beyond"] = out["std_residual"].abs() > RESIDUAL_LIMIT
+    return out
+
+
 __all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "CANDIDATES", "cell_position", "Choice", "choice_sentence", "choose",
-           "held_out_verdict", "held_out", "paper_point"]
+           "held_out_verdict", "held_out", "paper_point",
+           "RESIDUAL_LIMIT", "influence"]

@@ -274,11 +274,9 @@ def _cell_draws(df, X, lnL, theta, form, per_role, delta, n_boot, rng):
 def fit_law(runs: pd.DataFrame, form: str = "lambda", per_role_rstar: bool = False, n_boot: int = 200,
             n_boot_cell: int | None = None, level: float = 0.95, seed: int = 0, huber_delta: float = HUBER_DELTA,
             start=None, who: str = "joint law", cells: str = "cells (one role at one map point)") -> JointLaw:
-    """:class:`JointLaw` of the map's runs (:data:`COLUMNS`, one row per run; ``value``: the final
-    validation loss in bits per byte). ``n_boot`` seed replicates and ``n_boot_cell`` (default
-    ``n_boot``) cell replicates, ``numpy``'s generator ``seed``. ``start``: a vector to optimise
-    from instead of the grid (a refit of nearly the same data). ``who`` and ``cells`` word the
-    errors and the missing interval."""
+    """:class:`JointLaw` of the map's runs (:data:`COLUMNS`, one per run; ``value``: the final loss
+    in bits per byte) with ``n_boot`` seed and ``n_boot_cell`` (default ``n_boot``) cell replicates.
+    ``start``: a vector to optimise from instead of the grid; ``who``, ``cells``: the errors' words."""
     names = param_names(form, per_role_rstar)
     df = runs_frame(runs, who)
     X, lnL = design(df), np.log(df["value"].to_numpy())
@@ -324,11 +322,9 @@ def fit_law(runs: pd.DataFrame, form: str = "lambda", per_role_rstar: bool = Fal
 
 def loss_frame(preset: Preset, trios: Sequence[TrioConfig], summaries: pd.DataFrame,
                value: str = "best_val_bpb") -> pd.DataFrame:
-    """One row per run of the map: its ``role`` in its trio, ``model``, ``size``, ``seed``,
-    ``params`` (N: its active parameters), ``total`` (its total parameters), ``tokens`` (D),
-    ``unique`` (the distinct training tokens it saw), ``stories`` (the fraction of the training
-    stories), ``passes`` and ``value`` (default: the best validation loss in bits per byte, one
-    scale across the trios' tokenizers)."""
+    """One row per run of the map: ``role``, ``model``, ``size``, ``seed``, ``params`` (N, active),
+    ``total``, ``tokens`` (D), ``unique``, ``stories``, ``passes`` and ``value`` (default: the best
+    validation loss in bits per byte, one scale across the trios' tokenizers)."""
     role_of = {m: t.role(m) for t in trios for m in t.models}
     counts = {m: preset.model_config(m).num_params for m in role_of}
     return pd.DataFrame([{"role": role_of[r.model], "model": r.model, "size": r.size, "seed": int(r.seed),
@@ -340,9 +336,7 @@ def loss_frame(preset: Preset, trios: Sequence[TrioConfig], summaries: pd.DataFr
 
 @dataclass(frozen=True)
 class RoleLaw:
-    """One role's law (the "chinchilla" form: N its active parameters, D its tokens), as
-    :func:`~.plane.leave_one_out` reads a fit: ``coefs``, ``predict_draws`` and ``extrapolated``
-    at (params, tokens)."""
+    """One role's "chinchilla" law as :func:`~.plane.leave_one_out` reads a fit (at params, tokens)."""
 
     law: JointLaw
 
@@ -360,8 +354,7 @@ class RoleLaw:
 
 def role_law(per_seed: pd.DataFrame, value: str = "value", n_boot: int = 200, level: float = 0.95, seed: int = 0,
              huber_delta: float = HUBER_DELTA, start=None) -> RoleLaw:
-    """:class:`RoleLaw` of one model family's per-seed losses: one row per seed and map point with
-    ``params`` (N), ``tokens`` (D, the training tokens), ``seed`` and ``value`` (the loss, > 0)."""
+    """:class:`RoleLaw` of one family's per-seed losses (``params``: N, ``tokens``: D, ``seed``, ``value``)."""
     df = cell_frame(per_seed, ROLE_KEYS, value, "role law")
     runs = pd.DataFrame({"role": ROLES[0], "size": df["params"], "seed": df["seed"] if "seed" in df else df.index,
                          "active": df["params"], "total": df["params"], "tokens": df["tokens"],

@@ -120,11 +120,6 @@ SIZE_FORM = "lambda_size"
 N_FORMS = ("n_lambda", "n_lambda_size")
 
 
-def has_d_term(form: str) -> bool:
-    """Whether the form has the data term ``B / D_eff^beta``."""
-    return "log_B" in form_of(form)._fields
-
-
 def lambda_at(theta, form: str, n_active) -> np.ndarray:
     """The MoE's lambda at ``n_active`` (``(..., n)`` over theta's leading axes): lambda_0 +
     lambda_1 log10(N / N_ref) kept in [0, 1] for a size form, lambda for the others."""
@@ -259,7 +254,7 @@ def log_loss_jacobian(theta, X: dict, form: str) -> tuple[np.ndarray, np.ndarray
 
 
 __all__ = ["Chinchilla", "LambdaLaw", "MultiplierLaw", "LambdaSizeLaw", "NLambdaLaw", "NLambdaSizeLaw", "FORMS",
-           "JOINT_FORMS", "SIZE_FORM", "N_FORMS", "N_REF_MAP", "N_REF_CLARK", "LAMBDA1_BOUNDS", "has_d_term",
+           "JOINT_FORMS", "SIZE_FORM", "N_FORMS", "N_REF_MAP", "N_REF_CLARK", "LAMBDA1_BOUNDS",
            "lambda_at", "EXPONENT_BOUNDS", "LAMBDA_BOUNDS",
            "M_BOUNDS", "RSTAR_BOUNDS", "param_names", "unpack", "pack", "bounds", "natural", "design", "take",
            "log_loss", "log_loss_jacobian", "logsumexp"]

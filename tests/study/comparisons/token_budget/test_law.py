@@ -19,7 +19,6 @@ from studylib.study.comparisons.token_budget import law_fit as J
 from studylib.study.comparisons.token_budget import law_form as F
 from studylib.study.comparisons.token_budget.knobs import ROLES
 from studylib.study.comparisons.token_budget import law_checks as C
-from studylib.study.comparisons.token_budget import law_influence as I
 from studylib.study.comparisons.token_budget import law_words as W
 from studylib.study.comparisons.token_budget.glance import map_glance
 
@@ -323,17 +322,17 @@ def test_a_run_far_off_is_named_and_its_weight_on_the_answer_measured():
     point is refitted without each run, and a non-positive bootstrap replicate costs the intervals,
     in one reason, not the fit."""
     df = _map(7)
-    clean = I.influence(df, J.fit_law(df, n_boot=0, n_boot_cell=0))
+    clean = C.influence(df, J.fit_law(df, n_boot=0, n_boot_cell=0))
     assert len(clean) == len(df) and not clean["beyond"].any()
-    assert clean["std_residual"].abs().max() < I.RESIDUAL_LIMIT and clean["position_change"].abs().max() < 0.1
+    assert clean["std_residual"].abs().max() < C.RESIDUAL_LIMIT and clean["position_change"].abs().max() < 0.1
     bad = df.copy()
     hit = (bad["role"] == "moe") & (bad["size"] == "l") & (bad["seed"] == 1) & (bad["tokens"] == 10 * SIZES["l"])
     bad.loc[hit, "value"] *= 3
     law = J.fit_law(bad, n_boot=20, n_boot_cell=0)
-    runs = I.influence(bad, law)
+    runs = C.influence(bad, law)
     far = runs[runs["beyond"]]
     assert len(far) == 1 and (far["role"].iloc[0], far["size"].iloc[0], far["seed"].iloc[0]) == ("moe", "l", 1)
-    assert far["std_residual"].iloc[0] > 10 * I.RESIDUAL_LIMIT
+    assert far["std_residual"].iloc[0] > 10 * C.RESIDUAL_LIMIT
     # without it the position is the clean map's: leaving one run out undoes it
     assert far["position_without"].iloc[0] == pytest.approx(clean["position"].iloc[0], abs=0.02)
     words = W.influence_sentence(runs, C.paper_point(law))
