@@ -38,22 +38,11 @@ class TrioConfig:
         budget from each fraction of them (budgets in epochs: after ``budget_trios``)."""
         return [(e, 1.0) for e in self.epochs] + [(e, f) for e in self.repeat for f in self.stories]
 
-    @property
-    def dense_active(self) -> str:
-        return self.models[0]
-
-    @property
-    def moe(self) -> str:
-        return self.models[1]
-
-    @property
-    def dense_total(self) -> str:
-        return self.models[2]
-
-    @property
-    def size(self) -> str:
-        """The size's name: its reference MoE."""
-        return self.moe
+    dense_active = property(lambda self: self.models[0])
+    moe = property(lambda self: self.models[1])
+    dense_total = property(lambda self: self.models[2])
+    #: the size's name: its reference MoE
+    size = property(lambda self: self.models[1])
 
     def role(self, model: str) -> str:
         """``dense_active``, ``moe`` or ``dense_total``: what ``model`` is in this trio."""

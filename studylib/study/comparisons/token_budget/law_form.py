@@ -35,80 +35,35 @@ N_REF_MAP = 1.2e5
 N_REF_CLARK = 3e7
 
 
-class Chinchilla(NamedTuple):
-    """One family's law: E, A, B (fitted as logs), alpha, beta."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    log_B: np.ndarray
-    alpha: np.ndarray
-    beta: np.ndarray
-    NAMES = ("E", "A", "B", "alpha", "beta")
-    BOUNDS = {"log_E": FREE, "log_A": FREE, "log_B": FREE, "alpha": EXPONENT_BOUNDS, "beta": EXPONENT_BOUNDS}
+#: each field's reported name
+_NAME = {"log_E": "E", "log_A": "A", "log_B": "B", "alpha": "alpha", "beta": "beta", "lam": "lambda",
+         "lam1": "lambda_1", "log_m": "m", "log_rstar": "R*"}
 
 
-class LambdaLaw(NamedTuple):
-    """The joint law, the MoE worth ``N_active^(1 - lambda) N_total^lambda``."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    log_B: np.ndarray
-    alpha: np.ndarray
-    beta: np.ndarray
-    lam: np.ndarray
-    log_rstar: np.ndarray
-    NAMES = ("E", "A", "B", "alpha", "beta", "lambda", "R*")
-    BOUNDS = {**Chinchilla.BOUNDS, "lam": LAMBDA_BOUNDS, "log_rstar": RSTAR_BOUNDS}
+def _form(name: str, doc: str, bounds: dict, n_ref: float | None = None) -> type:
+    """A form's parameter type: a NamedTuple with one field per key of ``bounds`` (in order; the
+    field's bounds in natural units), ``NAMES`` (the reported names) and ``N_REF`` (a size form's)."""
+    cls = NamedTuple(name, [(f, np.ndarray) for f in bounds])
+    cls.__doc__, cls.BOUNDS, cls.NAMES = doc, bounds, tuple(_NAME[f] for f in bounds)
+    if n_ref is not None:
+        cls.N_REF = n_ref
+    return cls
 
 
-class MultiplierLaw(NamedTuple):
-    """The joint law, the MoE worth ``m N_active``."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    log_B: np.ndarray
-    alpha: np.ndarray
-    beta: np.ndarray
-    log_m: np.ndarray
-    log_rstar: np.ndarray
-    NAMES = ("E", "A", "B", "alpha", "beta", "m", "R*")
-    BOUNDS = {**Chinchilla.BOUNDS, "log_m": M_BOUNDS, "log_rstar": RSTAR_BOUNDS}
-
-
-class LambdaSizeLaw(NamedTuple):
-    """The joint law, the MoE worth ``N_active^(1 - lambda(N)) N_total^lambda(N)``, ``lambda(N) =
-    lambda_0 + lambda_1 log10(N_active / N_REF)`` kept in [0, 1]."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    log_B: np.ndarray
-    alpha: np.ndarray
-    beta: np.ndarray
-    lam: np.ndarray
-    lam1: np.ndarray
-    log_rstar: np.ndarray
-    NAMES = ("E", "A", "B", "alpha", "beta", "lambda", "lambda_1", "R*")
-    BOUNDS = {**LambdaLaw.BOUNDS, "lam1": LAMBDA1_BOUNDS}
-    N_REF = N_REF_MAP
-
-
-class NLambdaLaw(NamedTuple):
-    """The N part alone, ``L = E + A / N_eff^alpha``, the MoE worth ``N_active^(1 - lambda) N_total^lambda``."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    alpha: np.ndarray
-    lam: np.ndarray
-    NAMES = ("E", "A", "alpha", "lambda")
-    BOUNDS = {"log_E": FREE, "log_A": FREE, "alpha": EXPONENT_BOUNDS, "lam": LAMBDA_BOUNDS}
-
-
-class NLambdaSizeLaw(NamedTuple):
-    """The N part alone with ``lambda(N) = lambda_0 + lambda_1 log10(N_active / N_REF)`` in [0, 1]."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    alpha: np.ndarray
-    lam: np.ndarray
-    lam1: np.ndarray
-    NAMES = ("E", "A", "alpha", "lambda", "lambda_1")
-    BOUNDS = {**NLambdaLaw.BOUNDS, "lam1": LAMBDA1_BOUNDS}
-    N_REF = N_REF_CLARK
-
+_N_PART = {"log_E": FREE, "log_A": FREE, "alpha": EXPONENT_BOUNDS}
+_FAMILY = {"log_E": FREE, "log_A": FREE, "log_B": FREE, "alpha": EXPONENT_BOUNDS, "beta": EXPONENT_BOUNDS}
+Chinchilla = _form("Chinchilla", "One family's law: E, A, B (fitted as logs), alpha, beta.", _FAMILY)
+LambdaLaw = _form("LambdaLaw", "The joint law, the MoE worth ``N_active^(1 - lambda) N_total^lambda``.",
+                  {**_FAMILY, "lam": LAMBDA_BOUNDS, "log_rstar": RSTAR_BOUNDS})
+MultiplierLaw = _form("MultiplierLaw", "The joint law, the MoE worth ``m N_active``.",
+                      {**_FAMILY, "log_m": M_BOUNDS, "log_rstar": RSTAR_BOUNDS})
+LambdaSizeLaw = _form("LambdaSizeLaw", "The joint law with ``lambda(N) = lambda_0 + lambda_1 log10(N_active / "
+                      "N_REF)`` kept in [0, 1].",
+                      {**_FAMILY, "lam": LAMBDA_BOUNDS, "lam1": LAMBDA1_BOUNDS, "log_rstar": RSTAR_BOUNDS}, N_REF_MAP)
+NLambdaLaw = _form("NLambdaLaw", "The N part alone, ``L = E + A / N_eff^alpha``, with one lambda.",
+                   {**_N_PART, "lam": LAMBDA_BOUNDS})
+NLambdaSizeLaw = _form("NLambdaSizeLaw", "The N part alone with lambda(N).",
+                       {**_N_PART, "lam": LAMBDA_BOUNDS, "lam1": LAMBDA1_BOUNDS}, N_REF_CLARK)
 
 FORMS = {"chinchilla": Chinchilla, "lambda": LambdaLaw, "multiplier": MultiplierLaw, "lambda_size": LambdaSizeLaw,
          "n_lambda": NLambdaLaw, "n_lambda_size": NLambdaSizeLaw}
