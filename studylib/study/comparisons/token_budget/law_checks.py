@@ -254,17 +254,12 @@ def _cell_rows(law, cell, s, label, level, rng):
 
 def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_role_rstar: bool = False,
              n_boot: int = 200, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """One row per held-out cell and quantity (held_out, size, tokens, unique, passes,
-    tokens_per_param, quantity, n, measured, predicted, pi_low, pi_high, inside, checked: predicted
-    with an interval from a refit that identifies what it rests on, or holds it on a bound, note;
-    by): the law (``form``, ``per_role_rstar``) refitted from its grid of starts
-    without the largest size (``by="size"``) or without each tokens-per-active-parameter value in
-    turn (``by="budget"``: every cell of that budget, its repeated-data cells too), and each held-out
-    cell's :data:`QUANTITIES` predicted with a ``level`` interval: the refit's seed bootstrap
-    (``n_boot``) plus the noise of a mean of the cell's n seeds per role (normal, independent across
-    roles: wider than a seed-paired gap's noise), with the pooled within-cell sd of the refit data's
-    cells at the held-out cell's budget (the seed spread is budget-dependent: up to 0.13 bits per
-    byte where a run stalls at 1 token/param, about 0.005 at 10), or of all its cells where none is."""
+    """One row per held-out cell and quantity (measured, predicted, pi_low, pi_high, inside,
+    ``checked``: the refit identifies what it rests on or holds it on a bound; note; by): the law
+    refitted without the largest size (``by="size"``) or each budget in turn (``"budget"``, its
+    repeated cells too), the interval its seed bootstrap plus the noise of a mean of the cell's
+    seeds per role at the refit data's pooled within-cell sd at that budget (all its cells where
+    none is: the spread is budget-dependent, up to 0.13 bits per byte where a run stalls)."""
     df = runs_frame(runs, "held_out")
     df["tpp"] = _tpp(df)
     df["budget"] = _budgets(df["tpp"])[0]
@@ -297,12 +292,9 @@ def _paper_trio() -> pd.DataFrame:
 
 
 def paper_point(law: JointLaw) -> pd.DataFrame:
-    """What ``law`` says at the paper's N (Table 5) and D (426.3M fresh tokens, R = 0): one row
-    per quantity (lambda or m, each role's loss in bits per byte, gap_active, gap_total, position,
-    ordering, decades) with columns quantity, estimate, ci_low, ci_high (seed bootstrap), paper
-    (the paper's position from Table 6; its losses are in another unit and not compared),
-    paper_inside, identified, reason, extrapolated, note (the ordering's words, or how far the
-    point lies), paper_note. ``decades``: log10 of the paper's MoE N_active over the map's largest."""
+    """``law`` at the paper's N (Table 5) and D (426.3M fresh tokens): one row per quantity (lambda
+    or m, the losses, gaps, position, ordering, decades beyond the largest measured MoE) with the
+    seed-bootstrap interval, the paper's position (``paper``, ``paper_inside``), identified, reason."""
     trio = _paper_trio()
     point, draws = _trio_draws(law, trio, PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)
     pq, dq = _quantities(point), _quantities(draws)

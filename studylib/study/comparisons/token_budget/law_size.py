@@ -85,12 +85,9 @@ def _need_words(need: Mapping) -> str:
 
 
 def paper_points(laws: Mapping[str, JointLaw], chosen: str, sizes_active=None) -> pd.DataFrame:
-    """Each form's :func:`~.law_checks.paper_point` rows with ``form`` and ``chosen`` (the form
-    :func:`~.law_checks.choose` took), the size form's with ``lambda_at_paper`` after its lambda
-    and, given ``sizes_active`` (the map's MoE N_active), ``span_needed`` (:func:`sizes_needed`:
-    estimate the decades, note in words, reason where it cannot be computed); where lambda at the
-    paper's N has an interval covering [0, 1], the quantities resting on it (the MoE's loss, the
-    gaps, the position, the ordering) are not identified, with the reason."""
+    """Each form's :func:`~.law_checks.paper_point` rows with ``form`` and ``chosen``; the size
+    form's with ``lambda_at_paper`` and, given ``sizes_active``, ``span_needed`` (:func:`sizes_needed`);
+    where lambda there has an interval covering [0, 1], what rests on it is not identified."""
     out = []
     for form, law in laws.items():
         t = paper_point(law)
