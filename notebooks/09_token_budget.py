@@ -74,7 +74,7 @@ from IPython.display import Markdown, display
 from studylib.study.analysis import plots, text
 from studylib.study.comparisons import token_budget
 from studylib.study.comparisons.budget_matching import shape
-from studylib.study.comparisons.token_budget import (budgets, gaps, law_checks, law_fit, law_influence, law_roles, law_size,
+from studylib.study.comparisons.token_budget import (budgets, gaps, law_checks, law_fit, law_roles, law_size,
                                                      law_words, plane, repetition)
 from studylib.study.comparisons.token_budget.plots import crossing_line, gap_map
 from studylib.study.runner.notebooks import open_comparison
@@ -253,10 +253,10 @@ n_boot = ctx.knobs.law_boot  # study.map_law_boot: replicates of each interval
 choice = law_checks.choose(law_runs)
 joint = law_fit.fit_law(law_runs, choice.form, choice.per_role_rstar, n_boot=n_boot)
 law_table = law_words.law_table(joint)
-held = pd.concat([law_checks.held_out(law_runs, by, choice.form, choice.per_role_rstar, n_boot=n_boot).table
+held = pd.concat([law_checks.held_out(law_runs, by, choice.form, choice.per_role_rstar, n_boot=n_boot)
                   for by in ("size", "budget")], ignore_index=True)
 at_paper = law_checks.paper_point(joint)
-influence = law_influence.influence(law_runs, joint)
+influence = law_checks.influence(law_runs, joint)
 for name, t in ((token_budget.LAW, law_table), (token_budget.LAW_CHOICE, choice.errors),
                 (token_budget.LAW_HELD_OUT, held), (token_budget.LAW_PAPER, at_paper),
                 (token_budget.LAW_INFLUENCE, influence)):

@@ -149,21 +149,21 @@ display(Markdown(f"**Outcome in preset `{preset.name}`.** " + A.sentences(tabs, 
 
 # %%
 from studylib.study.analysis import clark
-from studylib.study.comparisons.token_budget import law_clark
+from studylib.study.comparisons.controls import clark_law
 
-clark_tables, clark_note = law_clark.clark_section(out)
+clark_tables, clark_note = clark_law.clark_section(out)
 print(clark_note)
 if clark_tables is not None:
-    for name in law_clark.TABLES:
+    for name in clark_law.TABLES:
         plots.save_table(clark_tables[name], name, out, index=False)
-    display(clark_tables[law_clark.CLARK_POSITIONS])
-    display(clark_tables[law_clark.POSITION_AGAINST_SIZE])
-    display(clark_tables[law_clark.CLARK_TREND])
-    fig = clark.position_against_size_figure(clark_tables[law_clark.POSITION_AGAINST_SIZE], clark_tables["trends"],
-                                             outdir=out, name=law_clark.POSITION_AGAINST_SIZE)
-    display(clark_tables[law_clark.CLARK_LAW_FIT], clark_tables[law_clark.CLARK_LAW_POSITIONS],
-            clark_tables[law_clark.CLARK_LAW_HELD_OUT])
-    for s in law_clark.clark_law_sentences(clark_tables[law_clark.CLARK_LAW_FIT],
-                                           clark_tables[law_clark.CLARK_LAW_POSITIONS],
-                                           clark_tables[law_clark.CLARK_LAW_HELD_OUT]):
+    display(clark_tables[clark_law.CLARK_POSITIONS])
+    display(clark_tables[clark_law.POSITION_AGAINST_SIZE])
+    display(clark_tables[clark_law.CLARK_TREND])
+    fig = clark.position_against_size_figure(clark_tables[clark_law.POSITION_AGAINST_SIZE], clark_tables["trends"],
+                                             outdir=out, name=clark_law.POSITION_AGAINST_SIZE)
+    display(clark_tables[clark_law.CLARK_LAW_FIT], clark_tables[clark_law.CLARK_LAW_POSITIONS],
+            clark_tables[clark_law.CLARK_LAW_HELD_OUT])
+    for s in clark_law.clark_law_sentences(clark_tables[clark_law.CLARK_LAW_FIT],
+                                           clark_tables[clark_law.CLARK_LAW_POSITIONS],
+                                           clark_tables[clark_law.CLARK_LAW_HELD_OUT]):
         print(s, "\n")

@@ -47,8 +47,8 @@ def one_map(args) -> list[dict]:
 def held_out_map(args) -> dict:
     r, boot = args
     h = C.held_out(_map(20_000 + r), "size", n_boot=boot, seed=r)
-    t = h.table[h.table["checked"]]
-    return {"map": r, "checked": h.n_checked, "inside": h.n_inside,
+    t = h[h["checked"]]
+    return {"map": r, "checked": len(t), "inside": int(t["inside"].sum()),
             **{f"{k}_inside": float(g["inside"].mean()) for k, g in t.groupby(t["quantity"].str.split("_").str[0])}}
 
 

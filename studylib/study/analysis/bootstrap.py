@@ -1,7 +1,8 @@
 """The bootstrap every fit shares: seeds resampled within cells (:func:`bootstrap_values`), the
 percentile interval (:func:`percentile_ci`), and :class:`Bootstrap`, a point estimate with its
 replicates that gives intervals and, through a function of the estimate, predictions with theirs
-(the gap plane, the laws, the MoE's position). :class:`Coef` is one fitted parameter with its
+(the gap plane, the laws, the MoE's position); :func:`linear_fit`, least squares with those
+replicates, and :func:`p_boot`, a bootstrap p. :class:`Coef` is one fitted parameter with its
 interval or the reason it has none; :func:`cell_frame` checks a per-seed frame and numbers its cells."""
 from __future__ import annotations
 
@@ -106,6 +107,27 @@ class Bootstrap:
         return Bootstrap(point, np.asarray(f(self.draws)).reshape((len(self.draws),) + point.shape), self.level)
 
 
+def p_boot(draws: np.ndarray) -> float:
+    """Two-sided bootstrap p of "the coefficient is zero": twice the smaller tail at zero, at least
+    one replicate's worth (``1 / len(draws)``: no replicate beyond zero is not p = 0); NaN without
+    replicates."""
+    if np.isnan(draws).all():
+        return math.nan
+    return float(min(1.0, max(2 * min(np.mean(draws <= 0), np.mean(draws >= 0)), 1 / len(draws))))
+
+
+def linear_fit(X: np.ndarray, y: np.ndarray, cell: np.ndarray, n_boot: int, seed: int, level: float = 0.95,
+               lonely: str = "") -> Bootstrap:
+    """Least squares of ``y`` on the design ``X`` (pseudo-inverse) with its replicates: seeds
+    resampled within each ``cell`` (:func:`bootstrap_values`, ``numpy``'s generator ``seed``; the
+    design is the same in every replicate, so they are one matrix product); NaN replicates where
+    ``lonely`` (:func:`no_interval`) says there are none."""
+    pinv = np.linalg.pinv(X)
+    draws = (np.full((n_boot, X.shape[1]), math.nan) if lonely else
+             bootstrap_values(y, cell, n_boot, np.random.default_rng(seed)) @ pinv.T)
+    return Bootstrap(pinv @ y, draws, level)
+
+
 @dataclass(frozen=True)
 class Coef:
     """One fitted parameter: its estimate and bootstrap percentile interval, or, where the grid
@@ -147,4 +169,4 @@ def coef_table(coefs: Sequence[Coef]) -> pd.DataFrame:
 
 
 __all__ = ["MIN_SEEDS", "cell_frame", "no_interval", "resample_cells", "bootstrap_values", "percentile_ci",
-           "Bootstrap", "Coef", "coef_table"]
+           "Bootstrap", "p_boot", "linear_fit", "Coef", "coef_table"]

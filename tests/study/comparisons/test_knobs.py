@@ -120,7 +120,8 @@ def test_cpu_full_is_cpu_with_longer_study_budgets_only():
     a, b = to_dict(cpu)["study"], to_dict(full)["study"]
     assert {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} == \
         {"ablation_epochs", "granularity_epochs", "iso_width_epochs", "lr_sweep", "token_budget", "notebooks",
-         "downstream_seeds"}
+         "downstream_seeds", "controls", "controls_recipe"}
+    assert b["controls"][:len(a["controls"])] == a["controls"]  # cpu's cell, then cpu_full's own
     s, f = C.study_of(cpu), C.study_of(full)
     assert f["downstream"].seeds is None  # every seed
     assert set(cpu.study.notebooks) < set(full.study.notebooks)

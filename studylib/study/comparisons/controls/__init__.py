@@ -22,7 +22,7 @@ from studylib.study.comparisons.controls.knobs import CONTROLS_SHAPE, ControlCel
 from studylib.study.comparisons.knobs import Study, required
 from studylib.study.orchestration.plan import Grid
 
-#: the tables notebook 13 writes, each read back by name (Clark et al.'s: ``law_clark.TABLES``)
+#: the tables notebook 13 writes, each read back by name (Clark et al.'s: ``clark_law.TABLES``)
 CONTROLS, POSITIONS, GAPS, TWIN = "controls", "controls_positions", "controls_gaps", "controls_twin"
 ROUTER_RUNS, ROUTERS = "controls_router_runs", "controls_routers"
 RECIPE_LRS, RECIPE = "controls_recipe_lrs", "controls_recipe"
@@ -93,7 +93,7 @@ def answer(out_dir: Path) -> Answer:
     at this MoE's size) and, folded, the same with the positions' table and figure."""
     from studylib.study.comparisons.controls.analysis import lead_sentence
     from studylib.study.comparisons.glance import read_table
-    from studylib.study.comparisons.token_budget.law_clark import CLARK_TREND, POSITION_AGAINST_SIZE
+    from studylib.study.comparisons.controls.clark_law import CLARK_TREND, POSITION_AGAINST_SIZE
 
     cols = ("cell", "role", "model", "position", "position_low", "position_high", "position_defined")
     pos, gap = read_table(out_dir, POSITIONS, cols), read_table(out_dir, GAPS, ("a", "mean", "ci_low", "ci_high",

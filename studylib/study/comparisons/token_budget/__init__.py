@@ -1,20 +1,9 @@
-"""Notebook 09, the token-budget map, and the law fitted over it. Its files group as
-
-* the plan: :mod:`.knobs` (``study.token_budget``: trios, budgets, repeats) and :mod:`.budgets` (each
-  trio's cells, their budgets and runs), one grid per trio x cell (trio order, then
-  :meth:`~.knobs.TrioConfig.cells`);
-* the map: :mod:`.gaps` (both gaps and the MoE's position at every point, Holm and TOST over each
-  gap's points), :mod:`.repetition` (what repeating the data does; the power table) and
-  :mod:`.plane` (each gap as a plane in log tokens/param and log size, its crossing line);
-* the law: :mod:`.law_form` (``L = E + A / N_eff^alpha + B / D_eff^beta`` with named parameters: the
-  joint law of the three roles, the MoE's worth as lambda or a multiplier, and the per-role form),
-  :mod:`.law_fit` (one Huber fitter, the identification test, the bootstraps), :mod:`.law_checks`
-  (the form chosen by leaving cells out, held-out sizes and budgets, the paper's point, the per-role
-  laws) and :mod:`.law_words`;
-* the report's part: :mod:`.glance` (the first screen) and :mod:`.plots` (the figures).
-
-The tables notebook 09 writes are named once here (:data:`MAP` ...); :func:`answer` reads them back
-for the report's answer: each gap's points by verdict, the fits' sentences and the map's figures."""
+"""Notebook 09, the token-budget map, and the law fitted over it. Its files group as the plan
+(:mod:`.knobs`, :mod:`.budgets`: each trio's cells, one grid per trio x cell), the map (:mod:`.gaps`,
+:mod:`.repetition`, :mod:`.plane`), the law (:mod:`.law_form`, :mod:`.law_fit`, :mod:`.law_checks`,
+:mod:`.law_roles`, :mod:`.law_size`, :mod:`.law_words`) and the report's part (:mod:`.glance`,
+:mod:`.plots`). The tables notebook 09 writes are named once here (:data:`MAP` ...); :func:`answer`
+reads them back for the report."""
 from __future__ import annotations
 
 from pathlib import Path

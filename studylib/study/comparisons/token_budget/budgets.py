@@ -1,18 +1,9 @@
-"""The map's budgets and runs: the knob's budgets in optimizer steps (:func:`budget_trios`, checked
-by :func:`check_budgets`), each cell's overrides (:func:`cell_overrides`: the budget, the trio's
-vocabulary, the fraction of the training stories), which runs are the preset's own
-(:func:`run_plan`), the runs' summaries with what each cell measures (:func:`budget_columns`: passes,
-unique tokens, bits per byte) and the ``paper`` preset's own runs when they exist
-(:func:`paper_preset_points`).
-
-A cell is (trio, budget in epochs of the preset's schedule, fraction of the training stories):
-``epochs: 1.0`` from all the stories is the preset's own run (the headline notebook's, reused);
-``epochs: e`` trains ``round(e * S)`` optimizer steps, S one epoch of the preset's training
-windows, or ``train.max_steps`` when the preset sets it (then the "epoch" is ``max_steps`` steps,
-not a pass over the data); ``tokens_per_param: x`` trains ``round(x * A / tokens_per_step)``
-steps. A trio whose MoE has its own ``vocab_size`` trains on a tokenizer of that size (each trio
-a scaled copy of the paper's: vocabulary per unit of width kept), and a repetition cell reads only
-the first ``data.train_fraction`` of the training stories, the same steps over fewer unique tokens.
+"""The map's budgets and runs. A cell is (trio, budget in epochs of the preset's schedule, fraction
+of the training stories): ``epochs: 1.0`` from all the stories is the preset's own run (reused);
+``epochs: e`` trains ``round(e * S)`` steps, S one epoch of the preset's training windows (or
+``train.max_steps`` when set); ``tokens_per_param: x`` trains ``round(x * A / tokens_per_step)``
+steps. A trio whose MoE has its own ``vocab_size`` trains on a tokenizer of that size; a
+repetition cell reads only the first ``data.train_fraction`` of the training stories.
 """
 from __future__ import annotations
 
@@ -40,14 +31,10 @@ MAX_EPOCHS = 100
 
 
 def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] = None) -> list[TrioConfig]:
-    """The trios of ``study.token_budget`` (:class:`TrioConfig`, checked when the study loaded the
-    preset) with every budget in epochs: a ``tokens_per_param`` budget ``x`` (a repeated one too)
-    becomes ``round(x * A / tokens_per_step)`` optimizer steps (``A``: the trio's MoE's active
-    parameters; :func:`studylib.run.spec.tokens_per_step`), i.e. that many steps over one epoch's ``S`` steps
-    (``epoch``; default :func:`studylib.run.spec.epoch_steps` of the preset, which may load the
-    data), and ``1.0`` exactly when the steps are ``S`` (the preset's own run). Absent: one
-    ConfigError line naming the knob. Each budget is checked (:func:`check_budgets`) unless
-    ``epoch`` is given (the ``paper`` preset's runs read without its data)."""
+    """The trios of ``study.token_budget`` with every budget in epochs of ``epoch`` steps (default
+    :func:`studylib.run.spec.epoch_steps`, which may load the data): ``tokens_per_param`` ``x``
+    becomes ``round(x * A / tokens_per_step)`` steps (A: the trio's MoE's active parameters), 1.0
+    exactly when that is one epoch. Checked (:func:`check_budgets`) unless ``epoch`` is given."""
     trios = list(required(knobs.trios, MAP_KNOB, preset, TOKEN_BUDGET_SHAPE))
     s, per_step = (epoch_steps(preset) if epoch is None else epoch), tokens_per_step(preset)
     if epoch is None:
@@ -71,12 +58,9 @@ def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] =
 
 
 def check_budgets(preset: Preset, trios: Sequence[TrioConfig], epoch: int) -> None:
-    """Every budget of every trio, in optimizer steps, must be at least one step and at least the
-    warm-up of the preset's own schedule (``epoch`` steps; a shorter run only ramps its learning
-    rate), differ from the trio's other budgets (two that round to one step count would be one map
-    point, silently) and be at most :data:`MAX_EPOCHS` times the preset's schedule (a repeated
-    budget: its passes over its fraction of the stories); else one ConfigError line naming the
-    budget, what it comes to and the limit."""
+    """Every budget, in optimizer steps, must be at least the preset's warm-up, differ from the
+    trio's other budgets and be at most :data:`MAX_EPOCHS` schedules (a repeated budget: passes over
+    its fraction of the stories); else one ConfigError line naming the budget and the limit."""
     from studylib.run.optim import warmup_steps
 
     per_step, warmup = tokens_per_step(preset), max(1, warmup_steps(epoch, preset.train))
@@ -110,10 +94,9 @@ def active_params(preset: Preset, trios: Sequence[TrioConfig]) -> dict:
 
 
 def cell_overrides(preset: Preset, trio: TrioConfig, epochs: float, stories: float, epoch: int) -> dict:
-    """The overrides of one cell's runs: its budget (:func:`studylib.run.spec.budget_overrides` over
-    one epoch of ``epoch`` steps; ``{}`` for the preset's own run), the trio's vocabulary when its
-    MoE has its own (``data.vocab_size``), the fraction of the training stories when below 1
-    (``data.train_fraction``); a cell on other data always sets its steps."""
+    """The overrides of one cell's runs: its budget (:func:`studylib.run.spec.budget_overrides`), the
+    trio's vocabulary when its MoE has its own, the fraction of the stories when below 1; a cell on
+    other data always sets its steps."""
     ov = dict(budget_overrides(preset, epochs, epoch))
     vocab = preset.model_config(trio.moe).vocab_size
     if vocab != preset.data.vocab_size:
@@ -126,14 +109,10 @@ def cell_overrides(preset: Preset, trio: TrioConfig, epochs: float, stories: flo
 
 
 def run_plan(study: Study, trios: Sequence[TrioConfig], specs: Sequence[Sequence[RunSpec]]) -> pd.DataFrame:
-    """One row per cell x model of the runs the plan resolved (``specs``: one sequence of
-    :class:`~studylib.run.spec.RunSpec` per cell, trio order then :meth:`TrioConfig.cells`, as
-    :func:`studylib.study.comparisons.token_budget.grids` plans them; nothing is resolved again): its
-    ``max_steps``, vocabulary and fraction of the stories, whether it is the preset's own run
-    (``preset_run``: it lives in the preset's run directory and is trained once for every notebook
-    that uses it; ``also_in`` names the other ``study`` lists that hold it, e.g. ``headline``:
-    notebook 03's run, reused here) or a run of its own (``runs/<model>/<tag>/``), its run directory
-    (seed placeholder) and how many seeds are finished."""
+    """One row per cell x model of the runs the plan resolved (``specs``: one group per cell, in
+    :func:`~studylib.study.comparisons.token_budget.grids`' order): max_steps, vocabulary, stories,
+    ``preset_run`` (the preset's own run, trained once for every notebook; ``also_in``: the other
+    ``study`` lists naming it), its run directory and how many seeds are finished."""
     cells = [(t, e, f) for t in trios for e, f in t.cells()]
     if len(cells) != len(specs):
         raise ValueError(f"run_plan: {len(cells)} cells but {len(specs)} groups of runs")
@@ -152,12 +131,9 @@ def run_plan(study: Study, trios: Sequence[TrioConfig], specs: Sequence[Sequence
 
 def budget_columns(df: pd.DataFrame, trio: TrioConfig, e: float, stories: float = 1.0,
                    data_cfg=None) -> pd.DataFrame:
-    """Run summaries of one cell with ``size``, ``epochs``, ``stories`` (the fraction of the
-    training stories), ``train_targets`` (target tokens of one pass over its training windows),
-    ``unique`` (the distinct training target tokens seen: at most one pass), ``passes`` and
-    ``bytes_per_token`` (UTF-8 bytes of the validation stories per validation token, from the
-    summary, or from ``data_cfg``'s data for a run trained before summaries held it), so that
-    ``best_val_bpb`` = ``best_val_loss`` / ln 2 / ``bytes_per_token``."""
+    """Run summaries of one cell with ``size``, ``epochs``, ``stories``, ``train_targets`` (target
+    tokens of one pass), ``unique`` (at most one pass), ``passes``, ``bytes_per_token`` (from the
+    summary, or ``data_cfg``'s data for an older run) and ``best_val_bpb``."""
     df = df.copy()
     df["size"], df["epochs"], df["stories"] = trio.size, e, stories
     df["train_targets"] = df["data_train_targets"].astype(float) if "data_train_targets" in df else math.nan
@@ -176,11 +152,8 @@ def budget_columns(df: pd.DataFrame, trio: TrioConfig, e: float, stories: float 
 
 
 def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], str]:
-    """(a :func:`~studylib.study.comparisons.token_budget.gaps.gap_table` of the ``paper`` preset's
-    budget runs under ``<root>/params/paper.yaml``, or None; a sentence saying what was found). Never
-    trains and never loads data: one epoch's step count is read from the paper preset's own
-    one-epoch runs (``epochs: 1.0``), which are therefore required. None when ``current`` is the
-    paper preset (its points are the main ones)."""
+    """(a :func:`~.gaps.gap_table` of the ``paper`` preset's runs under ``<root>``, or None; what was
+    found). Never trains nor loads data: one epoch's steps come from its ``epochs: 1.0`` runs."""
     path = Path(root) / "params" / "paper.yaml"
     if current.name == "paper":
         return None, "This is the paper preset: its budgets are the measured points."

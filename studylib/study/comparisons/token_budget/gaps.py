@@ -1,13 +1,7 @@
 """Where the MoE starts to win (issues #11, #31, #39): both headline gaps and the MoE's position
-between its two dense matches over a map of model size x tokens per active parameter.
-
-The map's cells and runs are :mod:`.budgets`'s; this module holds its points: :func:`gap_frame`
-(per-seed gaps, with each cell's passes over the data, unique tokens and the losses in bits per
-byte) and :func:`gap_table` (per cell from all the training stories: paired statistics and, over
-each gap's map points as one family, Holm-adjusted p values, the equivalence test and a verdict:
-:func:`studylib.study.analysis.stats.family`; the MoE's position between its matches,
-:func:`position_row`); :func:`shared_budgets` (the tokens/param values several sizes share) and
-:func:`point_sentences`. What repeating the data does is :mod:`.repetition`'s; the fits are :mod:`.plane`'s and the law's (:mod:`.law_fit`).
+between its two dense matches at every point of the map (size x tokens per active parameter):
+:func:`gap_frame` (per seed), :func:`gap_table` (per cell: paired statistics, each gap's points one
+family for Holm and TOST, the position) and their words.
 
 Sign convention (both gaps): ``dense - MoE`` in best validation loss (nats, within a trio, one
 tokenizer), so **positive = the MoE is better**. The matched-total gap is therefore the negative of
@@ -47,11 +41,9 @@ CELL = ["size", "epochs", "stories"]
 
 
 def gap_frame(summaries: pd.DataFrame, trios: Sequence[TrioConfig], active: dict, value: str = VALUE) -> pd.DataFrame:
-    """Per seed and gap: one row per cell x seed x gap (cells: :func:`.budgets.budget_columns`'s
-    ``size``, ``epochs``, ``stories``) with the dense and the MoE ``value`` (seeds without both runs
-    are left out) and the two in bits per byte (``dense_bpb``, ``moe_bpb``), the gap ``dense - moe``
-    (``value``, nats; ``value_bpb``, bits per byte: across sizes), the target tokens, tokens per active parameter of the size's MoE, the passes over the
-    training data (``data_passes``), the unique target tokens seen and the stories' fraction."""
+    """One row per cell x seed x gap (seeds with both runs): the dense and the MoE ``value`` (also
+    in bits per byte), the gap ``dense - moe`` (``value``, nats; ``value_bpb``), tokens,
+    tokens_per_param (of the size's MoE), ``data_passes`` and ``unique`` tokens."""
     by_size = {t.size: t for t in trios}
     rows = []
     s = summaries if "stories" in summaries else summaries.assign(stories=1.0)
@@ -94,17 +86,11 @@ def size_label(size: str, active: int) -> str:
 
 
 def gap_table(per_seed: pd.DataFrame, active: dict, margin: float = MARGIN) -> pd.DataFrame:
-    """One row per cell from all the training stories (the map's points; the repeated cells are
-    :func:`.checks.repetition_table`'s): tokens, tokens per active parameter, epochs, passes over
-    the data (``repeats``: more than one, so some windows are seen twice or more; ``max_views``:
-    the most times one window is seen), unique tokens, each role's mean loss in bits per byte
-    (``dense_active_bpb``, ``moe_bpb``, ``dense_total_bpb``), per gap the paired statistics of
-    ``dense - moe`` (nats: mean, std, n, 95% CI, p, ``fmt``) with the verdict of
-    :func:`studylib.study.analysis.stats.family` over the map's points of that gap (one family per
-    gap): ``p_holm`` beside the raw ``p``, the equivalence test within ``±margin`` (``p_tost``,
-    ``p_tost_holm``), ``resolved`` (after Holm), ``equivalent`` and ``verdict`` ("A better": the
-    dense model is better, "B better": the MoE is, "equivalent", "inconclusive"); and the MoE's
-    position between its matches (:func:`position_row`) beside the paper's."""
+    """One row per cell from all the training stories (the map's points): tokens, tokens/param,
+    epochs, passes (``repeats``, ``max_views``), unique tokens, each role's mean bits per byte, per
+    gap the paired statistics of ``dense - moe`` (nats, and ``_bpb_``) with
+    :func:`~studylib.study.analysis.stats.family`'s verdict over that gap's points (Holm, TOST within
+    ``margin``), and the MoE's position between its matches beside the paper's."""
     rows = []
     ps = per_seed if "stories" in per_seed else per_seed.assign(stories=1.0)
     for (size, e, f), d in ps[ps["stories"] == 1.0].groupby(CELL, sort=False):
@@ -148,17 +134,24 @@ def gap_table(per_seed: pd.DataFrame, active: dict, margin: float = MARGIN) -> p
             .drop(columns="_o").reset_index(drop=True))
 
 
-def shared_budgets(table: pd.DataFrame, rel: float = 0.02) -> list[tuple[float, list[str]]]:
-    """``[(tokens/param, sizes)]``: the tokens-per-parameter values that two or more sizes share
-    (within ``rel``, relative), each with the sizes measured there."""
-    pts = table.sort_values("tokens_per_param")[["tokens_per_param", "size"]].to_numpy()
-    groups: list[list] = []
-    for x, size in pts:
+def close_groups(values, rel: float = 0.02) -> list[list[float]]:
+    """The distinct ``values``, ascending, in groups: each within ``rel`` (relative) of its group's first."""
+    groups: list[list[float]] = []
+    for x in np.unique(np.asarray(values, dtype=float)):
         if groups and x <= groups[-1][0] * (1 + rel):
-            groups[-1][1].append(size)
+            groups[-1].append(x)
         else:
-            groups.append([x, [size]])
-    return [(float(x), list(dict.fromkeys(s))) for x, s in groups if len(set(s)) > 1]
+            groups.append([x])
+    return groups
+
+
+def shared_budgets(table: pd.DataFrame, rel: float = 0.02) -> list[tuple[float, list[str]]]:
+    """``[(tokens/param, sizes)]``: the tokens-per-parameter values (:func:`close_groups`) that two
+    or more sizes share, each with the sizes measured there."""
+    t = table.sort_values("tokens_per_param")
+    out = [(float(g[0]), list(dict.fromkeys(t.loc[t["tokens_per_param"].isin(g), "size"])))
+           for g in close_groups(t["tokens_per_param"], rel)]
+    return [(x, s) for x, s in out if len(s) > 1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,5 +240,5 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["CELL", "GAPS", "PAPER_MODELS", "PAPER_POINT", "paper_params", "VERDICT_WORDS", "display_table", "gap_frame", "gap_table",
-           "paper_sentence", "point_sentences", "position_sentence", "shared_budgets",
+           "paper_sentence", "point_sentences", "position_sentence", "close_groups", "shared_budgets",
            "size_label"]

@@ -16,18 +16,11 @@ ROLES = ("dense_active", "moe", "dense_total")
 
 @dataclass(frozen=True)
 class TrioConfig:
-    """One model size of the token-budget map: [active-match dense, reference MoE, total-match
-    dense], the budgets and, optionally, how many of the preset's seeds it trains (default: all).
-
-    A budget is given in ``epochs`` of the preset's schedule (``1.0``: the preset's own run) or in
-    ``tokens_per_param``, target tokens per active parameter of the trio's MoE, so that sizes can
-    share one (a map in two dimensions); the map turns the latter into epochs once it knows one
-    epoch's steps (:func:`studylib.study.comparisons.token_budget.budgets.budget_trios`), after which
-    ``tokens_per_param`` is empty and ``epochs`` holds every budget, ascending. ``repeat``: budgets of
-    the trio (tokens/param, then epochs likewise) trained again from only the first ``stories``
-    fractions of the training stories: the same tokens with fewer unique ones, so the data repeats
-    (the validation split and the tokenizer unchanged). The trio's runs use its MoE's vocabulary
-    (each model's ``vocab_size``; the preset's ``data.vocab_size`` when it sets none)."""
+    """One model size of the map: [active-match dense, reference MoE, total-match dense], its
+    budgets in ``epochs`` of the preset's schedule or ``tokens_per_param`` of the MoE (turned into
+    epochs by :func:`~.budgets.budget_trios`), how many of the preset's seeds it trains (default
+    all) and the budgets trained again (``repeat``) from only the first ``stories`` fractions of
+    the training stories (the same tokens, fewer unique: the data repeats)."""
 
     models: tuple[str, str, str]
     epochs: tuple[float, ...]
@@ -45,22 +38,11 @@ class TrioConfig:
         budget from each fraction of them (budgets in epochs: after ``budget_trios``)."""
         return [(e, 1.0) for e in self.epochs] + [(e, f) for e in self.repeat for f in self.stories]
 
-    @property
-    def dense_active(self) -> str:
-        return self.models[0]
-
-    @property
-    def moe(self) -> str:
-        return self.models[1]
-
-    @property
-    def dense_total(self) -> str:
-        return self.models[2]
-
-    @property
-    def size(self) -> str:
-        """The size's name: its reference MoE."""
-        return self.moe
+    dense_active = property(lambda self: self.models[0])
+    moe = property(lambda self: self.models[1])
+    dense_total = property(lambda self: self.models[2])
+    #: the size's name: its reference MoE
+    size = property(lambda self: self.models[1])
 
     def role(self, model: str) -> str:
         """``dense_active``, ``moe`` or ``dense_total``: what ``model`` is in this trio."""

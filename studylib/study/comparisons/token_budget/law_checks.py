@@ -1,11 +1,8 @@
-"""Checks of the joint law (issue #40, :mod:`.law_fit`) and where the MoE sits between its dense
-matches: :func:`position_ci` (``p = (L_dense_active - L_moe) / (L_dense_active - L_dense_total)``:
-0, no better than its active match; 1, as good as its total match; per map cell with a bootstrap
-interval over seeds paired across the roles, :mod:`studylib.study.analysis.position`);
-:func:`choose` (lambda or multiplier, shared or per-role R*, by leaving each map cell out);
-:func:`held_out` (the law refitted without the largest size or each budget, the left-out cells'
-losses, gaps and position predicted); :func:`paper_point` (the law at the paper's N and D, an
-extrapolation); the per-role laws are :mod:`.law_roles`'. Their words are :mod:`.law_words`'.
+"""Checks of the joint law (issue #40, :mod:`.law_fit`): :func:`choose` (the form and R* shared or
+per role, by leaving each map cell out), :func:`held_out` (refitted without the largest size or
+each budget, the left-out cells' losses, gaps and position predicted) and :func:`paper_point` (the
+law at the paper's N and D, an extrapolation) and :func:`influence` (the runs that move it). The per-role laws are :mod:`.law_roles`'; the
+words :mod:`.law_words`'.
 """
 from __future__ import annotations
 
@@ -18,10 +15,10 @@ import pandas as pd
 from studylib.study.analysis.paper import PAPER_HEADLINE_TOKENS, PAPER_POSITION, PAPER_TABLE6
 from studylib.study.analysis.bootstrap import percentile_ci
 from studylib.study.analysis.position import position, position_row
-from studylib.study.comparisons.token_budget.gaps import PAPER_MODELS, paper_params
+from studylib.study.comparisons.token_budget.gaps import PAPER_MODELS, close_groups, paper_params
 from studylib.study.comparisons.token_budget.knobs import ROLES
-from studylib.study.comparisons.token_budget.law_fit import (COLUMNS, HUBER_DELTA, MAP_KEYS, JointLaw, fit_law,
-                                                             per_role_start, runs_frame)
+from studylib.study.comparisons.token_budget.law_fit import (COLUMNS, HUBER_DELTA, JointLaw, fit_law, per_role_start,
+                                                             runs_frame)
 from studylib.study.comparisons.token_budget.law_form import JOINT_FORMS, SIZE_FORM
 
 #: what a held-out cell predicts, in this order
@@ -40,21 +37,13 @@ TIE = 0.01
 CANDIDATES = (*JOINT_FORMS, SIZE_FORM)
 
 
-def position_ci(per_seed: pd.DataFrame, keys=MAP_KEYS, value: str = "value", n_boot: int = 2000,
-                level: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """One row per cell (distinct ``keys``) of a per-seed frame with ``role``, ``seed``, ``value``:
-    ``n`` (seeds run by all three roles) and :func:`~.gaps.position_row` of their paired gaps
-    (``position``, ``ci_low``, ``ci_high``, ``defined``, ``reason``)."""
-    rows = []
-    for key, g in per_seed.groupby(list(keys), sort=True):
-        v = g.pivot_table(index="seed", columns="role", values=value, aggfunc="mean").reindex(columns=list(ROLES))
-        v = v.dropna()
-        r = position_row((v["dense_active"] - v["moe"]).to_numpy(), (v["dense_total"] - v["moe"]).to_numpy(),
-                         n_boot=n_boot, seed=seed, level=level)
-        rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "n": len(v),
-                     "position": r["position"], "ci_low": r["position_low"], "ci_high": r["position_high"],
-                     "defined": r["position_defined"], "reason": r["position_reason"]})
-    return pd.DataFrame(rows)
+def cell_position(cell: pd.DataFrame, n_boot: int = 1000, level: float = 0.95) -> dict:
+    """:func:`~studylib.study.analysis.position.position_row` of one map cell's runs (``role``,
+    ``seed``, ``value``), the roles paired by seed."""
+    v = cell.pivot_table(index="seed", columns="role", values="value", aggfunc="mean").reindex(columns=list(ROLES))
+    v = v.dropna()
+    return position_row((v["dense_active"] - v["moe"]).to_numpy(), (v["dense_total"] - v["moe"]).to_numpy(),
+                        n_boot=n_boot, level=level)
 
 
 def _quantities(l_roles: np.ndarray) -> dict:
@@ -113,19 +102,13 @@ def _per_size_active(df: pd.DataFrame) -> pd.Series:
 # the form and R*, by leaving each map cell out
 @dataclass(frozen=True)
 class Choice:
-    """:func:`choose`'s answer: the chosen ``form`` and ``per_role_rstar``, and ``errors``, one row
-    per candidate: form, per_role_rstar, loo_mse (mean squared error of the left-out cells' mean
-    log L, over every role of every map cell), loo_rmse, cells, chosen; ``ratio``: the MoE's
-    N_total / N_active per size (min, max)."""
+    """:func:`choose`'s answer: the chosen ``form`` and ``per_role_rstar``; ``errors``, one row per
+    candidate (form, per_role_rstar, loo_mse and loo_rmse of the left-out cells' mean log L over
+    every role of every map cell, cells, chosen, ratio_min/max: the MoE's N_total / N_active)."""
 
     form: str
     per_role_rstar: bool
     errors: pd.DataFrame
-    ratio: tuple
-
-    def sentence(self) -> str:
-        """The choice in one sentence, with the errors it rests on (:func:`choice_sentence`)."""
-        return choice_sentence(self.errors)
 
 
 def choice_sentence(errors: pd.DataFrame) -> str:
@@ -190,45 +173,10 @@ def choose(runs: pd.DataFrame, forms=CANDIDATES, per_role=(False, True), huber_d
     moe = df[df["role"] == "moe"]
     r = (moe["total"] / moe["active"]) if len(moe) else pd.Series([1.0])
     t["ratio_min"], t["ratio_max"] = float(r.min()), float(r.max())
-    return Choice(form, bool(per), t, (float(r.min()), float(r.max())))
+    return Choice(form, bool(per), t)
 
 
 # what the law never saw: the largest size, each budget
-@dataclass(frozen=True)
-class HeldOut:
-    """:func:`held_out`'s points: ``table``, one row per held-out cell and quantity (held_out, size,
-    tokens, unique, passes, tokens_per_param, quantity, n, measured, predicted, pi_low, pi_high,
-    inside, checked, note); ``checked``: predicted with an interval from a refit that identifies
-    what the quantity rests on, or holds it on a bound (the note says so), and, for the position,
-    measured where it is defined."""
-
-    by: str
-    table: pd.DataFrame
-    level: float
-
-    @property
-    def n_checked(self) -> int:
-        return int(self.table["checked"].sum()) if len(self.table) else 0
-
-    @property
-    def n_inside(self) -> int:
-        return int((self.table["checked"] & self.table["inside"]).sum()) if len(self.table) else 0
-
-    @property
-    def fraction(self) -> float:
-        """The share of checked points inside their interval (NaN without a checked point)."""
-        return self.n_inside / self.n_checked if self.n_checked else math.nan
-
-    @property
-    def passes(self) -> bool:
-        """At least :data:`PASS_SHARE` of the checked points inside their interval."""
-        return bool(self.n_checked) and self.fraction >= PASS_SHARE
-
-    def verdict(self) -> str:
-        """"the law passes / fails the held-out-<by> check: k of n points inside their 95% interval"."""
-        return held_out_verdict(self.table, self.by, self.level)
-
-
 def held_out_verdict(table: pd.DataFrame, by: str, level: float = 0.95) -> str:
     """A :func:`held_out` table's verdict: passes (at least :data:`PASS_SHARE` of the checked points
     inside their interval), fails, or cannot be put to the check (no point checked, and why)."""
@@ -256,12 +204,7 @@ def _budgets(tpp) -> tuple[np.ndarray, list]:
     tokens/param") from its :func:`_tpp`; budgets within 2% of each other are one (a repeated
     cell's steps round apart), named by the largest (the full-data budget)."""
     tpp = np.asarray(tpp, dtype=float)
-    groups: list[list[float]] = []
-    for x in np.unique(tpp):
-        if groups and x <= groups[-1][0] * 1.02:
-            groups[-1].append(x)
-        else:
-            groups.append([x])
+    groups = close_groups(tpp)
     which = np.zeros(len(tpp), dtype=np.int64)
     for i, g in enumerate(groups):
         which[np.isin(tpp, g)] = i
@@ -291,14 +234,14 @@ def _cell_rows(law, cell, s, label, level, rng):
     point, reps = _trio_draws(law, trio, d, u)
     sims = reps + rng.normal(0.0, 1.0, reps.shape) * s / np.sqrt(n.to_numpy(float))
     pq, sq, mq = _quantities(point), _quantities(sims), _quantities(meas)
-    pos = position_ci(cell, n_boot=1000, level=level)
+    pos = cell_position(cell, level=level)
     rows = []
     for q in QUANTITIES:
         lo, hi = percentile_ci(sq[q][:, None], level)
         miss, held = _rests_on(law, q, d > u)
         note = (f"not identified without these cells: {', '.join(miss)}" if miss else
                 "a role has no run here" if not np.isfinite(mq[q]) and q != "position" else
-                pos["reason"].iloc[0] if q == "position" and not pos["defined"].iloc[0] else
+                pos["position_reason"] if q == "position" and not pos["position_defined"] else
                 "no interval" if math.isnan(lo[0]) else "")
         ok = not note
         rows.append({**base, "quantity": q, "n": int(n.min()) if n.notna().all() else 0, "measured": float(mq[q]),
@@ -310,15 +253,13 @@ def _cell_rows(law, cell, s, label, level, rng):
 
 
 def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_role_rstar: bool = False,
-             n_boot: int = 200, level: float = 0.95, seed: int = 0) -> HeldOut:
-    """:class:`HeldOut`: the law (``form``, ``per_role_rstar``) refitted from its grid of starts
-    without the largest size (``by="size"``) or without each tokens-per-active-parameter value in
-    turn (``by="budget"``: every cell of that budget, its repeated-data cells too), and each held-out
-    cell's :data:`QUANTITIES` predicted with a ``level`` interval: the refit's seed bootstrap
-    (``n_boot``) plus the noise of a mean of the cell's n seeds per role (normal, independent across
-    roles: wider than a seed-paired gap's noise), with the pooled within-cell sd of the refit data's
-    cells at the held-out cell's budget (the seed spread is budget-dependent: up to 0.13 bits per
-    byte where a run stalls at 1 token/param, about 0.005 at 10), or of all its cells where none is."""
+             n_boot: int = 200, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """One row per held-out cell and quantity (measured, predicted, pi_low, pi_high, inside,
+    ``checked``: the refit identifies what it rests on or holds it on a bound; note; by): the law
+    refitted without the largest size (``by="size"``) or each budget in turn (``"budget"``, its
+    repeated cells too), the interval its seed bootstrap plus the noise of a mean of the cell's
+    seeds per role at the refit data's pooled within-cell sd at that budget (all its cells where
+    none is: the spread is budget-dependent, up to 0.13 bits per byte where a run stalls)."""
     df = runs_frame(runs, "held_out")
     df["tpp"] = _tpp(df)
     df["budget"] = _budgets(df["tpp"])[0]
@@ -327,7 +268,7 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
     if len(groups) < (1 if by == "size" else 2):  # one size, or one budget: nothing left to fit on
         none = {"held_out": "", "quantity": "", "checked": False, "inside": False,
                 "note": f"the map has one {by}: nothing to hold out"}
-        return HeldOut(by, pd.DataFrame([none]).assign(by=by), level)
+        return pd.DataFrame([none]).assign(by=by)
     for label, mask in groups:
         train = df[~mask]
         try:
@@ -341,19 +282,20 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
         for _, cell in df[mask].groupby("map_cell"):
             same = _pooled_sd(train[train["budget"] == cell["budget"].iloc[0]])
             rows += _cell_rows(law, cell, pooled if math.isnan(same) else same, label, level, rng)
-    return HeldOut(by, pd.DataFrame(rows).assign(by=by), level)
+    return pd.DataFrame(rows).assign(by=by)
 
 
 # the paper's point
+def _paper_trio() -> pd.DataFrame:
+    """The paper's three models' ``active``, ``total`` (Table 5), indexed by role."""
+    return pd.DataFrame([paper_params(r) for r in ROLES], index=list(ROLES), columns=["active", "total"])
+
 
 def paper_point(law: JointLaw) -> pd.DataFrame:
-    """What ``law`` says at the paper's N (Table 5) and D (426.3M fresh tokens, R = 0): one row
-    per quantity (lambda or m, each role's loss in bits per byte, gap_active, gap_total, position,
-    ordering, decades) with columns quantity, estimate, ci_low, ci_high (seed bootstrap), paper
-    (the paper's position from Table 6; its losses are in another unit and not compared),
-    paper_inside, identified, reason, extrapolated, note (the ordering's words, or how far the
-    point lies), paper_note. ``decades``: log10 of the paper's MoE N_active over the map's largest."""
-    trio = pd.DataFrame([paper_params(r) for r in ROLES], index=list(ROLES), columns=["active", "total"])
+    """``law`` at the paper's N (Table 5) and D (426.3M fresh tokens): one row per quantity (lambda
+    or m, the losses, gaps, position, ordering, decades beyond the largest measured MoE) with the
+    seed-bootstrap interval, the paper's position (``paper``, ``paper_inside``), identified, reason."""
+    trio = _paper_trio()
     point, draws = _trio_draws(law, trio, PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)
     pq, dq = _quantities(point), _quantities(draws)
     decades = math.log10(trio.loc["moe", "active"] / law.largest_moe_active)
@@ -385,5 +327,41 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
     return t.fillna({"reason": "", "note": "", "paper_note": ""})
 
 
-__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "CANDIDATES", "position_ci", "Choice", "choice_sentence", "choose",
-           "held_out_verdict", "HeldOut", "held_out", "paper_point"]
+# the runs that move it
+#: a run whose standardised residual lies beyond this many robust sds is named (the residuals' scale is
+#: 1.4826 x their median absolute deviation: one run far off does not widen the scale it is judged by)
+RESIDUAL_LIMIT = 4.0
+
+
+def _paper_position(law: JointLaw) -> float:
+    return float(_quantities(_trio_draws(law, _paper_trio(), PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)[0])["position"])
+
+
+def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
+    """One row per run of ``law``'s fit (:data:`~.law_fit.COLUMNS`, ``stories`` where ``runs`` has
+    it): ``fitted``, ``std_residual`` ((log L - log L_hat) / the residuals' robust sd), ``beyond``
+    (past :data:`RESIDUAL_LIMIT`) and the paper-point position refitted without the run (from the
+    optimum): ``position_without``, ``position_change``; NaN where the refit fails (``note``)."""
+    df = runs_frame(runs, "influence")
+    fitted = law.at(df["role"], df["active"], df["total"], df["tokens"], df["unique"]).point
+    r = np.log(df["value"].to_numpy()) - np.log(fitted)
+    scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+    p0 = _paper_position(law)
+    keep = list(COLUMNS) + (["stories"] if "stories" in df else [])
+    out = df[keep].assign(fitted=fitted, std_residual=r / scale if scale > 0 else math.nan, position=p0,
+                          position_without=math.nan, note="")
+    for i in range(len(df)):
+        try:
+            refit = fit_law(df.drop(index=i)[list(COLUMNS)], law.form, law.per_role_rstar, n_boot=0, n_boot_cell=0,
+                            start=law.theta)
+            out.loc[i, "position_without"] = _paper_position(refit)
+        except ValueError as e:
+            out.loc[i, "note"] = str(e)
+    out["position_change"] = out["position_without"] - p0
+    out["beyond"] = out["std_residual"].abs() > RESIDUAL_LIMIT
+    return out
+
+
+__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "CANDIDATES", "cell_position", "Choice", "choice_sentence", "choose",
+           "held_out_verdict", "held_out", "paper_point",
+           "RESIDUAL_LIMIT", "influence"]

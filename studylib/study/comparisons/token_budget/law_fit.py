@@ -1,27 +1,18 @@
 """The law's fit (issues #31, #40): every form of :mod:`.law_form` by one Huber fitter over every
-run of the token-budget map, with one identification test, one grid of starts and two bootstraps.
+run of the map, with one identification test, one grid of starts and two bootstraps.
 
 * The objective (Hoffmann et al. 2022, approach 3): the Huber loss (delta 1e-3) of ``log L_hat -
-  log L`` summed over every seed of every cell, minimised by ``scipy``'s trust-region reflective
-  least squares (``loss="huber", f_scale=delta``: its cost is ``sum(huber(delta, r))``; the analytic
-  Jacobian of :func:`~.law_form.log_loss_jacobian`, tested against finite differences: a fit with 40
-  + 40 replicates of the test's synthetic map took 2.9 s with it and 5.7 s with scipy's finite
-  differences, same optimum, on the shared 2-core AMD EPYC) from the best :data:`STARTS` points of one grid of
-  starts, with ln N and ln U_s taken from their means (``log A`` and ``log B`` are then the terms'
-  logs at the data's centre: a far better conditioned problem, the same optimum).
-* Two bootstraps, each refitting from the optimum: seeds resampled within each role's cell
-  (:func:`~studylib.study.analysis.bootstrap.bootstrap_values`), and whole map cells (all three
-  roles' runs of a (size, tokens, unique)) resampled with replacement within each size, so every
-  replicate keeps every size. A cell replicate that leaves a parameter not identified gives that
-  parameter no draw (a refit from the optimum would keep the start); beyond 5% of them, no cell
-  interval.
-* A parameter the map does not pin down is "not identified" with the reason (:func:`_not_identified`:
-  at the fit, the change of the predictions with it, the others free to compensate, below
-  :data:`IDENTIFIED_TOL`; a bound; too few sizes or budgets; no repeated data), never a number. One whose
-  only reason is a bound (``JointLaw.on_bound``) is the constrained fit's value: the data push it
-  past the bound, so it has no interval of its own, but the law's predictions with it held there
-  are the law's (:mod:`.law_checks` predicts with it and says so).
-* :func:`role_law`: the "chinchilla" form per model role (N, D its own), a check (:mod:`.law_roles`).
+  log L`` over every run, minimised by scipy's trust-region least squares (``loss="huber"``) with
+  the analytic Jacobian (:func:`~.law_form.log_loss_jacobian`; 2.9 s against 5.7 s with finite
+  differences, same optimum, for the test's 40 + 40 replicates on the 2-core AMD EPYC) from the
+  best :data:`STARTS` points of one grid, ln N and ln U_s centred (a better conditioned problem).
+* Two bootstraps, each refitting from the optimum: seeds resampled within each role's cell, and
+  whole map cells resampled within each size (a replicate that leaves a parameter not identified
+  gives it no draw; beyond :data:`CELL_NAN_SHARE` of them, no cell interval).
+* A parameter the map does not pin down is "not identified" with the reason, never a number
+  (:func:`_not_identified`); one whose only reason is a bound (``JointLaw.on_bound``) is the
+  constrained fit's value, usable for predictions (:mod:`.law_checks` says so).
+* :func:`role_law`: the "chinchilla" form per model role, a check (:mod:`.law_roles`).
 """
 from __future__ import annotations
 
@@ -198,11 +189,9 @@ def _cell_means(df) -> tuple[dict, np.ndarray]:
 @dataclass(frozen=True)
 class JointLaw:
     """A fitted :func:`fit_law`: ``coefs`` {name: Coef} with the seed-bootstrap interval,
-    ``cell_ci`` {name: (low, high, note)} the cell bootstrap's, ``seed`` and ``cell`` the fit's
-    vector with its replicates (:class:`~studylib.study.analysis.bootstrap.Bootstrap`, NaN where a
-    replicate has none), the measured ranges, the largest MoE's active parameters and counts;
-    ``on_bound`` {name: value} for the parameters not identified only because the fit sits on a
-    bound (that value)."""
+    ``cell_ci`` {name: (low, high, note)} the cell bootstrap's, ``seed`` the fit's vector with its
+    seed replicates, the measured ranges and counts; ``on_bound`` {name: the bound} for the
+    parameters not identified only because the fit sits on a bound."""
 
     form: str
     per_role_rstar: bool
@@ -210,10 +199,8 @@ class JointLaw:
     coefs: dict
     cell_ci: dict
     seed: Bootstrap
-    cell: Bootstrap
     active_range: tuple
     tokens_range: tuple
-    passes_range: tuple
     largest_moe_active: float
     n_sizes: int
     n_cells: int
@@ -243,32 +230,20 @@ class JointLaw:
         """The names of the parameters the map does not identify."""
         return tuple(k for k in self.names if not self.coefs[k].identified)
 
-    def at(self, role, active, total, tokens, unique, draws: str = "seed") -> Bootstrap:
-        """The fitted loss at each point with its replicates (``draws``: "seed" or "cell", which
-        bootstrap; a cell replicate that left a parameter out gives NaN)."""
+    def at(self, role, active, total, tokens, unique) -> Bootstrap:
+        """The fitted loss at each point with its seed-bootstrap replicates."""
         cols = [np.atleast_1d(np.asarray(x, dtype=float)) for x in (active, total, tokens, unique)]
         n = max(len(c) for c in cols)
         roles = np.broadcast_to(np.atleast_1d(np.asarray(role, dtype=object)), (n,))
         X = design(pd.DataFrame({"role": roles, **dict(zip(("active", "total", "tokens", "unique"),
                                                             (np.broadcast_to(c, (n,)) for c in cols)))}))
-        return (self.seed if draws == "seed" else self.cell).map(lambda t: np.exp(log_loss(t, X, self.form)))
+        return self.seed.map(lambda t: np.exp(log_loss(t, X, self.form)))
 
     def extrapolated(self, active, tokens) -> np.ndarray:
         """Whether each point's N_active or D lies outside the measured ones."""
         a, d = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (active, tokens))
         (a0, a1), (d0, d1), tol = self.active_range, self.tokens_range, 1e-9
         return (a < a0 * (1 - tol)) | (a > a1 * (1 + tol)) | (d < d0 * (1 - tol)) | (d > d1 * (1 + tol))
-
-    def predict(self, role, active, total, tokens, unique) -> pd.DataFrame:
-        """The fitted loss (bits per byte) with its seed-bootstrap interval at each point, and
-        ``extrapolated`` (its N_active or D outside the measured ones)."""
-        b = self.at(role, active, total, tokens, unique)
-        t = pd.DataFrame({k: np.broadcast_to(np.atleast_1d(np.asarray(v, dtype=object if k == "role" else float)),
-                                             b.point.shape) for k, v in zip(COLUMNS[:1] + COLUMNS[3:7],
-                                                                            (role, active, total, tokens, unique))})
-        t["loss"], (t["ci_low"], t["ci_high"]) = b.point, b.interval()
-        t["extrapolated"] = self.extrapolated(t["active"], t["tokens"])
-        return t
 
 
 def _cell_draws(df, X, lnL, theta, form, per_role, delta, n_boot, rng):
@@ -299,11 +274,9 @@ def _cell_draws(df, X, lnL, theta, form, per_role, delta, n_boot, rng):
 def fit_law(runs: pd.DataFrame, form: str = "lambda", per_role_rstar: bool = False, n_boot: int = 200,
             n_boot_cell: int | None = None, level: float = 0.95, seed: int = 0, huber_delta: float = HUBER_DELTA,
             start=None, who: str = "joint law", cells: str = "cells (one role at one map point)") -> JointLaw:
-    """:class:`JointLaw` of the map's runs (:data:`COLUMNS`, one row per run; ``value``: the final
-    validation loss in bits per byte). ``n_boot`` seed replicates and ``n_boot_cell`` (default
-    ``n_boot``) cell replicates, ``numpy``'s generator ``seed``. ``start``: a vector to optimise
-    from instead of the grid (a refit of nearly the same data). ``who`` and ``cells`` word the
-    errors and the missing interval."""
+    """:class:`JointLaw` of the map's runs (:data:`COLUMNS`, one per run; ``value``: the final loss
+    in bits per byte) with ``n_boot`` seed and ``n_boot_cell`` (default ``n_boot``) cell replicates.
+    ``start``: a vector to optimise from instead of the grid; ``who``, ``cells``: the errors' words."""
     names = param_names(form, per_role_rstar)
     df = runs_frame(runs, who)
     X, lnL = design(df), np.log(df["value"].to_numpy())
@@ -341,20 +314,17 @@ def fit_law(runs: pd.DataFrame, form: str = "lambda", per_role_rstar: bool = Fal
         cell_ci[k] = (math.nan, math.nan, why) if why else (float(clo[j]), float(chi[j]), "")
     moe = df[df["role"] == "moe"]
     return JointLaw(form, per_role_rstar, names, coefs, cell_ci, Bootstrap(theta, draws, level),
-                    Bootstrap(theta, cells_, level), (float(df["active"].min()), float(df["active"].max())),
+                    (float(df["active"].min()), float(df["active"].max())),
                     (float(df["tokens"].min()), float(df["tokens"].max())),
-                    (float(df["passes"].min()), float(df["passes"].max())),
                     float((moe if len(moe) else df)["active"].max()), n_sizes, int(df["map_cell"].nunique()), len(df),
                     level, {k: float(bound[k]) for k in names if k in bound})
 
 
 def loss_frame(preset: Preset, trios: Sequence[TrioConfig], summaries: pd.DataFrame,
                value: str = "best_val_bpb") -> pd.DataFrame:
-    """One row per run of the map: its ``role`` in its trio, ``model``, ``size``, ``seed``,
-    ``params`` (N: its active parameters), ``total`` (its total parameters), ``tokens`` (D),
-    ``unique`` (the distinct training tokens it saw), ``stories`` (the fraction of the training
-    stories), ``passes`` and ``value`` (default: the best validation loss in bits per byte, one
-    scale across the trios' tokenizers)."""
+    """One row per run of the map: ``role``, ``model``, ``size``, ``seed``, ``params`` (N, active),
+    ``total``, ``tokens`` (D), ``unique``, ``stories``, ``passes`` and ``value`` (default: the best
+    validation loss in bits per byte, one scale across the trios' tokenizers)."""
     role_of = {m: t.role(m) for t in trios for m in t.models}
     counts = {m: preset.model_config(m).num_params for m in role_of}
     return pd.DataFrame([{"role": role_of[r.model], "model": r.model, "size": r.size, "seed": int(r.seed),
@@ -366,9 +336,7 @@ def loss_frame(preset: Preset, trios: Sequence[TrioConfig], summaries: pd.DataFr
 
 @dataclass(frozen=True)
 class RoleLaw:
-    """One role's law (the "chinchilla" form: N its active parameters, D its tokens), as
-    :func:`~.plane.leave_one_out` reads a fit: ``coefs``, ``predict_draws`` and ``extrapolated``
-    at (params, tokens)."""
+    """One role's "chinchilla" law as :func:`~.plane.leave_one_out` reads a fit (at params, tokens)."""
 
     law: JointLaw
 
@@ -386,8 +354,7 @@ class RoleLaw:
 
 def role_law(per_seed: pd.DataFrame, value: str = "value", n_boot: int = 200, level: float = 0.95, seed: int = 0,
              huber_delta: float = HUBER_DELTA, start=None) -> RoleLaw:
-    """:class:`RoleLaw` of one model family's per-seed losses: one row per seed and map point with
-    ``params`` (N), ``tokens`` (D, the training tokens), ``seed`` and ``value`` (the loss, > 0)."""
+    """:class:`RoleLaw` of one family's per-seed losses (``params``: N, ``tokens``: D, ``seed``, ``value``)."""
     df = cell_frame(per_seed, ROLE_KEYS, value, "role law")
     runs = pd.DataFrame({"role": ROLES[0], "size": df["params"], "seed": df["seed"] if "seed" in df else df.index,
                          "active": df["params"], "total": df["params"], "tokens": df["tokens"],

@@ -1,27 +1,18 @@
-"""The law's form: ``L = E + A / N_eff^alpha + B / D_eff^beta`` (Hoffmann et al. 2022) with named
-parameters, one type per form, and the one place (:func:`unpack` / :func:`pack`) that reads or
-writes the optimiser's vector.
+"""The law's form: ``L = E + A / N_eff^alpha + B / D_eff^beta`` (Hoffmann et al. 2022), one
+parameter type per form (its fields, reported ``NAMES`` and natural-unit ``BOUNDS``); :func:`unpack`
+/ :func:`pack` are the one place that reads or writes the optimiser's vector.
 
-* "chinchilla": one model family, ``N_eff = N`` (its active parameters), ``D_eff = D`` (its
-  training tokens): the per-role law, a check of the joint one.
-* "lambda": the joint law of the three roles, the MoE's ``N_eff = N_active^(1 - lambda) *
-  N_total^lambda`` (Clark et al. 2022; 0: worth its active match, 1: its total match).
-* "multiplier": the MoE's ``N_eff = m * N_active``.
-* "lambda_size" (issue #47): the lambda form with a worth that may change with size,
-  ``lambda(N) = lambda_0 + lambda_1 log10(N_active / N_ref)`` kept in [0, 1] (clipped; the
-  reported "lambda" is lambda_0, the worth at ``N_ref``, "lambda_1" the change per decade).
-  ``N_ref`` (:data:`N_REF_MAP`) is the geometric middle of the map's MoE sizes, so lambda_0 is the
-  worth where the map measures it and the least correlated with lambda_1.
-* "n_lambda", "n_lambda_size": the N part alone, ``L = E + A / N_eff^alpha`` with the lambda or
-  lambda(N) worth, for runs that all saw the same tokens (Clark et al. 2022's; ``N_ref``
-  :data:`N_REF_CLARK`, the geometric middle of their 15-55M fit sizes). No D term: B, beta and R*
-  are not fields.
+* "chinchilla": one model family, N its active parameters, D its tokens (the per-role check).
+* "lambda": the joint law of the three roles, the MoE's ``N_eff = N_active^(1 - lambda)
+  N_total^lambda`` (Clark et al. 2022); "multiplier": ``N_eff = m N_active``.
+* "lambda_size" (issue #47): ``lambda(N) = lambda_0 + lambda_1 log10(N_active / N_ref)`` kept in
+  [0, 1], ``N_ref`` (:data:`N_REF_MAP`) the map's middle MoE size.
+* "n_lambda", "n_lambda_size": ``L = E + A / N_eff^alpha`` alone, for runs that all saw the same
+  tokens (Clark et al.'s; ``N_ref`` :data:`N_REF_CLARK`).
 
-The joint forms see repeated data through Muennighoff et al. 2023: ``U_s = min(D, U)`` unique tokens
-seen, ``R = D / U_s - 1`` repetitions, ``D_eff = U_s + U_s R* (1 - exp(-R / R*))``, with R* shared
-by the roles or one per role (``log_rstar`` then holds three). A form's fields are its fit
-parameterisation (``log_`` where the law is fitted on the log, which keeps E, A, B, m and R*
-positive); ``BOUNDS`` gives each field's bounds in natural units, ``NAMES`` the reported names.
+Repeated data (Muennighoff et al. 2023): ``U_s = min(D, U)``, ``R = D / U_s - 1``, ``D_eff = U_s +
+U_s R* (1 - exp(-R / R*))``, R* shared by the roles or one per role. ``log_`` fields are fitted on
+the log (E, A, B, m and R* stay positive).
 """
 from __future__ import annotations
 
@@ -44,80 +35,35 @@ N_REF_MAP = 1.2e5
 N_REF_CLARK = 3e7
 
 
-class Chinchilla(NamedTuple):
-    """One family's law: E, A, B (fitted as logs), alpha, beta."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    log_B: np.ndarray
-    alpha: np.ndarray
-    beta: np.ndarray
-    NAMES = ("E", "A", "B", "alpha", "beta")
-    BOUNDS = {"log_E": FREE, "log_A": FREE, "log_B": FREE, "alpha": EXPONENT_BOUNDS, "beta": EXPONENT_BOUNDS}
+#: each field's reported name
+_NAME = {"log_E": "E", "log_A": "A", "log_B": "B", "alpha": "alpha", "beta": "beta", "lam": "lambda",
+         "lam1": "lambda_1", "log_m": "m", "log_rstar": "R*"}
 
 
-class LambdaLaw(NamedTuple):
-    """The joint law, the MoE worth ``N_active^(1 - lambda) N_total^lambda``."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    log_B: np.ndarray
-    alpha: np.ndarray
-    beta: np.ndarray
-    lam: np.ndarray
-    log_rstar: np.ndarray
-    NAMES = ("E", "A", "B", "alpha", "beta", "lambda", "R*")
-    BOUNDS = {**Chinchilla.BOUNDS, "lam": LAMBDA_BOUNDS, "log_rstar": RSTAR_BOUNDS}
+def _form(name: str, doc: str, bounds: dict, n_ref: float | None = None) -> type:
+    """A form's parameter type: a NamedTuple with one field per key of ``bounds`` (in order; the
+    field's bounds in natural units), ``NAMES`` (the reported names) and ``N_REF`` (a size form's)."""
+    cls = NamedTuple(name, [(f, np.ndarray) for f in bounds])
+    cls.__doc__, cls.BOUNDS, cls.NAMES = doc, bounds, tuple(_NAME[f] for f in bounds)
+    if n_ref is not None:
+        cls.N_REF = n_ref
+    return cls
 
 
-class MultiplierLaw(NamedTuple):
-    """The joint law, the MoE worth ``m N_active``."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    log_B: np.ndarray
-    alpha: np.ndarray
-    beta: np.ndarray
-    log_m: np.ndarray
-    log_rstar: np.ndarray
-    NAMES = ("E", "A", "B", "alpha", "beta", "m", "R*")
-    BOUNDS = {**Chinchilla.BOUNDS, "log_m": M_BOUNDS, "log_rstar": RSTAR_BOUNDS}
-
-
-class LambdaSizeLaw(NamedTuple):
-    """The joint law, the MoE worth ``N_active^(1 - lambda(N)) N_total^lambda(N)``, ``lambda(N) =
-    lambda_0 + lambda_1 log10(N_active / N_REF)`` kept in [0, 1]."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    log_B: np.ndarray
-    alpha: np.ndarray
-    beta: np.ndarray
-    lam: np.ndarray
-    lam1: np.ndarray
-    log_rstar: np.ndarray
-    NAMES = ("E", "A", "B", "alpha", "beta", "lambda", "lambda_1", "R*")
-    BOUNDS = {**LambdaLaw.BOUNDS, "lam1": LAMBDA1_BOUNDS}
-    N_REF = N_REF_MAP
-
-
-class NLambdaLaw(NamedTuple):
-    """The N part alone, ``L = E + A / N_eff^alpha``, the MoE worth ``N_active^(1 - lambda) N_total^lambda``."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    alpha: np.ndarray
-    lam: np.ndarray
-    NAMES = ("E", "A", "alpha", "lambda")
-    BOUNDS = {"log_E": FREE, "log_A": FREE, "alpha": EXPONENT_BOUNDS, "lam": LAMBDA_BOUNDS}
-
-
-class NLambdaSizeLaw(NamedTuple):
-    """The N part alone with ``lambda(N) = lambda_0 + lambda_1 log10(N_active / N_REF)`` in [0, 1]."""
-    log_E: np.ndarray
-    log_A: np.ndarray
-    alpha: np.ndarray
-    lam: np.ndarray
-    lam1: np.ndarray
-    NAMES = ("E", "A", "alpha", "lambda", "lambda_1")
-    BOUNDS = {**NLambdaLaw.BOUNDS, "lam1": LAMBDA1_BOUNDS}
-    N_REF = N_REF_CLARK
-
+_N_PART = {"log_E": FREE, "log_A": FREE, "alpha": EXPONENT_BOUNDS}
+_FAMILY = {"log_E": FREE, "log_A": FREE, "log_B": FREE, "alpha": EXPONENT_BOUNDS, "beta": EXPONENT_BOUNDS}
+Chinchilla = _form("Chinchilla", "One family's law: E, A, B (fitted as logs), alpha, beta.", _FAMILY)
+LambdaLaw = _form("LambdaLaw", "The joint law, the MoE worth ``N_active^(1 - lambda) N_total^lambda``.",
+                  {**_FAMILY, "lam": LAMBDA_BOUNDS, "log_rstar": RSTAR_BOUNDS})
+MultiplierLaw = _form("MultiplierLaw", "The joint law, the MoE worth ``m N_active``.",
+                      {**_FAMILY, "log_m": M_BOUNDS, "log_rstar": RSTAR_BOUNDS})
+LambdaSizeLaw = _form("LambdaSizeLaw", "The joint law with ``lambda(N) = lambda_0 + lambda_1 log10(N_active / "
+                      "N_REF)`` kept in [0, 1].",
+                      {**_FAMILY, "lam": LAMBDA_BOUNDS, "lam1": LAMBDA1_BOUNDS, "log_rstar": RSTAR_BOUNDS}, N_REF_MAP)
+NLambdaLaw = _form("NLambdaLaw", "The N part alone, ``L = E + A / N_eff^alpha``, with one lambda.",
+                   {**_N_PART, "lam": LAMBDA_BOUNDS})
+NLambdaSizeLaw = _form("NLambdaSizeLaw", "The N part alone with lambda(N).",
+                       {**_N_PART, "lam": LAMBDA_BOUNDS, "lam1": LAMBDA1_BOUNDS}, N_REF_CLARK)
 
 FORMS = {"chinchilla": Chinchilla, "lambda": LambdaLaw, "multiplier": MultiplierLaw, "lambda_size": LambdaSizeLaw,
          "n_lambda": NLambdaLaw, "n_lambda_size": NLambdaSizeLaw}
@@ -127,11 +73,6 @@ JOINT_FORMS = ("lambda", "multiplier")
 SIZE_FORM = "lambda_size"
 #: the N-only forms (every run saw the same tokens)
 N_FORMS = ("n_lambda", "n_lambda_size")
-
-
-def has_d_term(form: str) -> bool:
-    """Whether the form has the data term ``B / D_eff^beta``."""
-    return "log_B" in form_of(form)._fields
 
 
 def lambda_at(theta, form: str, n_active) -> np.ndarray:
@@ -268,7 +209,7 @@ def log_loss_jacobian(theta, X: dict, form: str) -> tuple[np.ndarray, np.ndarray
 
 
 __all__ = ["Chinchilla", "LambdaLaw", "MultiplierLaw", "LambdaSizeLaw", "NLambdaLaw", "NLambdaSizeLaw", "FORMS",
-           "JOINT_FORMS", "SIZE_FORM", "N_FORMS", "N_REF_MAP", "N_REF_CLARK", "LAMBDA1_BOUNDS", "has_d_term",
+           "JOINT_FORMS", "SIZE_FORM", "N_FORMS", "N_REF_MAP", "N_REF_CLARK", "LAMBDA1_BOUNDS",
            "lambda_at", "EXPONENT_BOUNDS", "LAMBDA_BOUNDS",
            "M_BOUNDS", "RSTAR_BOUNDS", "param_names", "unpack", "pack", "bounds", "natural", "design", "take",
            "log_loss", "log_loss_jacobian", "logsumexp"]

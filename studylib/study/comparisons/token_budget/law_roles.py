@@ -1,7 +1,6 @@
-"""The per-role laws, a check of the joint law (:mod:`.law_checks`): each model role's
-"chinchilla" form (:func:`role_laws`, :func:`role_law_table`), each map point left out
-(:func:`role_loo_table`), and what the gap plane and those laws say at the paper's point
-(:func:`extrapolation_table`). Their words are :mod:`.law_words`'.
+"""The per-role laws, a check of the joint law: each role's "chinchilla" form (:func:`role_laws`),
+each map point left out (:func:`role_loo_table`), and the gap plane and those laws at the paper's
+point (:func:`extrapolation_table`).
 """
 from __future__ import annotations
 
@@ -39,12 +38,9 @@ def role_law_table(laws: Mapping) -> pd.DataFrame:
 
 
 def role_loo_table(losses: pd.DataFrame, laws: Mapping, n_boot: int = 40, seed: int = 0) -> pd.DataFrame:
-    """Per role, every map point predicted by the loss law refitted without it (from the full
-    fit's optimum, ``n_boot`` replicates: ~1 s a point on 2 cores), as
-    :func:`~.plane.leave_one_out`'s rows with ``checked``: the refit
-    identifies every parameter, so the prediction is a check. A role whose law on every point
-    leaves a parameter unidentified is not refitted (fewer points identify no more): its points
-    are listed, unchecked, with the reason in ``note``."""
+    """Per role, :func:`~.plane.leave_one_out` of its law (from the full fit's optimum) with
+    ``checked`` (the refit identifies every parameter); a role whose full law leaves a parameter
+    unidentified is not refitted: its points are listed unchecked with the reason."""
     out = []
     losses = losses[losses["stories"] == 1.0] if "stories" in losses else losses
     for role, law in laws.items():
@@ -67,12 +63,9 @@ def role_loo_table(losses: pd.DataFrame, laws: Mapping, n_boot: int = 40, seed: 
 
 
 def extrapolation_table(models: Mapping[str, GapModel], laws: Mapping) -> pd.DataFrame:
-    """What the fits say at the paper's point, beside the paper's measurement: each gap at (the
-    paper's MoE's 14.77M active parameters, 28.9 tokens/param) only where that point lies inside
-    the map's grid (the gap plane describes the grid; outside it the joint law of :mod:`.law_fit`
-    carries the answer), and each role's loss law at its paper model's N and the paper's 426.3M
-    tokens (a check of the joint law; NaN where a parameter is not identified). ``kind``: "gap"
-    (compared in sign) or "loss" (compared in ordering)."""
+    """The fits at the paper's point beside its measurement: each gap (kind "gap", compared in
+    sign) only where that point lies inside the map's grid, each role's law at its paper model's N
+    and 426.3M tokens (kind "loss", compared in ordering; NaN where a parameter is not identified)."""
     rows = []
     for gap, m in models.items():
         p = m.predict([PAPER_ACTIVE_PARAMS], [PAPER_TOKENS_PER_PARAM]).iloc[0]

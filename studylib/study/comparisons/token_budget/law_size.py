@@ -1,18 +1,8 @@
-"""A law whose MoE worth may change with size (issue #47, item 3): the one-lambda form beside the
-size form ``lambda(N) = lambda_0 + lambda_1 log10(N_active / N_ref)`` kept in [0, 1]
-(:class:`~.law_form.LambdaSizeLaw`), both carried to the paper's point.
-
-* :func:`fit_forms`: both forms fitted on the map's runs (R* shared or per role as chosen).
-* :func:`paper_points`: each form's :func:`~.law_checks.paper_point` table with ``form`` and
-  ``chosen``, and for the size form a row ``lambda_at_paper`` (lambda at the paper's MoE N_active,
-  with the seed-bootstrap interval). Where that interval covers all of [0, 1] the map says nothing
-  of the MoE's worth at the paper's size: the size form's MoE loss, gaps and position there are
-  "not identified" with that reason, never a number.
-* :func:`sizes_needed`: how far apart the sizes would have to lie for lambda at the paper's point
-  to be pinned to +-``target``, computed from the fitted lambda_1's interval: a slope's interval
-  narrows as 1 / (the spread of log10 N over the sizes), with the same number of sizes and the same
-  noise per size; the sizes spread evenly in log10 N up from the smallest measured one, and the
-  paper's point read at its distance from their centre.
+"""A law whose MoE worth may change with size (issue #47, item 3): the one-lambda form beside
+``lambda(N)`` (:class:`~.law_form.LambdaSizeLaw`), both at the paper's point (:func:`paper_points`:
+where lambda there has an interval covering [0, 1], what rests on it is "not identified"), and
+:func:`sizes_needed`: the span of sizes that would pin lambda there to +-``target`` (a slope's
+interval narrows as 1 / the spread of log10 N, the same sizes' count and noise).
 """
 from __future__ import annotations
 
@@ -95,12 +85,9 @@ def _need_words(need: Mapping) -> str:
 
 
 def paper_points(laws: Mapping[str, JointLaw], chosen: str, sizes_active=None) -> pd.DataFrame:
-    """Each form's :func:`~.law_checks.paper_point` rows with ``form`` and ``chosen`` (the form
-    :func:`~.law_checks.choose` took), the size form's with ``lambda_at_paper`` after its lambda
-    and, given ``sizes_active`` (the map's MoE N_active), ``span_needed`` (:func:`sizes_needed`:
-    estimate the decades, note in words, reason where it cannot be computed); where lambda at the
-    paper's N has an interval covering [0, 1], the quantities resting on it (the MoE's loss, the
-    gaps, the position, the ordering) are not identified, with the reason."""
+    """Each form's :func:`~.law_checks.paper_point` rows with ``form`` and ``chosen``; the size
+    form's with ``lambda_at_paper`` and, given ``sizes_active``, ``span_needed`` (:func:`sizes_needed`);
+    where lambda there has an interval covering [0, 1], what rests on it is not identified."""
     out = []
     for form, law in laws.items():
         t = paper_point(law)

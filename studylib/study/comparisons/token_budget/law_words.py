@@ -1,8 +1,6 @@
-"""The law (:mod:`.law_fit`, :mod:`.law_checks`) as notebook 09 saves and words it: its tables
-(:func:`law_table`: every parameter with both intervals; :func:`~.law_checks.choose`'s errors;
-:func:`~.law_checks.held_out`'s points; :func:`~.law_checks.paper_point`) and the sentences the
-notebook prints and the report rebuilds from those CSVs alone (:func:`law_sentences`,
-:func:`paper_sentences`; the per-role laws' :func:`role_law_sentences` and the paper's point
+"""The law's tables and words: :func:`law_table` (every parameter with both intervals) and the
+sentences notebook 09 prints and the report rebuilds from its CSVs alone: the joint law
+(:func:`law_sentences`, :func:`paper_sentences`), the per-role laws (:func:`role_law_sentences`,
 :func:`extrapolation_sentences`)."""
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ from studylib.study.analysis.paper import PAPER_HEADLINE_TOKENS, PAPER_TOKENS_PE
 from studylib.study.comparisons.token_budget.gaps import GAPS
 from studylib.study.comparisons.token_budget.knobs import ROLES
 from studylib.study.comparisons.token_budget.law_fit import JointLaw
-from studylib.study.comparisons.token_budget.law_checks import choice_sentence, held_out_verdict
+from studylib.study.comparisons.token_budget.law_checks import RESIDUAL_LIMIT, choice_sentence, held_out_verdict
 
 
 def law_table(law: JointLaw) -> pd.DataFrame:
@@ -24,15 +22,17 @@ def law_table(law: JointLaw) -> pd.DataFrame:
                     sizes=law.n_sizes, level=law.level)
 
 
+def _ci(r, f: str) -> str:
+    return f"{r['estimate']:{f}}" + ("" if r["ci_low"] != r["ci_low"] else f" [{r['ci_low']:{f}}, {r['ci_high']:{f}}]")
+
+
 def _num(r, f: str = ".3g") -> str:
     if not r["identified"]:
         return f"{r['parameter']} not identified ({r['reason']})"
-    s = f"{r['parameter']} = {r['estimate']:{f}}"
-    if r["ci_low"] == r["ci_low"]:
-        s += f" [{r['ci_low']:{f}}, {r['ci_high']:{f}}]"
-        if r["cell_ci_low"] == r["cell_ci_low"]:
-            s += f" (cells resampled: [{r['cell_ci_low']:{f}}, {r['cell_ci_high']:{f}}])"
-    elif r["reason"]:
+    s = f"{r['parameter']} = {_ci(r, f)}"
+    if r["ci_low"] == r["ci_low"] and r["cell_ci_low"] == r["cell_ci_low"]:
+        s += f" (cells resampled: [{r['cell_ci_low']:{f}}, {r['cell_ci_high']:{f}}])"
+    elif r["ci_low"] != r["ci_low"] and r["reason"]:
         s += f" ({r['reason']})"
     return s
 
@@ -47,10 +47,6 @@ def parameter_sentence(table: pd.DataFrame) -> str:
             f"({first['form']} form, {rs}; {int(first['cells'])} map cells, {int(first['runs'])} runs, "
             f"{int(first['sizes'])} sizes; 95% intervals, seeds resampled within cells): "
             + "; ".join(_num(r) for _, r in pd.concat([mix, rest]).iterrows()) + ".")
-
-
-def _ci(r, f: str) -> str:
-    return f"{r['estimate']:{f}}" + ("" if r["ci_low"] != r["ci_low"] else f" [{r['ci_low']:{f}}, {r['ci_high']:{f}}]")
 
 
 def paper_sentences(table: pd.DataFrame) -> list:
@@ -89,7 +85,7 @@ def law_sentences(law: pd.DataFrame, choice: pd.DataFrame, held: pd.DataFrame, p
                   runs: pd.DataFrame | None = None) -> list[str]:
     """The joint law in words, from notebook 09's tables: the form chosen, the parameters, the
     held-out-size and held-out-budget checks, the paper's point (:func:`paper_sentences`) and, given
-    ``runs`` (:func:`~.law_influence.influence`), the runs that move it (:func:`influence_sentence`)."""
+    ``runs`` (:func:`~.law_checks.influence`), the runs that move it (:func:`influence_sentence`)."""
     out = [choice_sentence(choice), parameter_sentence(law)]
     level = float(law["level"].iloc[0])
     checks = [held_out_verdict(held[held["by"] == by], by, level) for by in ("size", "budget")
@@ -100,11 +96,9 @@ def law_sentences(law: pd.DataFrame, choice: pd.DataFrame, held: pd.DataFrame, p
 
 
 def influence_sentence(runs: pd.DataFrame, paper: pd.DataFrame) -> str:
-    """:func:`~.law_influence.influence`'s table in one sentence: the runs beyond the limit by name (or
+    """:func:`~.law_checks.influence`'s table in one sentence: the runs beyond the limit by name (or
     the largest residual), and whether leaving one run out changes the answer at the paper's point:
     the refitted position outside the full fit's interval (or, without one, by how much it moves)."""
-    from studylib.study.comparisons.token_budget.law_influence import RESIDUAL_LIMIT
-
     p = paper.set_index("quantity").loc["position"]
     name = lambda r: (f"{r['role']} of size {r['size']} seed {int(r['seed'])} at {r['tokens']:.3g} tokens"  # noqa: E731
                       + (f" from {r['stories']:g} of the stories" if r.get("stories", 1.0) != 1.0 else ""))
@@ -148,10 +142,8 @@ def role_law_sentences(laws: pd.DataFrame, loss_loo: pd.DataFrame | None = None)
     out = []
     for role in dict.fromkeys(laws["role"]) if len(laws) else ():
         r = laws[laws["role"] == role].set_index("parameter")
-        parts = [f"{k} not identified ({r.loc[k, 'reason']})" if not r.loc[k, "identified"] else
-                 f"{k} = {r.loc[k, 'estimate']:.4g}, {r.loc[k, 'reason']}" if r.loc[k, "ci_low"] != r.loc[k, "ci_low"]
-                 else f"{k} = {r.loc[k, 'estimate']:.4g} [{r.loc[k, 'ci_low']:.4g}, {r.loc[k, 'ci_high']:.4g}]"
-                 for k in r.index]
+        parts = [f"{k} not identified ({x['reason']})" if not x["identified"] else f"{k} = {_ci(x, '.4g')}"
+                 + (f", {x['reason']}" if x["ci_low"] != x["ci_low"] else "") for k, x in r.iterrows()]
         out.append(f"Loss law of {role} (N: {N_OF_ROLE}; {int(r['cells'].iloc[0])} points): " + "; ".join(parts) + "."
                    + (_loss_loo_words(loss_loo, role) if loss_loo is not None and len(loss_loo) else ""))
     return out

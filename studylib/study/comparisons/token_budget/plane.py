@@ -1,25 +1,11 @@
 """The gap plane (issue #31): each gap of the token-budget map as a plane in ``u = log10
-tokens/param`` and ``v = log10 params``, with the crossing line it implies and every map point
-predicted with itself left out; its tables and its words.
-
-* :func:`gap_model`: a comparison's per-seed gaps, ``gap = b0 + b1 (u - u0) + b2 (v - v0) [+ b3 (u -
-  u0)(v - v0)]``, a linear model fitted by least squares over every seed of every cell, centred on
-  the grid (``u0``, ``v0``: the means over the cells), so ``b1`` is the tokens/param coefficient at
-  fixed (the centre) size and ``b2`` the size coefficient at fixed (the centre) tokens/param, each
-  per decade. A term the grid cannot identify (one size, one tokens/param, an interaction on fewer
-  than five cells or a rank-deficient design) is left out and reported as not identified.
-  Intervals come from :func:`~studylib.study.analysis.bootstrap.bootstrap_values` (seeds resampled
-  within each cell: the design is the same in every replicate, so the replicates are one matrix
-  product).
-* :meth:`GapModel.crossing`: where the fitted gap is zero, a line in (size, tokens/param), with
-  the band where the bootstrap's 95% interval of the gap includes zero;
-* :func:`leave_one_out`: every map point (cell) refitted without itself and predicted, with
-  whether its measured mean lies inside the prediction interval (a role's law too:
-  :func:`~.law_fit.role_law`);
-* :func:`coefficient_table` (bootstrap p values, Holm over each gap's slopes), :func:`crossing_table`,
-  :func:`loo_table` and :func:`plane_sentences`, the words from those tables only.
-
-Anything outside the measured ranges is marked ``extrapolated``.
+tokens/param`` and ``v = log10 params``, ``gap = b0 + b1 (u - u0) + b2 (v - v0) [+ b3 (u - u0)(v - v0)]``,
+a linear model (:func:`~studylib.study.analysis.bootstrap.linear_fit`) over every seed of every cell,
+centred on the cells' means (``b1``: per decade of tokens/param at the centre size, ``b2``: per
+decade of size at the centre tokens/param), seeds resampled within cells. A term the grid cannot
+identify is left out and reported as not identified. Its crossing line (where the gap is zero),
+every map point predicted with itself left out (:func:`leave_one_out`, a role's law too), its
+tables and its words. Anything outside the measured ranges is marked ``extrapolated``.
 """
 from __future__ import annotations
 
@@ -30,15 +16,14 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from studylib.study.analysis.bootstrap import (Bootstrap, Coef, bootstrap_values, cell_frame, coef_table, no_interval,
-                                               percentile_ci)
+from studylib.study.analysis.bootstrap import (Bootstrap, Coef, cell_frame, coef_table, linear_fit, no_interval,
+                                               p_boot, percentile_ci)
 from studylib.study.analysis.stats import holm
 from studylib.study.comparisons.token_budget.gaps import GAPS
 
 #: the map point's coordinates of a per-seed gap frame (see :func:`gap_model`)
 GAP_KEYS = ("params", "tokens_per_param")
 ALPHA = 0.05
-
 TERMS = ("intercept", "tokens_per_param", "size", "interaction")
 
 
@@ -47,12 +32,17 @@ def _design(u: np.ndarray, v: np.ndarray, terms: Sequence[str]) -> np.ndarray:
     return np.stack([cols[t] for t in terms], axis=1)
 
 
+def outside(x, lo: float, hi: float, tol: float = 1e-9) -> np.ndarray:
+    """Whether each of ``x`` lies outside [lo, hi] (relative ``tol``)."""
+    x = np.atleast_1d(np.asarray(x, dtype=float))
+    return (x < lo * (1 - tol)) | (x > hi * (1 + tol))
+
+
 @dataclass(frozen=True)
 class GapModel:
-    """A fitted :func:`gap_model`: ``coefs`` (all four :data:`TERMS`, fitted or not identified;
-    per decade of tokens/param and of params), the centre ``(u0, v0)`` in log10 units, the fitted
-    ``terms`` with their estimate and bootstrap replicates (``fit``: n_boot x terms), the measured
-    ranges and sizes."""
+    """A fitted :func:`gap_model`: ``coefs`` (all four :data:`TERMS`, fitted or not identified),
+    the fitted ``terms`` with their estimate and replicates (``fit``), the centre ``(u0, v0)``, the
+    measured ranges and sizes."""
 
     coefs: dict
     terms: tuple
@@ -64,91 +54,64 @@ class GapModel:
     n_cells: int
     n_obs: int
 
-    @property
-    def draws(self) -> np.ndarray:
-        return self.fit.draws
-
-    @property
-    def level(self) -> float:
-        return self.fit.level
-
     def table(self) -> pd.DataFrame:
-        """:func:`coef_table` of the four terms."""
         return coef_table([self.coefs[t] for t in TERMS])
 
     def predict_draws(self, params, tokens_per_param) -> tuple[np.ndarray, np.ndarray]:
-        """(the fitted gap at each point, its bootstrap replicates: n_boot x points)."""
+        """(the fitted gap at each point, its replicates: n_boot x points)."""
         u = np.log10(np.asarray(tokens_per_param, dtype=float)) - self.centre[0]
         v = np.log10(np.asarray(params, dtype=float)) - self.centre[1]
         X = _design(np.atleast_1d(u), np.atleast_1d(v), self.terms)
         return X @ self.fit.point, self.fit.draws @ X.T
 
     def extrapolated(self, params, tokens_per_param) -> np.ndarray:
-        """Whether each point lies outside the measured ranges (in either coordinate)."""
-        t, n = np.atleast_1d(np.asarray(tokens_per_param, float)), np.atleast_1d(np.asarray(params, float))
-        (t0, t1), (n0, n1) = self.tokens_per_param_range, self.params_range
-        tol = 1e-9
-        return (t < t0 * (1 - tol)) | (t > t1 * (1 + tol)) | (n < n0 * (1 - tol)) | (n > n1 * (1 + tol))
+        return outside(tokens_per_param, *self.tokens_per_param_range) | outside(params, *self.params_range)
 
     def predict(self, params, tokens_per_param) -> pd.DataFrame:
         """The fitted gap with its bootstrap interval at each point, and ``extrapolated``."""
         mean, draws = self.predict_draws(params, tokens_per_param)
-        lo, hi = percentile_ci(draws, self.level)
+        lo, hi = percentile_ci(draws, self.fit.level)
         return pd.DataFrame({"params": np.atleast_1d(params), "tokens_per_param": np.atleast_1d(tokens_per_param),
                              "gap": mean, "ci_low": lo, "ci_high": hi,
                              "extrapolated": self.extrapolated(params, tokens_per_param)})
 
     def crossing(self, params: Optional[Sequence[float]] = None, decades: float = 1.0,
                  points: int = 401) -> pd.DataFrame:
-        """Where the fitted gap is zero, per size (``params``; default the measured sizes): the
-        tokens/param of the zero (exact, from the fitted line at that size; NaN where the line
-        does not reach zero within ``decades`` beyond the measured tokens/param range or its
-        slope is zero) and ``low``..``high``, the stretch around it where the bootstrap interval
-        of the gap includes zero (searched on ``points`` log-spaced values over the same range;
-        ``low_open`` / ``high_open``: it reaches the searched range's edge, so it may lie
-        beyond). ``extrapolated``: the zero or its band lies outside the measured tokens/param, or
-        the size outside the measured sizes."""
+        """Per size (``params``; default the measured ones): the tokens/param where the fitted gap
+        is zero (NaN where it is not within ``decades`` beyond the measured range) and
+        ``low``..``high``, the stretch around it where the gap's interval includes zero (on
+        ``points`` log-spaced values; ``low_open`` / ``high_open``: it reaches the searched edge);
+        ``extrapolated``: the zero, its band or the size lies outside the measured ranges."""
         params = self.sizes if params is None else params
         t0, t1 = self.tokens_per_param_range
         grid = np.logspace(math.log10(t0) - decades, math.log10(t1) + decades, points)
+        lg, l0, l1 = np.log10(grid), math.log10(grid[0]), math.log10(grid[-1])
         rows = []
         for n in np.atleast_1d(np.asarray(params, dtype=float)):
             mean, draws = self.predict_draws(np.full_like(grid, n), grid)
-            lo, hi = percentile_ci(draws, self.level)
+            lo, hi = percentile_ci(draws, self.fit.level)
             row = {"params": n, "tokens_per_param": math.nan, "low": math.nan, "high": math.nan,
                    "low_open": False, "high_open": False}
-            b = self.coefs["tokens_per_param"]
-            if b.identified:
-                slope = (mean[-1] - mean[0]) / (math.log10(grid[-1]) - math.log10(grid[0]))
-                u_star = math.log10(grid[0]) - mean[0] / slope if slope != 0 else math.nan
-                if math.log10(grid[0]) <= u_star <= math.log10(grid[-1]):
-                    row["tokens_per_param"] = 10 ** u_star
-                    i = int(np.argmin(np.abs(np.log10(grid) - u_star)))
-                    inside = (lo <= 0) & (hi >= 0)
-                    if inside[i]:
-                        a = i
-                        while a > 0 and inside[a - 1]:
-                            a -= 1
-                        e = i
-                        while e < len(grid) - 1 and inside[e + 1]:
-                            e += 1
-                        row.update(low=grid[a], high=grid[e], low_open=a == 0, high_open=e == len(grid) - 1)
-            cross = [row["tokens_per_param"], row["low"], row["high"]]
-            row["extrapolated"] = bool(self.extrapolated([n], [t0])[0] or any(
-                x == x and not (t0 * (1 - 1e-9) <= x <= t1 * (1 + 1e-9)) for x in cross))
+            slope = (mean[-1] - mean[0]) / (l1 - l0)
+            u_star = l0 - mean[0] / slope if self.coefs["tokens_per_param"].identified and slope != 0 else math.nan
+            if l0 <= u_star <= l1:
+                row["tokens_per_param"] = 10 ** u_star
+                i, out = int(np.argmin(np.abs(lg - u_star))), np.flatnonzero(~((lo <= 0) & (hi >= 0)))
+                if i not in out:
+                    a = out[out < i].max() + 1 if (out < i).any() else 0
+                    e = out[out > i].min() - 1 if (out > i).any() else len(grid) - 1
+                    row.update(low=grid[a], high=grid[e], low_open=a == 0, high_open=e == len(grid) - 1)
+            cross = [x for x in (row["tokens_per_param"], row["low"], row["high"]) if x == x]
+            row["extrapolated"] = bool(outside(n, *self.params_range)[0] or outside(cross, t0, t1).any())
             rows.append(row)
         return pd.DataFrame(rows)
 
 
 def gap_model(per_seed: pd.DataFrame, value: str = "value", interaction="auto", n_boot: int = 2000,
               level: float = 0.95, seed: int = 0) -> GapModel:
-    """:class:`GapModel` of one comparison's per-seed gaps.
-
-    ``per_seed``: one row per seed and map point with ``tokens_per_param``, ``params`` (the size;
-    or ``tokens``, from which ``params = tokens / tokens_per_param``, as in
-    :func:`studylib.study.comparisons.token_budget.gaps.gap_frame`'s rows of one gap) and ``value``.
-    ``interaction``: "auto" (fitted where identified on at least five cells), True (fitted where
-    identified) or False. ``n_boot`` bootstrap replicates with ``numpy``'s generator ``seed``."""
+    """:class:`GapModel` of one comparison's per-seed gaps (one row per seed and map point with
+    ``tokens_per_param``, ``params`` or ``tokens``, and ``value``). ``interaction``: "auto" (fitted
+    where identified on at least five cells), True (where identified) or False."""
     df = cell_frame(per_seed, GAP_KEYS, value, "gap_model")
     u_all, v_all = np.log10(df["tokens_per_param"].to_numpy()), np.log10(df["params"].to_numpy())
     cells = df.groupby("cell")[list(GAP_KEYS)].first()
@@ -175,35 +138,24 @@ def gap_model(per_seed: pd.DataFrame, value: str = "value", interaction="auto", 
         for t in terms[1:]:
             why[t] = "the grid's cells do not identify it (tokens/param and size vary together)"
         terms = ["intercept"]
-    X = _design(u, v, terms)
-    pinv = np.linalg.pinv(X)
-    y = df[value].to_numpy()
-    beta = pinv @ y
     lonely = no_interval(df)
-    if lonely:  # no replicates: every interval, p value and prediction band is NaN
-        draws = np.full((n_boot, len(terms)), math.nan)
-        lo = hi = np.full(len(terms), math.nan)
-    else:
-        draws = bootstrap_values(y, df["cell"].to_numpy(), n_boot, np.random.default_rng(seed)) @ pinv.T
-        lo, hi = percentile_ci(draws, level)
-    coefs = {t: Coef(t, float(beta[terms.index(t)]), float(lo[terms.index(t)]), float(hi[terms.index(t)]),
+    fit = linear_fit(_design(u, v, terms), df[value].to_numpy(), df["cell"].to_numpy(), n_boot, seed, level, lonely)
+    lo, hi = fit.interval()
+    coefs = {t: Coef(t, float(fit.point[terms.index(t)]), float(lo[terms.index(t)]), float(hi[terms.index(t)]),
                      reason=lonely)
              if t in terms else Coef(t, math.nan, math.nan, math.nan, False, why[t]) for t in TERMS}
     t, n = df["tokens_per_param"], df["params"]
-    return GapModel(coefs, tuple(terms), Bootstrap(beta, draws, level), centre, (float(t.min()), float(t.max())),
+    return GapModel(coefs, tuple(terms), fit, centre, (float(t.min()), float(t.max())),
                     (float(n.min()), float(n.max())), tuple(float(x) for x in np.unique(n)), len(cells), len(df))
 
 
 def leave_one_out(per_seed: pd.DataFrame, fit: Callable = gap_model, keys: Sequence[str] = GAP_KEYS,
                   value: str = "value", level: float = 0.95, seed: int = 0, **fit_kwargs) -> pd.DataFrame:
-    """One row per map point (distinct ``keys``): ``fit`` (:func:`gap_model`, or
-    :func:`~.law_fit.role_law` with its ``keys``) refitted on every other
-    point, the point predicted, and whether its measured mean (over its ``n`` seeds) lies inside
-    the prediction interval: the refit's bootstrap replicates plus the sampling noise of a mean of
-    ``n`` seeds (normal, with the other points' pooled within-cell std). ``extrapolated``: the
-    point lies outside the other points' ranges; ``not_identified``: the refit's parameters the
-    other points do not identify (comma-separated; a loss law's prediction then rests on values the
-    data do not pin down); ``note`` says why a point could not be predicted."""
+    """One row per map point (distinct ``keys``): ``fit`` (:func:`gap_model` or
+    :func:`~.law_fit.role_law`) refitted on the others and the point predicted; ``inside``: its
+    measured mean (``n`` seeds) lies inside the prediction interval (the refit's replicates plus
+    the noise of a mean of ``n`` seeds at the others' pooled within-cell sd); ``extrapolated``;
+    ``not_identified`` (the refit's parameters the others do not pin down); ``note`` (why not)."""
     df = cell_frame(per_seed, keys, value, "leave_one_out")
     rng = np.random.default_rng(seed)
     rows = []
@@ -247,19 +199,9 @@ def _unit(per_seed: pd.DataFrame) -> str:
 
 
 def gap_models(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dict:
-    """``{gap: GapModel}`` for the gaps with at least one map point (the gap in bits per byte:
-    :func:`_unit`)."""
+    """``{gap: GapModel}`` for the gaps with at least one map point (in :func:`_unit`)."""
     rows = {g: _gap_rows(per_seed, g) for g in GAPS}
     return {g: gap_model(d, value=_unit(per_seed), n_boot=n_boot, seed=seed) for g, d in rows.items() if len(d)}
-
-
-def _p_boot(draws: np.ndarray) -> float:
-    """Two-sided bootstrap p of "the coefficient is zero": twice the smaller tail at zero, at
-    least one replicate's worth (``1 / len(draws)``: no replicate beyond zero is not p = 0); NaN
-    without replicates (:func:`~studylib.study.analysis.bootstrap.no_interval`)."""
-    if np.isnan(draws).all():
-        return math.nan
-    return float(min(1.0, max(2 * min(np.mean(draws <= 0), np.mean(draws >= 0)), 1 / len(draws))))
 
 
 def coefficient_table(models: Mapping[str, GapModel], alpha: float = ALPHA) -> pd.DataFrame:
@@ -271,7 +213,7 @@ def coefficient_table(models: Mapping[str, GapModel], alpha: float = ALPHA) -> p
     rows = []
     for gap, m in models.items():
         t = m.table()
-        p = {term: _p_boot(m.draws[:, m.terms.index(term)]) for term in m.terms if term != "intercept"}
+        p = {term: p_boot(m.fit.draws[:, m.terms.index(term)]) for term in m.terms if term != "intercept"}
         p = {term: v for term, v in p.items() if not math.isnan(v)}
         adj = dict(zip(p, holm(list(p.values())))) if p else {}
         for term, r in t.iterrows():
@@ -284,7 +226,7 @@ def coefficient_table(models: Mapping[str, GapModel], alpha: float = ALPHA) -> p
                          "ci_high": r["ci_high"], "identified": ok, "p_boot": p.get(term, math.nan), "p_holm": q,
                          "verdict": verdict, "reason": r["reason"], "centre_tokens_per_param": 10 ** m.centre[0],
                          "centre_params": 10 ** m.centre[1], "cells": m.n_cells, "rows": m.n_obs,
-                         "n_boot": len(m.draws)})
+                         "n_boot": len(m.fit.draws)})
     return pd.DataFrame(rows)
 
 

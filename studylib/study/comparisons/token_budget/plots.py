@@ -22,16 +22,11 @@ TITLES = {"active": "matched active: dense_active - MoE", "total": "matched tota
 def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, paper_point: dict = PAPER_POINT,
             title: str = "Gaps against tokens per active parameter", outdir=None,
             name: str = "token_budget_gaps", models: Optional[Mapping] = None) -> plt.Figure:
-    """Two panels (matched active, matched total) of a :func:`studylib.study.comparisons.token_budget.gaps.gap_table`:
-    per model size the mean gap against tokens per active parameter (log x) with its 95% CI as a
-    band and as a bar at each point (paired t over seeds); hollow markers for budgets that pass over the data more than once; the
-    paper's headline point (star) and, given ``paper_table``, the ``paper`` preset's own points
-    (diamonds with their CIs). Given ``models`` (``{gap: GapModel}``,
-    :func:`studylib.study.comparisons.token_budget.plane.gap_models`), each size's fitted line (dashed) over
-    the measured tokens/param range. Above zero: the MoE is better. The gaps are in bits per byte of
-    the validation text where the table has them (one scale across the sizes' tokenizers; the
-    paper's point, in nats of its own tokenizer, is then left out: its position is compared in the
-    table), else in nats."""
+    """Two panels (matched active, matched total) of a :func:`~.gaps.gap_table`: per size the mean
+    gap against tokens per active parameter with its 95% CI (band and bars; hollow markers: more
+    than one pass), given ``models`` each size's fitted plane, given ``paper_table`` the ``paper``
+    preset's points; in bits per byte where the table has them (the paper's point, in its own
+    nats, then left out), else in nats with the paper's headline point."""
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.3), sharex=True)
     colors = sns.color_palette()
     sizes = list(dict.fromkeys(table["size"]))
@@ -85,10 +80,8 @@ def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, pap
 
 def crossing_line(crossing: pd.DataFrame, table: pd.DataFrame, title: str = "Where each fitted gap is zero",
                   outdir=None, name: str = "token_budget_crossing") -> plt.Figure:
-    """Two panels (matched active, matched total) of
-    :func:`studylib.study.comparisons.token_budget.plane.crossing_table`: the fitted gap's zero as a line in
-    (tokens per active parameter, model size), with the band where its bootstrap 95% interval
-    includes zero, and the measured map points (filled: the MoE's mean is better there)."""
+    """Two panels of :func:`~.plane.crossing_table`: the fitted gap's zero in (tokens/param, size)
+    with the band where its 95% interval includes zero, and the measured points."""
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.0), sharey=True)
     for ax, gap in zip(axes, GAPS):
         c = crossing[crossing["gap"] == gap].sort_values("params") if len(crossing) else crossing

@@ -1,10 +1,7 @@
-"""What repeating the data does, and the power, on the token-budget map of notebook 09 (:mod:`.gaps`):
-what each point takes to resolve (:func:`power_frame`, the power table of
-:func:`studylib.study.analysis.tables.power_rows` against the paper's gap at its own point), what
-passing over the data more than once does to the training loss (:func:`memorisation_table`:
-validation minus training loss at the end of each run) and, measured, to each model and each gap
-(:func:`repetition_table`, :func:`repetition_fit`: the same budget at one size drawn from fewer
-training stories, so the passes vary with the size and the tokens fixed).
+"""What repeating the data does, and the power, on the map (:mod:`.gaps`): what each point takes to
+resolve (:func:`power_frame`), validation minus training loss after more than one pass
+(:func:`memorisation_table`) and, measured, each gap and loss against the passes at one size and
+budget drawn from fewer stories (:func:`repetition_table`, :func:`repetition_fit`).
 """
 from __future__ import annotations
 
@@ -16,24 +13,17 @@ import pandas as pd
 
 from studylib.study.analysis.stats import holm, paired
 from studylib.study.analysis.tables import power_rows
-from studylib.study.comparisons.token_budget.gaps import size_label
-from studylib.study.analysis.bootstrap import Coef, bootstrap_values, no_interval, percentile_ci
-from studylib.study.comparisons.token_budget.gaps import CELL, GAPS, PAPER_POINT
+from studylib.study.analysis.bootstrap import Coef, linear_fit, no_interval, p_boot, percentile_ci
+from studylib.study.comparisons.token_budget.gaps import CELL, GAPS, PAPER_POINT, size_label
 from studylib.study.comparisons.token_budget.knobs import TrioConfig
 
 ALPHA = 0.05
 
 
 def memorisation_table(trios: Sequence[TrioConfig], summaries: pd.DataFrame, metrics: Mapping) -> pd.DataFrame:
-    """What passing over the data more than once does to the training loss, per cell x model: the
-    passes, and the mean over seeds of the last training loss (the mean over the steps since the
-    last evaluation) and of the final full-split validation loss, and ``val - train``. In a single
-    pass every training window is new, so its loss estimates the validation loss; once windows
-    repeat, a training loss below the validation loss is memorisation (the gap grows with the
-    passes). Cells under one pass are left out: their last training loss averages over most of a
-    short run, steep start included, and says nothing about repetition. ``metrics``: ``{(size,
-    epochs, stories): the metrics.jsonl records of its runs with model and seed}``
-    (:func:`studylib.study.comparisons.token_budget.cell_metrics`)."""
+    """Per cell of one pass or more x model: the passes, the mean over seeds of the last training
+    loss, of the final validation loss and ``val - train`` (memorisation once windows repeat).
+    ``metrics``: ``{(size, epochs, stories): eval records}`` (:func:`~.cell_metrics`)."""
     rows = []
     by_cell = summaries.groupby(CELL, sort=False)
     for t in trios:
@@ -99,24 +89,19 @@ def _slope(d: pd.DataFrame, value: str, n_boot: int, seed: int) -> tuple[Coef, n
     X = np.column_stack([(groups == g).astype(float) for g in np.unique(groups)] + [np.log10(d["data_passes"])])
     if np.linalg.matrix_rank(X) < X.shape[1]:
         return Coef("passes", math.nan, math.nan, math.nan, False, "no repeated budget has two different passes"), None
-    pinv = np.linalg.pinv(X)
-    y = d[value].to_numpy()
-    beta = float((pinv @ y)[-1])
     lonely = no_interval(d.assign(cell=cell))
+    fit = linear_fit(X, d[value].to_numpy(), cell, n_boot, seed, lonely=lonely)
+    beta = float(fit.point[-1])
     if lonely:
         return Coef("passes", beta, math.nan, math.nan, reason=lonely), None
-    draws = (bootstrap_values(y, cell, n_boot, np.random.default_rng(seed)) @ pinv.T)[:, -1]
-    lo, hi = percentile_ci(draws, 0.95)
-    return Coef("passes", beta, float(lo), float(hi)), draws
+    lo, hi = percentile_ci(fit.draws[:, -1], 0.95)
+    return Coef("passes", beta, float(lo), float(hi)), fit.draws[:, -1]
 
 
 def repetition_fit(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Whether repetition moves each gap (and each role's loss): per gap the slope in log10 passes
-    of ``dense - MoE`` over the repeated cells (one intercept per repeated budget; per decade of
-    passes), its bootstrap 95% CI and p (seeds resampled within cells), Holm over the two gaps (a
-    family), and ``verdict``: "the MoE gains with repetition" (positive: repetition hurts the dense
-    model more), "the dense model gains", "not resolved", "not identified" or "no interval"; per
-    role the slope of its loss, described (no family). No repeated budget: an empty frame."""
+    """Per gap the slope in log10 passes of ``dense - MoE`` over the repeated cells (one intercept
+    per repeated budget), its bootstrap 95% CI and p, Holm over the two gaps and ``verdict``; per
+    role the slope of its loss (no family). No repeated budget: an empty frame."""
     ps = _repeated(per_seed)
     if ps.empty:
         return pd.DataFrame()
@@ -132,8 +117,7 @@ def repetition_fit(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) ->
         rows.append({"family": "role", "what": role, "estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
                      "identified": c.identified, "reason": c.reason})
     t = pd.DataFrame(rows)
-    p = {g: float(min(1.0, max(2 * min(np.mean(d <= 0), np.mean(d >= 0)), 1 / len(d))))
-         for g, d in draws.items() if d is not None}
+    p = {g: p_boot(d) for g, d in draws.items() if d is not None}
     adj = dict(zip(p, holm(list(p.values())))) if p else {}
     t["p_boot"] = t["what"].map(p).where(t["family"] == "gap")
     t["p_holm"] = t["what"].map(adj).where(t["family"] == "gap")

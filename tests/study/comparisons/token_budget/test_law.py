@@ -19,7 +19,6 @@ from studylib.study.comparisons.token_budget import law_fit as J
 from studylib.study.comparisons.token_budget import law_form as F
 from studylib.study.comparisons.token_budget.knobs import ROLES
 from studylib.study.comparisons.token_budget import law_checks as C
-from studylib.study.comparisons.token_budget import law_influence as I
 from studylib.study.comparisons.token_budget import law_words as W
 from studylib.study.comparisons.token_budget.glance import map_glance
 
@@ -91,10 +90,9 @@ def test_the_fit_recovers_the_generating_parameters(law):
     # a refit from a moved start reaches the same optimum
     again = J.fit_law(_map(0), n_boot=0, n_boot_cell=0, start=law.theta + 0.05)
     assert again.theta == pytest.approx(law.theta, abs=1e-5)
-    p = law.predict("moe", 2e5, 2.86e5, 2e6, UNIQUE)
-    truth = _true_loss("moe", 2e5, 2.86e5, 2e6, UNIQUE)
-    assert p["ci_low"].iloc[0] < truth < p["ci_high"].iloc[0] and not p["extrapolated"].iloc[0]
-    assert law.predict("moe", 1.477e7, 2.106e7, 4.263e8, 4.263e8)["extrapolated"].iloc[0]
+    (lo,), (hi,) = law.at("moe", 2e5, 2.86e5, 2e6, UNIQUE).interval()
+    assert lo < _true_loss("moe", 2e5, 2.86e5, 2e6, UNIQUE) < hi and not law.extrapolated(2e5, 2e6)[0]
+    assert law.extrapolated(1.477e7, 4.263e8)[0]
 
 
 def test_the_jacobian_of_every_form_is_its_derivative():
@@ -148,7 +146,7 @@ def test_the_form_choice_picks_the_generating_form():
     # this grid: N_total / N_active is 1.43 at every size, so the forms tie unless m leaves [1, 1.43]
     lam = C.choose(_map(1))
     assert lam.form == "lambda" and not lam.per_role_rstar and lam.errors["chosen"].sum() == 1
-    assert len(lam.errors) == 2 * len(C.CANDIDATES) and "N_total / N_active is 1.43 at every size" in lam.sentence()
+    assert len(lam.errors) == 2 * len(C.CANDIDATES) and "N_total / N_active is 1.43 at every size" in C.choice_sentence(lam.errors)
     mult = C.choose(_map(1, m=2.0), per_role=(False,))  # the MoE worth 2x its active N: beyond lambda = 1
     e = mult.errors.set_index("form")["loo_mse"]
     assert mult.form == "multiplier" and e["multiplier"] < 0.5 * e["lambda"]
@@ -156,9 +154,9 @@ def test_the_form_choice_picks_the_generating_form():
     grown = C.choose(_map(1, ratio={"s": 1.2, "m": 2.0, "l": 4.0}), per_role=(False,))
     e = grown.errors.set_index("form")["loo_mse"]
     assert grown.form == "lambda" and e["lambda"] < 0.5 * e["multiplier"]
-    assert "at every size" not in grown.sentence()
+    assert "at every size" not in C.choice_sentence(grown.errors)
     per = C.choose(_map(1, rstar={"dense_active": 1.0, "moe": 1.0, "dense_total": 30.0}), forms=("lambda",))
-    assert per.per_role_rstar and "so R* is one per role" in per.sentence()
+    assert per.per_role_rstar and "so R* is one per role" in C.choice_sentence(per.errors)
 
 
 def test_what_the_grid_cannot_identify_is_never_a_number():
@@ -180,21 +178,30 @@ def test_what_the_grid_cannot_identify_is_never_a_number():
     assert lonely["reason"].str.startswith("no interval: 39 of 39 cells (one role at one map point) have one seed").all()
 
 
+def _inside(t) -> tuple[int, int]:
+    """(held-out points checked and inside their interval, points checked)."""
+    return int((t["checked"] & t["inside"]).sum()), int(t["checked"].sum())
+
+
+def _share(t) -> float:
+    inside, checked = _inside(t)
+    return inside / checked
+
+
 def test_held_out_size_and_budget_are_mostly_inside():
     df = _map(3)
-    size = C.held_out(df, "size", n_boot=30)
-    t = size.table
+    t = C.held_out(df, "size", n_boot=30)
     assert len(t) == 4 * len(C.QUANTITIES) and (t["size"] == "l").all()
     # every loss and gap is checked; a position only where the dense pair is resolved apart (paired t, 3 seeds)
     pos = t["quantity"] == "position"
     assert t.loc[~pos, "checked"].all() and t.loc[pos & ~t["checked"], "note"].str.startswith("not defined").all()
-    assert size.n_inside >= 0.75 * size.n_checked and size.verdict() == (
-        f"the law passes the held-out-size check: {size.n_inside} of {size.n_checked} points inside their 95% "
-        f"interval")
+    inside, checked = _inside(t)
+    assert inside >= 0.75 * checked and C.held_out_verdict(t, "size") == (
+        f"the law passes the held-out-size check: {inside} of {checked} points inside their 95% interval")
     budget = C.held_out(df, "budget", n_boot=20)
-    assert sorted(set(budget.table["held_out"])) == ["1 tokens/param", "10 tokens/param", "28.9 tokens/param",
-                                                      "3.5 tokens/param"]
-    assert len(budget.table) == 13 * len(C.QUANTITIES) and budget.fraction >= 0.75
+    assert sorted(set(budget["held_out"])) == ["1 tokens/param", "10 tokens/param", "28.9 tokens/param",
+                                                "3.5 tokens/param"]
+    assert len(budget) == 13 * len(C.QUANTITIES) and _share(budget) >= 0.75
     # a repeated cell whose steps round to 0.2% fewer tokens is held out with its budget, not alone
     off = df.assign(tokens=np.where(df["unique"] < UNIQUE, df["tokens"] * 0.998, df["tokens"]))
     assert [g for g, _ in C._groups(J.runs_frame(off), "budget")] == [
@@ -204,7 +211,7 @@ def test_held_out_size_and_budget_are_mostly_inside():
     big = (bad["size"] == "l") & (bad["role"] == "moe")
     bad.loc[big, "value"] -= 0.04
     worse = C.held_out(bad, "size", n_boot=30)
-    assert worse.fraction < size.fraction and not worse.passes and worse.verdict().startswith("the law fails")
+    assert _share(worse) < min(_share(t), C.PASS_SHARE) and C.held_out_verdict(worse, "size").startswith("the law fails")
 
 
 def test_a_mix_on_its_bound_predicts_at_the_bound_and_says_so():
@@ -214,11 +221,10 @@ def test_a_mix_on_its_bound_predicts_at_the_bound_and_says_so():
     df = _map(5, m=0.9)
     law = J.fit_law(df, n_boot=10, n_boot_cell=0)
     assert law.on_bound == {"lambda": 0.0} and not law.coefs["lambda"].identified
-    size = C.held_out(df, "size", n_boot=20)
-    t = size.table
-    assert t.loc[t["quantity"] != "position", "checked"].all() and size.n_checked >= 15
+    t = C.held_out(df, "size", n_boot=20)
+    assert t.loc[t["quantity"] != "position", "checked"].all() and _inside(t)[1] >= 15
     assert set(t.loc[t["checked"], "note"]) == {"lambda held at its bound 0 by the fit"}
-    assert size.verdict().endswith("interval (lambda held at its bound 0 by the fit)")
+    assert C.held_out_verdict(t, "size").endswith("interval (lambda held at its bound 0 by the fit)")
     paper = C.paper_point(law).set_index("quantity")
     assert paper.loc["lambda", "estimate"] == 0.0 and paper.loc["position", "identified"]
     # issue 49: every replicate holds lambda there too, so what rests on it has no interval of its own
@@ -236,7 +242,7 @@ def test_a_mix_on_its_bound_predicts_at_the_bound_and_says_so():
         assert cell.endswith(" (on the bound)") and "[" not in cell  # a loss rests on every parameter but R*
     assert "on the bound, no interval" in lead[-1]
     both = C.held_out(_map(6, m=0.9), "budget", n_boot=5)  # several refits: the note names each one's
-    assert "held at its bound 0 by the fit without 1 tokens/param" in both.verdict()
+    assert "held at its bound 0 by the fit without 1 tokens/param" in C.held_out_verdict(both, "budget")
 
 
 def test_held_out_intervals_carry_the_noise_of_their_budget():
@@ -246,7 +252,7 @@ def test_held_out_intervals_carry_the_noise_of_their_budget():
     rng = np.random.default_rng(0)
     stall = df["tokens"] == df["active"].where(df["role"] == "moe").groupby(df["size"]).transform("max")
     df.loc[stall, "value"] += rng.normal(0, 0.1, stall.sum())
-    t = C.held_out(df, "size", n_boot=20).table
+    t = C.held_out(df, "size", n_boot=20)
     width = (t["pi_high"] - t["pi_low"]).where(t["quantity"] == "loss_moe").groupby(t["tokens_per_param"].round()).max()
     assert width[1] > 3 * width[10], width  # pooled over budgets: 0.05 at 1, 0.07 at 10
 
@@ -287,15 +293,17 @@ def _cell(la, lm, lt, seeds=(1, 2, 3), size="m"):
                          for r, v in zip(ROLES, (la, lm, lt)) for i, s in enumerate(seeds)])
 
 
-def test_position_ci_per_cell():
-    apart = C.position_ci(_cell([2.00, 2.02, 1.99], [1.95, 1.94, 1.96], [1.90, 1.905, 1.89]))
-    r = apart.iloc[0]  # means 2.003333, 1.95, 1.898333: p = 0.053333 / 0.105
-    assert r["defined"] and r["n"] == 3 and r["position"] == pytest.approx(0.507937, abs=1e-6)
-    assert 0 < r["ci_low"] < r["position"] < r["ci_high"] < 1
-    close = C.position_ci(_cell([2.00, 2.03, 1.97], [1.95, 1.96, 1.94], [1.99, 2.02, 1.99])).iloc[0]
-    assert not close["defined"] and math.isnan(close["position"]) and close["reason"].startswith("not defined")
-    one = C.position_ci(_cell([2.0], [1.95], [1.9], seeds=(1,))).iloc[0]
-    assert one["position"] == pytest.approx(0.5) and math.isnan(one["ci_low"]) and "no interval" in one["reason"]
+def test_position_per_cell():
+    r = C.cell_position(_cell([2.00, 2.02, 1.99], [1.95, 1.94, 1.96], [1.90, 1.905, 1.89]))
+    # means 2.003333, 1.95, 1.898333: p = 0.053333 / 0.105
+    assert r["position_defined"] and r["position"] == pytest.approx(0.507937, abs=1e-6)
+    assert 0 < r["position_low"] < r["position"] < r["position_high"] < 1
+    close = C.cell_position(_cell([2.00, 2.03, 1.97], [1.95, 1.96, 1.94], [1.99, 2.02, 1.99]))
+    assert not close["position_defined"] and math.isnan(close["position"])
+    assert close["position_reason"].startswith("not defined")
+    one = C.cell_position(_cell([2.0], [1.95], [1.9], seeds=(1,)))
+    assert one["position"] == pytest.approx(0.5) and math.isnan(one["position_low"])
+    assert "no interval" in one["position_reason"]
 
 
 def test_a_frame_that_is_not_the_map_is_refused():
@@ -314,17 +322,17 @@ def test_a_run_far_off_is_named_and_its_weight_on_the_answer_measured():
     point is refitted without each run, and a non-positive bootstrap replicate costs the intervals,
     in one reason, not the fit."""
     df = _map(7)
-    clean = I.influence(df, J.fit_law(df, n_boot=0, n_boot_cell=0))
+    clean = C.influence(df, J.fit_law(df, n_boot=0, n_boot_cell=0))
     assert len(clean) == len(df) and not clean["beyond"].any()
-    assert clean["std_residual"].abs().max() < I.RESIDUAL_LIMIT and clean["position_change"].abs().max() < 0.1
+    assert clean["std_residual"].abs().max() < C.RESIDUAL_LIMIT and clean["position_change"].abs().max() < 0.1
     bad = df.copy()
     hit = (bad["role"] == "moe") & (bad["size"] == "l") & (bad["seed"] == 1) & (bad["tokens"] == 10 * SIZES["l"])
     bad.loc[hit, "value"] *= 3
     law = J.fit_law(bad, n_boot=20, n_boot_cell=0)
-    runs = I.influence(bad, law)
+    runs = C.influence(bad, law)
     far = runs[runs["beyond"]]
     assert len(far) == 1 and (far["role"].iloc[0], far["size"].iloc[0], far["seed"].iloc[0]) == ("moe", "l", 1)
-    assert far["std_residual"].iloc[0] > 10 * I.RESIDUAL_LIMIT
+    assert far["std_residual"].iloc[0] > 10 * C.RESIDUAL_LIMIT
     # without it the position is the clean map's: leaving one run out undoes it
     assert far["position_without"].iloc[0] == pytest.approx(clean["position"].iloc[0], abs=0.02)
     words = W.influence_sentence(runs, C.paper_point(law))

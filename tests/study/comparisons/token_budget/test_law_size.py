@@ -13,7 +13,7 @@ import pytest
 
 from studylib.study.analysis import clark
 from studylib.study.comparisons.token_budget import law_checks as C
-from studylib.study.comparisons.token_budget import law_clark as LC
+from studylib.study.comparisons.controls import clark_law as LC
 from studylib.study.comparisons.token_budget import law_fit as J
 from studylib.study.comparisons.token_budget import law_form as F
 from studylib.study.comparisons.token_budget import law_size as S
@@ -102,7 +102,7 @@ def test_leaving_cells_out_chooses_the_size_form_where_the_worth_grows(wide):
     ch = C.choose(wide, forms=C.CANDIDATES, per_role=(False,))
     e = ch.errors.set_index("form")["loo_rmse"]
     assert ch.form == "lambda_size" and e["lambda_size"] < e["lambda"], ch.errors
-    assert "lambda_size form" in ch.sentence()
+    assert "lambda_size form" in C.choice_sentence(ch.errors)
 
 
 def test_two_sizes_with_no_lambda_1_signal_leave_the_paper_point_not_identified():

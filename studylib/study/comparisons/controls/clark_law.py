@@ -1,8 +1,8 @@
 """The joint law's fitter on data no one here produced (issue #47, item 4): Clark et al. 2022's
 plain dense and S-Base runs (:func:`studylib.study.analysis.clark.law_frame`), one fit per number
-of experts E, with the N-only forms of :mod:`.law_form` ("n_lambda": ``L = E + A / N_eff^alpha``
+of experts E, with the N-only forms of :mod:`~studylib.study.comparisons.token_budget.law_form` ("n_lambda": ``L = E + A / N_eff^alpha``
 with one lambda; "n_lambda_size": lambda(N)); every run saw the same tokens, so there is no D term.
-The same fitter (:func:`~.law_fit.fit_law`) runs here as on the map: its runs frame takes each
+The same fitter (:func:`~studylib.study.comparisons.token_budget.law_fit.fit_law`) runs here as on the map: its runs frame takes each
 Clark run as one seed of one role (dense: ``dense_active``; S-Base: ``moe``) at one size, and
 tokens = unique = 1 for every run (a placeholder the N-only forms never read).
 
@@ -38,7 +38,7 @@ _CELLS = "runs (one model at one size)"
 
 def clark_runs(frame: pd.DataFrame, experts: int) -> pd.DataFrame:
     """:func:`~studylib.study.analysis.clark.law_frame`'s dense rows and the S-Base rows with
-    ``experts`` experts, in :data:`~.law_fit.COLUMNS`' form with ``split``."""
+    ``experts`` experts, in :data:`~studylib.study.comparisons.token_budget.law_fit.COLUMNS`' form with ``split``."""
     f = frame[(frame["role"] == "dense") | (frame["experts"] == experts)]
     if not (f["role"] == "moe").any():
         raise ValueError(f"clark law: no S-Base run with E = {experts} in the frame (E: "
@@ -50,7 +50,7 @@ def clark_runs(frame: pd.DataFrame, experts: int) -> pd.DataFrame:
 
 
 def fit_clark(frame: pd.DataFrame, experts: int, form: str = "n_lambda", n_boot: int = 200, seed: int = 0) -> JointLaw:
-    """The N-only law (``form`` in :data:`~.law_form.N_FORMS`) on the "fit" split's runs for ``experts``."""
+    """The N-only law (``form`` in :data:`~studylib.study.comparisons.token_budget.law_form.N_FORMS`) on the "fit" split's runs for ``experts``."""
     if form not in N_FORMS:
         raise ValueError(f"clark law: form must be one of {N_FORMS} (no D term), not {form!r}")
     runs = clark_runs(frame, experts)
