@@ -20,6 +20,7 @@ from studylib.study.comparisons.token_budget.knobs import ROLES
 from studylib.study.comparisons.token_budget.law_fit import (COLUMNS, HUBER_DELTA, JointLaw, fit_law, per_role_start,
                                                              runs_frame)
 from studylib.study.comparisons.token_budget.law_form import JOINT_FORMS, SIZE_FORM
+from studylib.study.comparisons.token_budget.plane import pooled_sd
 
 #: what a held-out cell predicts, in this order
 QUANTITIES = ("loss_dense_active", "loss_moe", "loss_dense_total", "gap_active", "gap_total", "position")
@@ -84,13 +85,6 @@ def _trio_draws(law: JointLaw, trio: pd.DataFrame, tokens: float, unique: float)
     t = trio.reindex(list(ROLES))
     b = law.at(list(ROLES), t["active"], t["total"], [tokens] * 3, [unique] * 3)
     return b.point, b.draws
-
-
-def _pooled_sd(df: pd.DataFrame) -> float:
-    """The pooled within-cell standard deviation of the runs' losses (over every role's cells)."""
-    dev = df["value"] - df.groupby("cell")["value"].transform("mean")
-    dof = len(df) - df["cell"].nunique()
-    return math.sqrt(float((dev ** 2).sum()) / dof) if dof > 0 else math.nan
 
 
 def _per_size_active(df: pd.DataFrame) -> pd.Series:
@@ -278,27 +272,27 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
             rows += [{"held_out": label, "quantity": q, "checked": False, "inside": False, "note": str(e)}
                      for q in QUANTITIES]
             continue
-        pooled = _pooled_sd(train)
+        pooled = pooled_sd(train)
         for _, cell in df[mask].groupby("map_cell"):
-            same = _pooled_sd(train[train["budget"] == cell["budget"].iloc[0]])
+            same = pooled_sd(train[train["budget"] == cell["budget"].iloc[0]])
             rows += _cell_rows(law, cell, pooled if math.isnan(same) else same, label, level, rng)
     return pd.DataFrame(rows).assign(by=by)
 
 
 # the paper's point
-def _paper_trio() -> pd.DataFrame:
-    """The paper's three models' ``active``, ``total`` (Table 5), indexed by role."""
-    return pd.DataFrame([paper_params(r) for r in ROLES], index=list(ROLES), columns=["active", "total"])
+def _at_paper(law: JointLaw) -> tuple[dict, dict]:
+    """:data:`QUANTITIES` of ``law`` at the paper's three models (Table 5) and 426.3M fresh tokens, and
+    of its seed replicates."""
+    trio = pd.DataFrame([paper_params(r) for r in ROLES], index=list(ROLES), columns=["active", "total"])
+    return tuple(_quantities(x) for x in _trio_draws(law, trio, PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS))
 
 
 def paper_point(law: JointLaw) -> pd.DataFrame:
     """``law`` at the paper's N (Table 5) and D (426.3M fresh tokens): one row per quantity (lambda
     or m, the losses, gaps, position, ordering, decades beyond the largest measured MoE) with the
     seed-bootstrap interval, the paper's position (``paper``, ``paper_inside``), identified, reason."""
-    trio = _paper_trio()
-    point, draws = _trio_draws(law, trio, PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)
-    pq, dq = _quantities(point), _quantities(draws)
-    decades = math.log10(trio.loc["moe", "active"] / law.largest_moe_active)
+    pq, dq = _at_paper(law)
+    decades = math.log10(paper_params("moe")[0] / law.largest_moe_active)
     mix = law.coefs[law.mix]
     rows = [{"quantity": mix.name, "estimate": law.on_bound.get(mix.name, mix.estimate), "ci_low": mix.ci_low,
              "ci_high": mix.ci_high, "identified": mix.identified, "reason": mix.reason}]
@@ -333,10 +327,6 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
 RESIDUAL_LIMIT = 4.0
 
 
-def _paper_position(law: JointLaw) -> float:
-    return float(_quantities(_trio_draws(law, _paper_trio(), PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)[0])["position"])
-
-
 def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
     """One row per run of ``law``'s fit (:data:`~.law_fit.COLUMNS`, ``stories`` where ``runs`` has
     it): ``fitted``, ``std_residual`` ((log L - log L_hat) / the residuals' robust sd), ``beyond``
@@ -346,7 +336,7 @@ def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
     fitted = law.at(df["role"], df["active"], df["total"], df["tokens"], df["unique"]).point
     r = np.log(df["value"].to_numpy()) - np.log(fitted)
     scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
-    p0 = _paper_position(law)
+    p0 = float(_at_paper(law)[0]["position"])
     keep = list(COLUMNS) + (["stories"] if "stories" in df else [])
     out = df[keep].assign(fitted=fitted, std_residual=r / scale if scale > 0 else math.nan, position=p0,
                           position_without=math.nan, note="")
@@ -354,7 +344,7 @@ def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
         try:
             refit = fit_law(df.drop(index=i)[list(COLUMNS)], law.form, law.per_role_rstar, n_boot=0, n_boot_cell=0,
                             start=law.theta)
-            out.loc[i, "position_without"] = _paper_position(refit)
+            out.loc[i, "position_without"] = float(_at_paper(refit)[0]["position"])
         except ValueError as e:
             out.loc[i, "note"] = str(e)
     out["position_change"] = out["position_without"] - p0
