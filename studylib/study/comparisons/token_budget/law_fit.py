@@ -31,6 +31,7 @@ from studylib.study.comparisons.token_budget.knobs import ROLES, TrioConfig
 from studylib.study.comparisons.token_budget.law_form import (Chinchilla, bounds, design, form_of,
                                                               log_loss, log_loss_jacobian, natural, pack,
                                                               param_names, take, unpack)
+from studylib.study.comparisons.token_budget.plane import outside
 
 COLUMNS = ("role", "size", "seed", "active", "total", "tokens", "unique", "value")
 #: a map cell: one trio trained on one budget drawn from one number of unique tokens
@@ -246,9 +247,7 @@ class JointLaw:
 
     def extrapolated(self, active, tokens) -> np.ndarray:
         """Whether each point's N_active or D lies outside the measured ones."""
-        a, d = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (active, tokens))
-        (a0, a1), (d0, d1), tol = self.active_range, self.tokens_range, 1e-9
-        return (a < a0 * (1 - tol)) | (a > a1 * (1 + tol)) | (d < d0 * (1 - tol)) | (d > d1 * (1 + tol))
+        return outside(active, *self.active_range) | outside(tokens, *self.tokens_range)
 
 
 def _cell_draws(df, X, lnL, theta, form, per_role, delta, n_boot, rng):
@@ -297,10 +296,8 @@ def fit_law(runs: pd.DataFrame, form: str = "lambda", per_role_rstar: bool = Fal
     if reps is not None and (reps <= 0).any():  # no log of a replicate: the fit stands, its intervals do not
         lonely, reps = (f"no interval: {int((reps <= 0).any(axis=1).sum())} of {n_boot} bootstrap replicates hold a "
                         f"loss <= 0 (a cell's seeds spread more than their mean: a run far off, see its residual)"), None
-    if reps is None:
-        draws = np.full((n_boot, P), math.nan)
-    else:
-        draws = np.array([_refit(X, np.log(r), form, per_role_rstar, huber_delta, theta) for r in reps]).reshape(-1, P)
+    draws = (np.full((n_boot, P), math.nan) if reps is None else
+             np.array([_refit(X, np.log(r), form, per_role_rstar, huber_delta, theta) for r in reps]).reshape(-1, P))
     cells_, note = _cell_draws(df, X, lnL, theta, form, per_role_rstar, huber_delta,
                                n_boot if n_boot_cell is None else n_boot_cell, rng)
     est = natural(theta, form)
