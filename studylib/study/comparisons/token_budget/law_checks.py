@@ -188,33 +188,18 @@ def held_out_verdict(table: pd.DataFrame, by: str, level: float = 0.95) -> str:
             f"{level:.0%} interval" + (f" ({held})" if held else ""))
 
 
-def _tpp(df: pd.DataFrame) -> pd.Series:
-    """Each row's tokens per active parameter of its size (:func:`_per_size_active`)."""
-    return df["tokens"] / df["size"].map(_per_size_active(df))
-
-
-def _budgets(tpp) -> tuple[np.ndarray, list]:
-    """(each row's budget: an index into the labels, the labels "<tokens per active parameter>
-    tokens/param") from its :func:`_tpp`; budgets within 2% of each other are one (a repeated
-    cell's steps round apart), named by the largest (the full-data budget)."""
-    tpp = np.asarray(tpp, dtype=float)
-    groups = close_groups(tpp)
-    which = np.zeros(len(tpp), dtype=np.int64)
-    for i, g in enumerate(groups):
-        which[np.isin(tpp, g)] = i
-    return which, [f"{g[-1]:.3g} tokens/param" for g in groups]
-
-
 def _groups(df: pd.DataFrame, by: str) -> list:
-    """[(label, mask of the held-out rows)]: the largest size, or each budget (:func:`_budgets`)."""
+    """[(label, mask of the held-out rows)]: the largest size, or each budget: the rows' tokens per
+    active parameter of their size, within 2% of each other one budget (a repeated cell's steps
+    round apart), named by the largest (the full-data budget)."""
     act = _per_size_active(df)
-    if by == "size":
-        big = act.idxmax()
-        return [(f"size {big} (N_active {act[big]:.3g})", (df["size"] == big).to_numpy())] if len(act) > 1 else []
-    if by != "budget":
+    if by == "budget":
+        tpp = df["tokens"] / df["size"].map(act)
+        return [(f"{g[-1]:.3g} tokens/param", tpp.isin(g).to_numpy()) for g in close_groups(tpp)]
+    if by != "size":
         raise ValueError(f"held_out: by must be 'size' or 'budget', not {by!r}")
-    which, labels = _budgets(_tpp(df))
-    return [(label, which == i) for i, label in enumerate(labels)]
+    big = act.idxmax()
+    return [(f"size {big} (N_active {act[big]:.3g})", (df["size"] == big).to_numpy())] if len(act) > 1 else []
 
 
 def _cell_rows(law, cell, s, label, level, rng):
@@ -255,8 +240,9 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
     seeds per role at the refit data's pooled within-cell sd at that budget (all its cells where
     none is: the spread is budget-dependent, up to 0.13 bits per byte where a run stalls)."""
     df = runs_frame(runs, "held_out")
-    df["tpp"] = _tpp(df)
-    df["budget"] = _budgets(df["tpp"])[0]
+    df["tpp"] = df["tokens"] / df["size"].map(_per_size_active(df))
+    budgets = [m for _, m in _groups(df, "budget")]
+    df["budget"] = np.select(budgets, list(range(len(budgets))))
     rng, rows = np.random.default_rng(seed), []
     groups = _groups(df, by)
     if len(groups) < (1 if by == "size" else 2):  # one size, or one budget: nothing left to fit on
