@@ -64,9 +64,12 @@ def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, pap
         ax.set_xscale("log")
         ax.set(title=TITLES[gap], xlabel="target tokens per active parameter (MoE)",
                ylabel=f"gap in best val loss\n({unit}; > 0: MoE better)")
-    extra = ([(Line2D([], [], color="0.3", lw=1, ls="--"), "gap model (fitted over every point)")] * (models is not None)
-             + [(Line2D([], [], ls="", marker="o", mfc="white", mec="0.3", mew=1.5),
-                 "> 1 pass over the data (repeated windows)")] * bool(table["repeats"].any()))
+    extra = []
+    if models is not None:
+        extra.append((Line2D([], [], color="0.3", lw=1, ls="--"), "gap model (fitted over every point)"))
+    if table["repeats"].any():
+        extra.append((Line2D([], [], ls="", marker="o", mfc="white", mec="0.3", mew=1.5),
+                      "> 1 pass over the data (repeated windows)"))
     return _finish(fig, axes, f"{title} (mean, 95% CI band over seeds)", name, outdir, 2, extra)
 
 

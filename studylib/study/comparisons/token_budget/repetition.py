@@ -92,8 +92,8 @@ def _slope(d: pd.DataFrame, value: str, n_boot: int, seed: int) -> tuple[Coef, n
     lonely = no_interval(d.assign(cell=cell))
     fit = linear_fit(X, d[value].to_numpy(), cell, n_boot, seed, lonely=lonely)
     lo, hi = fit.interval()
-    return Coef("passes", float(fit.point[-1]), float(lo[-1]), float(hi[-1]), reason=lonely), \
-        None if lonely else fit.draws[:, -1]
+    coef = Coef("passes", float(fit.point[-1]), float(lo[-1]), float(hi[-1]), reason=lonely)
+    return coef, None if lonely else fit.draws[:, -1]
 
 
 def repetition_fit(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
