@@ -170,10 +170,6 @@ def parse_trios(raw: Any, key: str, ctx: Context) -> tuple[TrioConfig, ...]:
     return tuple(out)
 
 
-def _power_target(v: Any, where: str, ctx: Context) -> float:
-    return positive(v, where, "a CI half-width in nats")
-
-
 def _law_boot(v: Any, where: str, ctx: Context) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 10:
         raise ConfigError(f"{where}: expected the bootstrap replicates of each joint-law interval (an integer >= 10), "
@@ -188,7 +184,8 @@ class TokenBudgetKnobs(Knobs):
     the joint law's intervals (``map_law_boot``: seeds, map cells, each held-out refit)."""
 
     map: Optional[TokenBudget] = knob(MAP_KNOB, parse_map)
-    power_target: float = knob("map_power_target", _power_target, 0.05)
+    power_target: float = knob("map_power_target", lambda v, where, ctx: positive(v, where, "a CI half-width in nats"),
+                               0.05)
     law_boot: int = knob("map_law_boot", _law_boot, 200)
 
     @property

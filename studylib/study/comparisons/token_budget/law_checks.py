@@ -20,6 +20,7 @@ from studylib.study.comparisons.token_budget.knobs import ROLES
 from studylib.study.comparisons.token_budget.law_fit import (COLUMNS, HUBER_DELTA, JointLaw, fit_law, per_role_start,
                                                              runs_frame)
 from studylib.study.comparisons.token_budget.law_form import JOINT_FORMS, SIZE_FORM
+from studylib.study.comparisons.token_budget.plane import pooled_sd
 
 #: what a held-out cell predicts, in this order
 QUANTITIES = ("loss_dense_active", "loss_moe", "loss_dense_total", "gap_active", "gap_total", "position")
@@ -84,13 +85,6 @@ def _trio_draws(law: JointLaw, trio: pd.DataFrame, tokens: float, unique: float)
     t = trio.reindex(list(ROLES))
     b = law.at(list(ROLES), t["active"], t["total"], [tokens] * 3, [unique] * 3)
     return b.point, b.draws
-
-
-def _pooled_sd(df: pd.DataFrame) -> float:
-    """The pooled within-cell standard deviation of the runs' losses (over every role's cells)."""
-    dev = df["value"] - df.groupby("cell")["value"].transform("mean")
-    dof = len(df) - df["cell"].nunique()
-    return math.sqrt(float((dev ** 2).sum()) / dof) if dof > 0 else math.nan
 
 
 def _per_size_active(df: pd.DataFrame) -> pd.Series:
@@ -194,33 +188,18 @@ def held_out_verdict(table: pd.DataFrame, by: str, level: float = 0.95) -> str:
             f"{level:.0%} interval" + (f" ({held})" if held else ""))
 
 
-def _tpp(df: pd.DataFrame) -> pd.Series:
-    """Each row's tokens per active parameter of its size (:func:`_per_size_active`)."""
-    return df["tokens"] / df["size"].map(_per_size_active(df))
-
-
-def _budgets(tpp) -> tuple[np.ndarray, list]:
-    """(each row's budget: an index into the labels, the labels "<tokens per active parameter>
-    tokens/param") from its :func:`_tpp`; budgets within 2% of each other are one (a repeated
-    cell's steps round apart), named by the largest (the full-data budget)."""
-    tpp = np.asarray(tpp, dtype=float)
-    groups = close_groups(tpp)
-    which = np.zeros(len(tpp), dtype=np.int64)
-    for i, g in enumerate(groups):
-        which[np.isin(tpp, g)] = i
-    return which, [f"{g[-1]:.3g} tokens/param" for g in groups]
-
-
 def _groups(df: pd.DataFrame, by: str) -> list:
-    """[(label, mask of the held-out rows)]: the largest size, or each budget (:func:`_budgets`)."""
+    """[(label, mask of the held-out rows)]: the largest size, or each budget: the rows' tokens per
+    active parameter of their size, within 2% of each other one budget (a repeated cell's steps
+    round apart), named by the largest (the full-data budget)."""
     act = _per_size_active(df)
-    if by == "size":
-        big = act.idxmax()
-        return [(f"size {big} (N_active {act[big]:.3g})", (df["size"] == big).to_numpy())] if len(act) > 1 else []
-    if by != "budget":
+    if by == "budget":
+        tpp = df["tokens"] / df["size"].map(act)
+        return [(f"{g[-1]:.3g} tokens/param", tpp.isin(g).to_numpy()) for g in close_groups(tpp)]
+    if by != "size":
         raise ValueError(f"held_out: by must be 'size' or 'budget', not {by!r}")
-    which, labels = _budgets(_tpp(df))
-    return [(label, which == i) for i, label in enumerate(labels)]
+    big = act.idxmax()
+    return [(f"size {big} (N_active {act[big]:.3g})", (df["size"] == big).to_numpy())] if len(act) > 1 else []
 
 
 def _cell_rows(law, cell, s, label, level, rng):
@@ -261,8 +240,9 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
     seeds per role at the refit data's pooled within-cell sd at that budget (all its cells where
     none is: the spread is budget-dependent, up to 0.13 bits per byte where a run stalls)."""
     df = runs_frame(runs, "held_out")
-    df["tpp"] = _tpp(df)
-    df["budget"] = _budgets(df["tpp"])[0]
+    df["tpp"] = df["tokens"] / df["size"].map(_per_size_active(df))
+    budgets = [m for _, m in _groups(df, "budget")]
+    df["budget"] = np.select(budgets, list(range(len(budgets))))
     rng, rows = np.random.default_rng(seed), []
     groups = _groups(df, by)
     if len(groups) < (1 if by == "size" else 2):  # one size, or one budget: nothing left to fit on
@@ -278,27 +258,27 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
             rows += [{"held_out": label, "quantity": q, "checked": False, "inside": False, "note": str(e)}
                      for q in QUANTITIES]
             continue
-        pooled = _pooled_sd(train)
+        pooled = pooled_sd(train)
         for _, cell in df[mask].groupby("map_cell"):
-            same = _pooled_sd(train[train["budget"] == cell["budget"].iloc[0]])
+            same = pooled_sd(train[train["budget"] == cell["budget"].iloc[0]])
             rows += _cell_rows(law, cell, pooled if math.isnan(same) else same, label, level, rng)
     return pd.DataFrame(rows).assign(by=by)
 
 
 # the paper's point
-def _paper_trio() -> pd.DataFrame:
-    """The paper's three models' ``active``, ``total`` (Table 5), indexed by role."""
-    return pd.DataFrame([paper_params(r) for r in ROLES], index=list(ROLES), columns=["active", "total"])
+def _at_paper(law: JointLaw) -> tuple[dict, dict]:
+    """:data:`QUANTITIES` of ``law`` at the paper's three models (Table 5) and 426.3M fresh tokens, and
+    of its seed replicates."""
+    trio = pd.DataFrame([paper_params(r) for r in ROLES], index=list(ROLES), columns=["active", "total"])
+    return tuple(_quantities(x) for x in _trio_draws(law, trio, PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS))
 
 
 def paper_point(law: JointLaw) -> pd.DataFrame:
     """``law`` at the paper's N (Table 5) and D (426.3M fresh tokens): one row per quantity (lambda
     or m, the losses, gaps, position, ordering, decades beyond the largest measured MoE) with the
     seed-bootstrap interval, the paper's position (``paper``, ``paper_inside``), identified, reason."""
-    trio = _paper_trio()
-    point, draws = _trio_draws(law, trio, PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)
-    pq, dq = _quantities(point), _quantities(draws)
-    decades = math.log10(trio.loc["moe", "active"] / law.largest_moe_active)
+    pq, dq = _at_paper(law)
+    decades = math.log10(paper_params("moe")[0] / law.largest_moe_active)
     mix = law.coefs[law.mix]
     rows = [{"quantity": mix.name, "estimate": law.on_bound.get(mix.name, mix.estimate), "ci_low": mix.ci_low,
              "ci_high": mix.ci_high, "identified": mix.identified, "reason": mix.reason}]
@@ -333,10 +313,6 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
 RESIDUAL_LIMIT = 4.0
 
 
-def _paper_position(law: JointLaw) -> float:
-    return float(_quantities(_trio_draws(law, _paper_trio(), PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS)[0])["position"])
-
-
 def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
     """One row per run of ``law``'s fit (:data:`~.law_fit.COLUMNS`, ``stories`` where ``runs`` has
     it): ``fitted``, ``std_residual`` ((log L - log L_hat) / the residuals' robust sd), ``beyond``
@@ -346,7 +322,7 @@ def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
     fitted = law.at(df["role"], df["active"], df["total"], df["tokens"], df["unique"]).point
     r = np.log(df["value"].to_numpy()) - np.log(fitted)
     scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
-    p0 = _paper_position(law)
+    p0 = float(_at_paper(law)[0]["position"])
     keep = list(COLUMNS) + (["stories"] if "stories" in df else [])
     out = df[keep].assign(fitted=fitted, std_residual=r / scale if scale > 0 else math.nan, position=p0,
                           position_without=math.nan, note="")
@@ -354,7 +330,7 @@ def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
         try:
             refit = fit_law(df.drop(index=i)[list(COLUMNS)], law.form, law.per_role_rstar, n_boot=0, n_boot_cell=0,
                             start=law.theta)
-            out.loc[i, "position_without"] = _paper_position(refit)
+            out.loc[i, "position_without"] = float(_at_paper(refit)[0]["position"])
         except ValueError as e:
             out.loc[i, "note"] = str(e)
     out["position_change"] = out["position_without"] - p0

@@ -31,6 +31,7 @@ from studylib.study.comparisons.token_budget.knobs import ROLES, TrioConfig
 from studylib.study.comparisons.token_budget.law_form import (Chinchilla, bounds, design, form_of,
                                                               log_loss, log_loss_jacobian, natural, pack,
                                                               param_names, take, unpack)
+from studylib.study.comparisons.token_budget.plane import outside
 
 COLUMNS = ("role", "size", "seed", "active", "total", "tokens", "unique", "value")
 #: a map cell: one trio trained on one budget drawn from one number of unique tokens
@@ -84,7 +85,7 @@ def _fields(form: str, per_role: bool) -> list:
 def _grid(form: str, per_role: bool) -> np.ndarray:
     axes = [np.asarray(_GRID[f], dtype=float) for f in form_of(form)._fields]
     g = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, len(axes))
-    return pack(unpack(g, form)._replace(log_rstar=np.repeat(unpack(g, form).log_rstar, 3, axis=-1))) if per_role else g
+    return per_role_start(g, form) if per_role else g
 
 
 def per_role_start(theta, form: str) -> np.ndarray:
@@ -239,11 +240,14 @@ class JointLaw:
                                                             (np.broadcast_to(c, (n,)) for c in cols)))}))
         return self.seed.map(lambda t: np.exp(log_loss(t, X, self.form)))
 
+    def predict_draws(self, params, tokens) -> tuple[np.ndarray, np.ndarray]:
+        """(one family's fitted loss at N = ``params``, D = ``tokens``: "chinchilla", its replicates)."""
+        b = self.at(ROLES[0], params, params, tokens, tokens)
+        return b.point, b.draws
+
     def extrapolated(self, active, tokens) -> np.ndarray:
         """Whether each point's N_active or D lies outside the measured ones."""
-        a, d = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (active, tokens))
-        (a0, a1), (d0, d1), tol = self.active_range, self.tokens_range, 1e-9
-        return (a < a0 * (1 - tol)) | (a > a1 * (1 + tol)) | (d < d0 * (1 - tol)) | (d > d1 * (1 + tol))
+        return outside(active, *self.active_range) | outside(tokens, *self.tokens_range)
 
 
 def _cell_draws(df, X, lnL, theta, form, per_role, delta, n_boot, rng):
@@ -292,10 +296,8 @@ def fit_law(runs: pd.DataFrame, form: str = "lambda", per_role_rstar: bool = Fal
     if reps is not None and (reps <= 0).any():  # no log of a replicate: the fit stands, its intervals do not
         lonely, reps = (f"no interval: {int((reps <= 0).any(axis=1).sum())} of {n_boot} bootstrap replicates hold a "
                         f"loss <= 0 (a cell's seeds spread more than their mean: a run far off, see its residual)"), None
-    if reps is None:
-        draws = np.full((n_boot, P), math.nan)
-    else:
-        draws = np.array([_refit(X, np.log(r), form, per_role_rstar, huber_delta, theta) for r in reps]).reshape(-1, P)
+    draws = (np.full((n_boot, P), math.nan) if reps is None else
+             np.array([_refit(X, np.log(r), form, per_role_rstar, huber_delta, theta) for r in reps]).reshape(-1, P))
     cells_, note = _cell_draws(df, X, lnL, theta, form, per_role_rstar, huber_delta,
                                n_boot if n_boot_cell is None else n_boot_cell, rng)
     est = natural(theta, form)
@@ -334,34 +336,17 @@ def loss_frame(preset: Preset, trios: Sequence[TrioConfig], summaries: pd.DataFr
                          for r in summaries.itertuples(index=False)])
 
 
-@dataclass(frozen=True)
-class RoleLaw:
-    """One role's "chinchilla" law as :func:`~.plane.leave_one_out` reads a fit (at params, tokens)."""
-
-    law: JointLaw
-
-    @property
-    def coefs(self) -> dict:
-        return self.law.coefs
-
-    def predict_draws(self, params, tokens) -> tuple[np.ndarray, np.ndarray]:
-        b = self.law.at(ROLES[0], params, params, tokens, tokens)
-        return b.point, b.draws
-
-    def extrapolated(self, params, tokens) -> np.ndarray:
-        return self.law.extrapolated(params, tokens)
-
-
 def role_law(per_seed: pd.DataFrame, value: str = "value", n_boot: int = 200, level: float = 0.95, seed: int = 0,
-             huber_delta: float = HUBER_DELTA, start=None) -> RoleLaw:
-    """:class:`RoleLaw` of one family's per-seed losses (``params``: N, ``tokens``: D, ``seed``, ``value``)."""
+             huber_delta: float = HUBER_DELTA, start=None) -> JointLaw:
+    """The "chinchilla" form's :class:`JointLaw` of one family's per-seed losses (``params``: N,
+    ``tokens``: D, ``seed``, ``value``), as :func:`~.plane.leave_one_out` reads a fit."""
     df = cell_frame(per_seed, ROLE_KEYS, value, "role law")
     runs = pd.DataFrame({"role": ROLES[0], "size": df["params"], "seed": df["seed"] if "seed" in df else df.index,
                          "active": df["params"], "total": df["params"], "tokens": df["tokens"],
                          "unique": df["tokens"], "value": df[value]})
-    return RoleLaw(fit_law(runs, "chinchilla", n_boot=n_boot, n_boot_cell=0, level=level, seed=seed,
-                           huber_delta=huber_delta, start=start, who="role law", cells="map points"))
+    return fit_law(runs, "chinchilla", n_boot=n_boot, n_boot_cell=0, level=level, seed=seed,
+                   huber_delta=huber_delta, start=start, who="role law", cells="map points")
 
 
 __all__ = ["COLUMNS", "MAP_KEYS", "ROLE_KEYS", "HUBER_DELTA", "STARTS", "IDENTIFIED_TOL", "CELL_NAN_SHARE",
-           "runs_frame", "per_role_start", "loss_frame", "JointLaw", "fit_law", "RoleLaw", "role_law"]
+           "runs_frame", "per_role_start", "loss_frame", "JointLaw", "fit_law", "role_law"]

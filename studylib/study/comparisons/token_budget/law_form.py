@@ -177,22 +177,24 @@ def logsumexp(t: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.squeeze(m, axis) + np.log(np.exp(t - m).sum(axis=axis))
 
 
-def log_loss(theta, X: dict, form: str) -> np.ndarray:
-    """log L_hat per row, broadcast over theta's leading axes."""
-    p = unpack(theta, form)
-    lnN, lnD, _, _ = _parts(p, X)
+def _terms(p, X) -> tuple:
+    """(the law's terms log A - alpha ln N_eff[, log B - beta ln D_eff], log E stacked on the last
+    axis, and :func:`_parts`)."""
+    lnN, lnD, _, _ = parts = _parts(p, X)
     a = p.log_A - p.alpha * lnN
     terms = [a] + ([p.log_B - p.beta * lnD] if lnD is not None else []) + [np.broadcast_to(p.log_E, a.shape)]
-    return logsumexp(np.stack(np.broadcast_arrays(*terms), axis=-1), axis=-1)
+    return np.stack(np.broadcast_arrays(*terms), axis=-1), parts
+
+
+def log_loss(theta, X: dict, form: str) -> np.ndarray:
+    """log L_hat per row, broadcast over theta's leading axes."""
+    return logsumexp(_terms(unpack(theta, form), X)[0], axis=-1)
 
 
 def log_loss_jacobian(theta, X: dict, form: str) -> tuple[np.ndarray, np.ndarray]:
     """(log L_hat per row, its Jacobian d log L_hat / d theta: rows x P) at one theta."""
     p = unpack(theta, form)
-    lnN, lnD, dmix, dd = _parts(p, X)
-    a = p.log_A - p.alpha * lnN
-    terms = [a] + ([p.log_B - p.beta * lnD] if lnD is not None else []) + [np.full_like(a, p.log_E[0])]
-    t = np.stack(np.broadcast_arrays(*terms), axis=1)
+    t, (lnN, lnD, dmix, dd) = _terms(p, X)
     lse = logsumexp(t, axis=1)
     w = np.exp(t - lse[:, None])
     wa, we = w[:, 0], w[:, -1]

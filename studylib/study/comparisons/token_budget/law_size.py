@@ -12,7 +12,6 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from studylib.study.analysis.bootstrap import percentile_ci
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS
 from studylib.study.comparisons.token_budget.law_checks import paper_point
 from studylib.study.comparisons.token_budget.law_fit import COLUMNS, JointLaw, fit_law
@@ -35,13 +34,9 @@ def fit_forms(runs: pd.DataFrame, per_role_rstar: bool = False, n_boot: int = 20
 def lambda_at_paper(law: JointLaw) -> tuple[float, float, float]:
     """(lambda at the paper's MoE N_active, its seed-bootstrap interval low, high): lambda_0 +
     lambda_1 log10(14.77M / N_ref) kept in [0, 1] for the size form; lambda for the one-lambda form."""
-    point = float(lambda_at(law.theta, law.form, PAPER_ACTIVE_PARAMS)[0])
-    draws = law.seed.draws
-    if not len(draws) or np.isnan(draws).all():
-        return point, math.nan, math.nan
-    d = lambda_at(draws, law.form, PAPER_ACTIVE_PARAMS)[:, :1]
-    lo, hi = percentile_ci(d, law.level)
-    return point, float(lo[0]), float(hi[0])
+    b = law.seed.map(lambda t: lambda_at(t, law.form, PAPER_ACTIVE_PARAMS))
+    (lo,), (hi,) = b.interval()
+    return float(b.point[0]), float(lo), float(hi)
 
 
 def sizes_needed(law: JointLaw, sizes_active, target: float = TARGET_HALF_WIDTH) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from studylib.study.analysis.paper import PAPER_HEADLINE_TOKENS, PAPER_TOKENS_PER_PARAM
+from studylib.study.comparisons.glance import ci_text
 from studylib.study.comparisons.token_budget.gaps import GAPS
 from studylib.study.comparisons.token_budget.knobs import ROLES
 from studylib.study.comparisons.token_budget.law_fit import JointLaw
@@ -23,7 +24,7 @@ def law_table(law: JointLaw) -> pd.DataFrame:
 
 
 def _ci(r, f: str) -> str:
-    return f"{r['estimate']:{f}}" + ("" if r["ci_low"] != r["ci_low"] else f" [{r['ci_low']:{f}}, {r['ci_high']:{f}}]")
+    return ci_text(r["estimate"], r["ci_low"], r["ci_high"], f)
 
 
 def _num(r, f: str = ".3g") -> str:
@@ -149,10 +150,6 @@ def role_law_sentences(laws: pd.DataFrame, loss_loo: pd.DataFrame | None = None)
     return out
 
 
-def _sign(v: float) -> str:
-    return "the MoE better" if v > 0 else "the dense model better"
-
-
 def extrapolation_sentences(ex: pd.DataFrame) -> list[str]:
     """:func:`~.law_roles.extrapolation_table` in words: each gap in sign, the role laws' ordering."""
     out = []
@@ -173,7 +170,7 @@ def extrapolation_sentences(ex: pd.DataFrame) -> list[str]:
                    "the same sign as the paper's" if same else "the opposite sign to the paper's")
         out.append(f"Extrapolated{' far' if r.extrapolated else ''} to the paper's {r.params / 1e6:.2f}M active "
                    f"parameters at {PAPER_TOKENS_PER_PARAM:.1f} tokens/param, the gap model's {label} is "
-                   f"{r.predicted:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] ({_sign(r.predicted)}); the paper "
+                   f"{r.predicted:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] ({'the MoE' if r.predicted > 0 else 'the dense model'} better); the paper "
                    f"measured {r.paper:+.4f}: {verdict} ({why}).")
     loss = ex[ex["kind"] == "loss"]
     if len(loss):

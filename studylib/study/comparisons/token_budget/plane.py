@@ -32,6 +32,14 @@ def _design(u: np.ndarray, v: np.ndarray, terms: Sequence[str]) -> np.ndarray:
     return np.stack([cols[t] for t in terms], axis=1)
 
 
+def pooled_sd(df: pd.DataFrame, value: str = "value") -> float:
+    """The pooled within-cell standard deviation of ``value`` over ``df``'s cells (NaN without a
+    degree of freedom)."""
+    dev = df[value] - df.groupby("cell")[value].transform("mean")
+    dof = len(df) - df["cell"].nunique()
+    return math.sqrt(float((dev ** 2).sum()) / dof) if dof > 0 else math.nan
+
+
 def outside(x, lo: float, hi: float, tol: float = 1e-9) -> np.ndarray:
     """Whether each of ``x`` lies outside [lo, hi] (relative ``tol``)."""
     x = np.atleast_1d(np.asarray(x, dtype=float))
@@ -160,20 +168,18 @@ def leave_one_out(per_seed: pd.DataFrame, fit: Callable = gap_model, keys: Seque
     rng = np.random.default_rng(seed)
     rows = []
     for c, point in df.groupby("cell"):
-        rest = df[df["cell"] != c].drop(columns="cell")
+        rest = df[df["cell"] != c]
         x = [float(point[k].iloc[0]) for k in keys]
         y = point[value].to_numpy()
         row = {**dict(zip(keys, x)), "n": len(y), "measured": float(y.mean()), "predicted": math.nan,
                "pi_low": math.nan, "pi_high": math.nan, "inside": False, "extrapolated": True, "not_identified": "",
                "note": ""}
         try:
-            m = fit(rest, value=value, level=level, seed=seed, **fit_kwargs)
+            m = fit(rest.drop(columns="cell"), value=value, level=level, seed=seed, **fit_kwargs)
         except ValueError as e:
             rows.append({**row, "note": str(e)})
             continue
-        dev = rest[value] - rest.groupby(list(keys))[value].transform("mean")
-        dof = len(rest) - rest.groupby(list(keys)).ngroups
-        s = math.sqrt(float((dev ** 2).sum()) / dof) if dof > 0 else 0.0
+        s = np.nan_to_num(pooled_sd(rest, value))
         mean, draws = m.predict_draws(*[[v] for v in x])
         sim = draws[:, 0] + rng.normal(0.0, s / math.sqrt(len(y)), len(draws))
         lo, hi = percentile_ci(sim, level)
@@ -330,5 +336,5 @@ def plane_sentences(coefs: pd.DataFrame, crossing: pd.DataFrame, loo: pd.DataFra
     return out
 
 
-__all__ = ["GAP_KEYS", "TERMS", "GapModel", "gap_model", "leave_one_out", "gap_models", "coefficient_table",
+__all__ = ["GAP_KEYS", "TERMS", "pooled_sd", "GapModel", "gap_model", "leave_one_out", "gap_models", "coefficient_table",
            "what_moves", "crossing_table", "loo_table", "plane_sentences"]

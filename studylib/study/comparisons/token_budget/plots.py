@@ -64,15 +64,21 @@ def gap_map(table: pd.DataFrame, paper_table: Optional[pd.DataFrame] = None, pap
         ax.set_xscale("log")
         ax.set(title=TITLES[gap], xlabel="target tokens per active parameter (MoE)",
                ylabel=f"gap in best val loss\n({unit}; > 0: MoE better)")
-    handles, labels = axes[0].get_legend_handles_labels()
+    extra = []
     if models is not None:
-        handles.append(Line2D([], [], color="0.3", lw=1, ls="--"))
-        labels.append("gap model (fitted over every point)")
+        extra.append((Line2D([], [], color="0.3", lw=1, ls="--"), "gap model (fitted over every point)"))
     if table["repeats"].any():
-        handles.append(Line2D([], [], ls="", marker="o", mfc="white", mec="0.3", mew=1.5))
-        labels.append("> 1 pass over the data (repeated windows)")
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False, fontsize=9)
-    fig.suptitle(f"{title} (mean, 95% CI band over seeds)")
+        extra.append((Line2D([], [], ls="", marker="o", mfc="white", mec="0.3", mew=1.5),
+                      "> 1 pass over the data (repeated windows)"))
+    return _finish(fig, axes, f"{title} (mean, 95% CI band over seeds)", name, outdir, 2, extra)
+
+
+def _finish(fig, axes, title: str, name: str, outdir, ncol: int, extra=()) -> plt.Figure:
+    """The first panel's legend (and ``extra`` (handle, label) pairs) under the panels, the title, saved."""
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles + [h for h, _ in extra], labels + [x for _, x in extra], loc="upper center",
+               bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False, fontsize=9)
+    fig.suptitle(title)
     fig.tight_layout()
     save_figure(fig, name, outdir)
     return fig
@@ -99,12 +105,7 @@ def crossing_line(crossing: pd.DataFrame, table: pd.DataFrame, title: str = "Whe
         ax.set_yscale("log")
         ax.set(title=TITLES[gap], xlabel="target tokens per active parameter (MoE)",
                ylabel="MoE active parameters")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, frameon=False, fontsize=9)
-    fig.suptitle(f"{title} (gap model; measured map points as markers)")
-    fig.tight_layout()
-    save_figure(fig, name, outdir)
-    return fig
+    return _finish(fig, axes, f"{title} (gap model; measured map points as markers)", name, outdir, 4)
 
 
 __all__ = ["gap_map", "crossing_line"]

@@ -13,7 +13,7 @@ import pandas as pd
 
 from studylib.study.analysis.stats import holm, paired
 from studylib.study.analysis.tables import power_rows
-from studylib.study.analysis.bootstrap import Coef, linear_fit, no_interval, p_boot, percentile_ci
+from studylib.study.analysis.bootstrap import Coef, linear_fit, no_interval, p_boot
 from studylib.study.comparisons.token_budget.gaps import CELL, GAPS, PAPER_POINT, size_label
 from studylib.study.comparisons.token_budget.knobs import TrioConfig
 
@@ -91,11 +91,9 @@ def _slope(d: pd.DataFrame, value: str, n_boot: int, seed: int) -> tuple[Coef, n
         return Coef("passes", math.nan, math.nan, math.nan, False, "no repeated budget has two different passes"), None
     lonely = no_interval(d.assign(cell=cell))
     fit = linear_fit(X, d[value].to_numpy(), cell, n_boot, seed, lonely=lonely)
-    beta = float(fit.point[-1])
-    if lonely:
-        return Coef("passes", beta, math.nan, math.nan, reason=lonely), None
-    lo, hi = percentile_ci(fit.draws[:, -1], 0.95)
-    return Coef("passes", beta, float(lo), float(hi)), fit.draws[:, -1]
+    lo, hi = fit.interval()
+    coef = Coef("passes", float(fit.point[-1]), float(lo[-1]), float(hi[-1]), reason=lonely)
+    return coef, None if lonely else fit.draws[:, -1]
 
 
 def repetition_fit(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
@@ -105,18 +103,13 @@ def repetition_fit(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) ->
     ps = _repeated(per_seed)
     if ps.empty:
         return pd.DataFrame()
-    rows, draws = [], {}
-    for gap in GAPS:
-        c, draws[gap] = _slope(ps[ps["gap"] == gap], "value", n_boot, seed)
-        rows.append({"family": "gap", "what": gap, "estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
-                     "identified": c.identified, "reason": c.reason})
-    for role, pick in (("dense_active", ("active", "dense")), ("moe", ("active", "moe")),
-                       ("dense_total", ("total", "dense"))):
-        d = ps[ps["gap"] == pick[0]].assign(loss=lambda x, col=pick[1]: x[col])
-        c, _ = _slope(d, "loss", n_boot, seed)
-        rows.append({"family": "role", "what": role, "estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
-                     "identified": c.identified, "reason": c.reason})
-    t = pd.DataFrame(rows)
+    slopes = {("gap", gap): _slope(ps[ps["gap"] == gap], "value", n_boot, seed) for gap in GAPS}
+    for role, (gap, col) in (("dense_active", ("active", "dense")), ("moe", ("active", "moe")),
+                             ("dense_total", ("total", "dense"))):
+        slopes["role", role] = _slope(ps[ps["gap"] == gap].assign(loss=lambda x, c=col: x[c]), "loss", n_boot, seed)
+    t = pd.DataFrame([{"family": k[0], "what": k[1], "estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                       "identified": c.identified, "reason": c.reason} for k, (c, _) in slopes.items()])
+    draws = {k[1]: d for k, (_, d) in slopes.items() if k[0] == "gap"}
     p = {g: p_boot(d) for g, d in draws.items() if d is not None}
     adj = dict(zip(p, holm(list(p.values())))) if p else {}
     t["p_boot"] = t["what"].map(p).where(t["family"] == "gap")
