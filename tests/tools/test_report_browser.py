@@ -42,7 +42,7 @@ def test_the_first_screen_holds_the_table_and_the_sentences(tmp_path):
             const h = document.getElementById('The-answer');
             const after = (el) => h.compareDocumentPosition(el) & Node.DOCUMENT_POSITION_FOLLOWING;
             const table = [...document.querySelectorAll('table')].find(after);
-            const lead = [...document.querySelectorAll('p')].find(p => after(p) && p.textContent.startsWith('At the headline budget'));
+            const lead = [...document.querySelectorAll('p')].find(p => after(p) && p.textContent.startsWith('At the headline'));
             const details = [...document.querySelectorAll('details')].filter(after);
             const r = (el) => { const b = el.getBoundingClientRect(); return [b.top, b.bottom]; };
             return {table: r(table), lead: r(lead), open: details.filter(d => d.open).length, n: details.length,

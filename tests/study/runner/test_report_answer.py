@@ -236,7 +236,7 @@ def test_the_first_screen_is_one_table_three_sentences_and_the_key_figure(out):
     assert lead in screen.replace("−", "−")
     sentences = [s for s in re.split(r"(?<=\.) (?=[A-Z])", lead) if s]
     assert len(sentences) <= glance.MAX_SENTENCES and glance.words(lead) <= glance.MAX_WORDS
-    assert sentences[0].startswith("At the headline budget") and "ahead of its active match" in sentences[0]
+    assert sentences[0].startswith("At the headline") and "ahead of its active match" in sentences[0]
     assert "behind its total match" in sentences[0]
     readme = text_md.split("## For the README (at most 150 words)")[1].strip()
     assert readme.startswith(lead) and glance.words(readme) <= glance.README_WORDS
@@ -289,7 +289,7 @@ def test_the_controls_add_the_third_sentence_and_say_when_they_did_not_run(out):
     text_md = report.write_answer(out).read_text()
     lead = text_md.split("## For the README")[0].strip().split("\n\n")[-1]
     sentences = re.split(r"(?<=\.) (?=[A-Z])", lead)
-    assert len(sentences) == 3 and sentences[2].startswith("Controls (moe_x @ 1 epochs, nats): a hash router is equi")
+    assert len(sentences) == 3 and sentences[2].startswith("Controls at that budget (nats): a hash router is equi")
     assert "a frozen one trails it by" in sentences[2]
     assert "Clark et al.'s learned routers, extrapolated 2.4 decades down, trend to p = 0.40 [0.10, 0.70] here" in lead
     readme = text_md.split("## For the README (at most 150 words)")[1].strip()

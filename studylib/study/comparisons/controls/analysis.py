@@ -209,7 +209,8 @@ def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFr
         t = twin[twin["family"].str.contains(cell, regex=False)]
         if len(t):
             parts.append(_against(t.iloc[0], "one expert", "its dense twin"))
-    said = f"Controls ({cell}, nats): " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts))
+    at = "that budget" if cell.endswith(" @ 1 epochs") else cell  # the headline's budget, the sentence before
+    said = f"Controls at {at} (nats): " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts))
     ref = here[here["role"] == ROLE_LABELS["moe"]]
     if trend is None or not len(ref) or not bool(ref["position_defined"].iloc[0]):
         return said + "."
@@ -220,5 +221,8 @@ def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFr
         return said + "."
     t = t.iloc[0]
     where = "above" if t["ci_lo"] > p else "below" if t["ci_hi"] < p else "around"
+    def f(x):  # two decimals, no "-0.00"
+        return f"{round(float(x), 2) + 0.0:.2f}"
+
     return (said + f"; Clark et al.'s learned routers, extrapolated {t['decades_out']:.1f} decades down, trend to "
-            f"p = {t['p']:.2f} [{t['ci_lo']:.2f}, {t['ci_hi']:.2f}] here, {where} the tiny MoE's {p:.2f}.")
+            f"p = {f(t['p'])} [{f(t['ci_lo'])}, {f(t['ci_hi'])}] here, {where} the MoE's {f(p)}.")

@@ -67,9 +67,10 @@ def headline_glance(out_dir: Path, gaps: pd.DataFrame, summary: Optional[dict]) 
                           gap_total=ci_text(-tot["mean"], -tot["ci_high"], -tot["ci_low"], "+.4f"))]
     rows.append(paper_row())
     at = f"p = {pos}; " if pos[0].isdigit() or pos[0] == "-" else ""
-    lead = (f"At the headline budget ({budget.replace('/param', ' per parameter')}{n} seeds) the MoE is "
-            f"{_phrase(act, moe_is_b=True)} its active match and {_phrase(tot, moe_is_b=False)} its total match"
-            f" ({at}the paper: {PAPER_POSITION:.2f} at {PAPER_TOKENS_PER_PARAM:.1f}).")
+    where = f"the headline's {tpp:.3g} tokens per parameter" if tpp == tpp else "the headline budget"
+    lead = (f"At {where} ({n} seeds) the MoE is {_phrase(act, moe_is_b=True)} its active match and "
+            f"{_phrase(tot, moe_is_b=False)} its total match ({at}the paper: {PAPER_POSITION:.2f} at "
+            f"{PAPER_TOKENS_PER_PARAM:.1f}).")
     return rows, lead
 
 

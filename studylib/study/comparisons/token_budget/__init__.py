@@ -74,6 +74,7 @@ GLANCE_COLUMNS = {
     PER_SEED: ("size", "epochs", "gap", "dense", "moe"),
     LAW_PAPER: ("quantity", "estimate", "ci_low", "ci_high", "identified"),
     LAW_FORMS_PAPER: ("form", "quantity", "estimate", "ci_low", "ci_high", "identified", "chosen"),
+    LAW_CHOICE: ("form", "chosen"),
 }
 
 
@@ -118,7 +119,7 @@ def answer(out_dir: Path) -> Answer:
     figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (MAP, CROSSING))
                     if p.is_file())
     rows, lead = map_glance(table, _table(out_dir, PER_SEED), _table(out_dir, LAW_PAPER),
-                            _table(out_dir, LAW_FORMS_PAPER))
+                            _table(out_dir, LAW_FORMS_PAPER), _table(out_dir, LAW_CHOICE))
     key = out_dir / "figures" / f"{MAP}.png"
     return Answer("**The token-budget map (notebook 09).**\n\n" + "\n".join(f"* {s}" for s in
                                                                           map_sentences(out_dir, table)),

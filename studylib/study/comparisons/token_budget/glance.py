@@ -14,6 +14,7 @@ from studylib.study.analysis.position import position_text
 from studylib.study.comparisons.glance import GlanceRow, ci_text, mean_ci, missing_row
 from studylib.study.comparisons.token_budget.knobs import ROLES
 from studylib.study.comparisons.token_budget.law_checks import ON_BOUND
+from studylib.study.comparisons.token_budget.law_size import FORMS
 
 
 def best_point(table: pd.DataFrame) -> Optional[pd.Series]:
@@ -65,7 +66,7 @@ def win_clause(table: pd.DataFrame) -> str:
     """Where the MoE starts to win: per gap the smallest tokens per parameter at which the map's
     family (Holm, TOST) finds the MoE better, or none up to the largest measured."""
     top = table["tokens_per_param"].max()
-    lead = f"On the map ({len(table)} points, Holm) the MoE beats "
+    lead = f"On the map (Holm, {len(table)} points) the MoE beats "
     if not any((table.get(f"{g}_verdict", pd.Series(dtype=object)) == "B better").any() for g in ("active", "total")):
         return lead + f"neither dense match up to {top:.3g} tokens per parameter"
     parts = []
@@ -80,15 +81,18 @@ def win_clause(table: pd.DataFrame) -> str:
     return lead + " and ".join(parts)
 
 
-def law_clause(paper: pd.DataFrame, other: str = "") -> str:
+def law_clause(paper: pd.DataFrame, other: str = "", form: str = "") -> str:
     """What the joint law puts at the paper's point (``token_budget_law_paper.csv``), or that it
-    identifies nothing there; ``other``: what another form says, added in parentheses."""
+    identifies nothing there; ``form``: the chosen form's name, ``other``: what another form says,
+    both in parentheses."""
     t = paper.set_index("quantity")
     p, d = t.loc["position"], t.loc["decades", "estimate"]
     if not p["identified"]:
-        return (f"the joint law does not identify p at the paper's scale, {d:.1f} decades beyond the map"
+        return (f"{f'the joint law ({form})' if form else 'the joint law'} does not identify p at the paper's scale, "
+                f"{d:.1f} decades beyond the map"
                 + (f" ({other})" if other else ""))
-    said = (f"carried {d:.1f} decades, the joint law puts the MoE at p = "
+    law = f"the joint law ({form})" if form else "the joint law"
+    said = (f"carried {d:.1f} decades, {law} puts the MoE at p = "
             f"{ci_text(p['estimate'], p['ci_low'], p['ci_high'], '.2f')} at the paper's scale")
     if _on_bound(p):
         return said + f" (on the bound, no interval{'; ' + other if other else ''})"
@@ -97,8 +101,9 @@ def law_clause(paper: pd.DataFrame, other: str = "") -> str:
     return said + (f" ({other})" if other else "")
 
 
-#: the law forms the answer names (``token_budget_law_forms_paper.csv``'s ``form``), as it names them
-FORM_NAMES = {"lambda": "one λ", "lambda_size": "λ varying with size"}
+#: the law forms the answer names (``token_budget_law_forms_paper.csv``'s ``form`` and the choice's),
+#: as it names them
+FORM_NAMES = {"lambda": "one λ", "multiplier": "λ as a multiplier", "lambda_size": "λ varying with size"}
 
 
 def _other_form(forms: Optional[pd.DataFrame]) -> str:
@@ -107,7 +112,7 @@ def _other_form(forms: Optional[pd.DataFrame]) -> str:
     if forms is None or not len(forms):
         return ""
     out = []
-    for form, t in forms[forms["form"].isin(list(FORM_NAMES))].groupby("form", sort=False):
+    for form, t in forms[forms["form"].isin(FORMS)].groupby("form", sort=False):
         t = t.set_index("quantity")
         if bool(t["chosen"].iloc[0]) or "position" not in t.index:
             continue
@@ -118,21 +123,32 @@ def _other_form(forms: Optional[pd.DataFrame]) -> str:
     return "; ".join(out)
 
 
-def map_sentence(table: pd.DataFrame, paper: Optional[pd.DataFrame], forms: Optional[pd.DataFrame] = None) -> str:
+def chosen_form(choice: Optional[pd.DataFrame]) -> str:
+    """The form leaving cells out chose (``token_budget_law_choice.csv``), named, "" without one."""
+    if choice is None or "chosen" not in choice or not choice["chosen"].astype(bool).any():
+        return ""
+    form = choice[choice["chosen"].astype(bool)].iloc[0]["form"]
+    return FORM_NAMES.get(form, form) + ", chosen"
+
+
+def map_sentence(table: pd.DataFrame, paper: Optional[pd.DataFrame], forms: Optional[pd.DataFrame] = None,
+                 choice: Optional[pd.DataFrame] = None) -> str:
     """The map's sentence of the first screen: where the MoE starts to win (:func:`win_clause`)
-    and what the chosen law form puts at the paper's point (:func:`law_clause`), with the other
-    named form's position there (``forms``: ``token_budget_law_forms_paper.csv``)."""
+    and what the chosen law form (``choice``: ``token_budget_law_choice.csv``) puts at the paper's
+    point (:func:`law_clause`), with the other named forms' positions there (``forms``:
+    ``token_budget_law_forms_paper.csv``)."""
     if paper is None or not len(paper):
         return (win_clause(table) + "; the joint law's answer is missing: no tables/token_budget_law_paper.csv "
                 "(run notebook 09 again).")
-    return win_clause(table) + "; " + law_clause(paper, _other_form(forms)) + "."
+    return win_clause(table) + "; " + law_clause(paper, _other_form(forms), chosen_form(choice)) + "."
 
 
 def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Optional[pd.DataFrame],
-               forms: Optional[pd.DataFrame] = None) -> tuple[list[GlanceRow], list[str]]:
+               forms: Optional[pd.DataFrame] = None, choice: Optional[pd.DataFrame] = None
+               ) -> tuple[list[GlanceRow], list[str]]:
     """(the best-supported point's row and the law's, the map's sentence) from
-    ``token_budget_gaps.csv``, ``token_budget_per_seed.csv``, ``token_budget_law_paper.csv`` and
-    ``token_budget_law_forms_paper.csv``."""
+    ``token_budget_gaps.csv``, ``token_budget_per_seed.csv``, ``token_budget_law_paper.csv``,
+    ``token_budget_law_forms_paper.csv`` and ``token_budget_law_choice.csv``."""
     rows = []
     best = best_point(table)
     if best is not None:
@@ -141,7 +157,7 @@ def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Opt
         rows.append(_law_row(paper))
     else:  # notebook 09 always writes it: missing is said, not a row dropped
         rows.append(missing_row("joint law at the paper's N and D", "tables/token_budget_law_paper.csv"))
-    return rows, [map_sentence(table, paper, forms)]
+    return rows, [map_sentence(table, paper, forms, choice)]
 
 
-__all__ = ["FORM_NAMES", "best_point", "win_clause", "law_clause", "map_sentence", "map_glance"]
+__all__ = ["FORM_NAMES", "best_point", "win_clause", "law_clause", "chosen_form", "map_sentence", "map_glance"]

@@ -222,12 +222,12 @@ def test_the_first_screen_sentence_words_each_controls_verdict_and_places_the_mo
     assert fz["verdict"] not in ("A better", "B better")  # frozen: not resolved from the reference
     frozen = "is equivalent to it (±0.03)" if fz["verdict"] == "equivalent" else "is not resolved from it"
     s = A.lead_sentence(pos, g, tw, _trend(p + 0.30, p + 0.10, p + 0.50))
-    assert s == (f"Controls ({TCELL.name}, nats): a hash router trails the learned one by {h.mean:.3f} "
+    assert s == (f"Controls at that budget (nats): a hash router trails the learned one by {h.mean:.3f} "
                  f"[{h.ci_low:.3f}, {h.ci_high:.3f}], a frozen one {frozen} and one expert is equivalent to its "
                  f"dense twin (±0.03); Clark et al.'s learned routers, extrapolated 2.4 decades down, trend to "
-                 f"p = {p + 0.30:.2f} [{p + 0.10:.2f}, {p + 0.50:.2f}] here, above the tiny MoE's {p:.2f}.")
-    assert A.lead_sentence(pos, g, tw, _trend(p, p - 0.1, p + 0.1)).endswith(f"here, around the tiny MoE's {p:.2f}.")
-    assert A.lead_sentence(pos, g, tw, _trend(p - 0.3, p - 0.5, p - 0.1)).endswith(f"here, below the tiny MoE's {p:.2f}.")
+                 f"p = {p + 0.30:.2f} [{p + 0.10:.2f}, {p + 0.50:.2f}] here, above the MoE's {p:.2f}.")
+    assert A.lead_sentence(pos, g, tw, _trend(p, p - 0.1, p + 0.1)).endswith(f"here, around the MoE's {p:.2f}.")
+    assert A.lead_sentence(pos, g, tw, _trend(p - 0.3, p - 0.5, p - 0.1)).endswith(f"here, below the MoE's {p:.2f}.")
     # no Clark table (the shared file absent) or no row for this MoE: the controls alone
     assert A.lead_sentence(pos, g, tw, None).endswith("dense twin (±0.03).")
     assert A.lead_sentence(pos, g, tw, _trend(p, p, p, moe="other")).endswith("dense twin (±0.03).")

@@ -30,12 +30,12 @@ def test_the_best_supported_point_is_nearest_the_papers_budget_then_most_seeds_t
 
 def test_where_the_moe_starts_to_win_is_the_smallest_budget_the_family_resolves():
     s = G.win_clause(_table())
-    assert s == ("On the map (4 points, Holm) the MoE beats its active match from 10 tokens per "
+    assert s == ("On the map (Holm, 4 points) the MoE beats its active match from 10 tokens per "
                  "parameter and its total match from 10 tokens per parameter")
     none = _table().assign(total_verdict="inconclusive")
     assert G.win_clause(none).endswith("and its total match at no point up to 28.9")
     neither = _table().assign(active_verdict="inconclusive", total_verdict="A better")
-    assert G.win_clause(neither) == ("On the map (4 points, Holm) the MoE beats neither dense match "
+    assert G.win_clause(neither) == ("On the map (Holm, 4 points) the MoE beats neither dense match "
                                      "up to 28.9 tokens per parameter")
 
 
@@ -72,13 +72,17 @@ def test_the_maps_sentence_adds_what_the_other_law_form_puts_at_the_papers_point
             {"quantity": "decades", "estimate": 1.8, "ci_low": math.nan, "ci_high": math.nan, "identified": True,
              "paper_inside": None, "reason": ""}]
     paper, neither = pd.DataFrame(rows), _table().assign(active_verdict="inconclusive", total_verdict="A better")
-    head = ("On the map (4 points, Holm) the MoE beats neither dense match up to 28.9 tokens per parameter; carried "
+    head = ("On the map (Holm, 4 points) the MoE beats neither dense match up to 28.9 tokens per parameter; carried "
             "1.8 decades, the joint law puts the MoE at p = 0.05 [-0.02, 0.13] at the paper's scale, excluding the "
             "paper's 0.81")
     assert G.map_sentence(neither, paper, _forms(True)) == head + " (λ varying with size: p = 0.31 [0.10, 0.52])."
     assert G.map_sentence(neither, paper, _forms(False)) == head + " (λ varying with size: not identified)."
     assert G.map_sentence(neither, paper, _forms(True, chosen="lambda_size")).endswith(" (one λ: p = 0.05 [-0.02, 0.13]).")
     assert G.map_sentence(neither, paper, None) == head + "."
+    choice = pd.DataFrame({"form": ["lambda", "multiplier", "multiplier"], "chosen": [False, True, False]})
+    assert G.map_sentence(neither, paper, None, choice) == head.replace("the joint law puts",
+                                                                        "the joint law (λ as a multiplier, chosen) puts") + "."
+    assert G.chosen_form(choice.assign(chosen=False)) == "" and G.chosen_form(None) == ""
     rows[0].update(identified=True, ci_low=math.nan, ci_high=math.nan,
                    reason="lambda held at its bound 0 by the fit" + G.ON_BOUND)
     assert G.map_sentence(neither, pd.DataFrame(rows), _forms(False)).endswith(
