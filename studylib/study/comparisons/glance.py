@@ -92,12 +92,17 @@ HEADER = ("point", "unit", "dense, active match", "MoE", "dense, total match", "
           "position p")
 
 
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """``rows`` under ``header`` as one markdown table (a missing value: an empty cell)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("" if v is None or v != v else str(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 def table_markdown(rows: Sequence[GlanceRow]) -> str:
     """The rows as one markdown table (gaps > 0: the MoE better; p: 0 at the active match, 1 at
     the total match)."""
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(getattr(r, f.name) for f in fields(GlanceRow)) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table(HEADER, [[getattr(r, f.name) for f in fields(GlanceRow)] for r in rows])
 
 
 def words(text: str) -> int:
@@ -133,4 +138,4 @@ def readme_answer(lead: Sequence[str], report: str = "outputs/cpu/report.html") 
 
 
 __all__ = ["MAX_SENTENCES", "MAX_WORDS", "README_WORDS", "GlanceRow", "HEADER", "ci_text", "mean_ci",
-           "missing_row", "read_table", "table_markdown", "words", "check_lead", "glance_markdown", "readme_answer"]
+           "missing_row", "read_table", "markdown_table", "table_markdown", "words", "check_lead", "glance_markdown", "readme_answer"]

@@ -92,7 +92,7 @@ def answer(out_dir: Path) -> Answer:
     frozen routers against the learned one, one expert against its dense twin, Clark et al.'s trend
     at this MoE's size) and, folded, the same with the positions' table and figure."""
     from studylib.study.comparisons.controls.analysis import lead_sentence
-    from studylib.study.comparisons.glance import read_table
+    from studylib.study.comparisons.glance import markdown_table, read_table
     from studylib.study.comparisons.controls.clark_law import CLARK_TREND, POSITION_AGAINST_SIZE
 
     cols = ("cell", "role", "model", "position", "position_low", "position_high", "position_defined")
@@ -103,11 +103,10 @@ def answer(out_dir: Path) -> Answer:
     lead = lead_sentence(pos, gap, read_table(out_dir, TWIN, ("mean", "ci_low", "ci_high", "verdict", "family")),
                          read_table(out_dir, CLARK_TREND, ("router", "experts", "size", "p", "ci_lo", "ci_hi", "decades_out")))
     figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (POSITION_AGAINST_SIZE, GAPS)) if p.is_file())
-    rows = [f"| {r.cell} | {r.role} | `{r.model}` | "
-            + (f"{r.position:+.2f} [{r.position_low:+.2f}, {r.position_high:+.2f}]" if r.position_defined else "–") + " |"
-            for r in pos.itertuples()]
-    table = "\n".join(["| cell | role | model | position p [95% CI] |", "|---|---|---|---|", *rows])
-    return Answer(f"**Controls (notebook 13).** {lead}\n\n{table}", figures, lead=(lead,) if lead else ())
+    cols = ("cell", "role", "model", "p [95% CI]", "gap to the reference", "verdict")
+    shown = read_table(out_dir, CONTROLS, cols)
+    table = "" if shown is None else "\n\n" + markdown_table(cols, shown[list(cols)].itertuples(index=False))
+    return Answer(f"**Controls (notebook 13).** {lead}{table}", figures, lead=(lead,) if lead else ())
 
 
 COMPARISON = Comparison("controls", "13_controls", ControlsKnobs, grids, tables=(GAPS, TWIN), answer=answer)

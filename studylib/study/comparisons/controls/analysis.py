@@ -173,6 +173,11 @@ def position_intervals(pos: pd.DataFrame) -> pd.DataFrame:
                         index=[f"{c}: {m}" for c, m in zip(p["cell"], p["model"])])
 
 
+def _two_decimals(x) -> str:
+    """``x`` with two decimals, never "-0.00"."""
+    return f"{round(float(x), 2) + 0.0:.2f}"
+
+
 def _against(r: pd.Series, name: str, other: str) -> str:
     """How control ``name`` stands against ``other`` from its family row (``a`` − ``b``; > 0: ``b``
     better): beats it / trails it by the gap with its 95% CI, equivalent within the margin, or not
@@ -221,8 +226,6 @@ def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFr
         return said + "."
     t = t.iloc[0]
     where = "above" if t["ci_lo"] > p else "below" if t["ci_hi"] < p else "around"
-    def f(x):  # two decimals, no "-0.00"
-        return f"{round(float(x), 2) + 0.0:.2f}"
-
+    f = _two_decimals
     return (said + f"; Clark et al.'s learned routers, extrapolated {t['decades_out']:.1f} decades down, trend to "
             f"p = {f(t['p'])} [{f(t['ci_lo'])}, {f(t['ci_hi'])}] here, {where} the MoE's {f(p)}.")
