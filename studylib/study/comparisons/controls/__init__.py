@@ -90,7 +90,7 @@ def grids(study: Study, knobs: ControlsKnobs) -> list[Grid]:
 def answer(out_dir: Path) -> Answer:
     """The controls' sentence of the first screen (:func:`.analysis.lead_sentence`: the hash and
     frozen routers against the learned one, one expert against its dense twin, Clark et al.'s trend
-    at this MoE's size) and, folded, the same with the positions' table and figure."""
+    at this MoE's size) and, folded, the same with the controls' table (p, gap, verdict) and figures."""
     from studylib.study.comparisons.controls.analysis import lead_sentence
     from studylib.study.comparisons.glance import markdown_table, read_table
     from studylib.study.comparisons.controls.clark_law import CLARK_TREND, POSITION_AGAINST_SIZE
@@ -103,9 +103,9 @@ def answer(out_dir: Path) -> Answer:
     lead = lead_sentence(pos, gap, read_table(out_dir, TWIN, ("mean", "ci_low", "ci_high", "verdict", "family")),
                          read_table(out_dir, CLARK_TREND, ("router", "experts", "size", "p", "ci_lo", "ci_hi", "decades_out")))
     figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (POSITION_AGAINST_SIZE, GAPS)) if p.is_file())
-    cols = ("cell", "role", "model", "p [95% CI]", "gap to the reference", "verdict")
-    shown = read_table(out_dir, CONTROLS, cols)
-    table = "" if shown is None else "\n\n" + markdown_table(cols, shown[list(cols)].itertuples(index=False))
+    shown_cols = ("cell", "role", "model", "p [95% CI]", "gap to the reference", "verdict")
+    shown = read_table(out_dir, CONTROLS, shown_cols)
+    table = "" if shown is None else "\n\n" + markdown_table(shown_cols, shown[list(shown_cols)].itertuples(index=False))
     return Answer(f"**Controls (notebook 13).** {lead}{table}", figures, lead=(lead,) if lead else ())
 
 
