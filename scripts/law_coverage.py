@@ -1,12 +1,12 @@
 """How often the joint law's 95% intervals cover the parameters that generated the data.
 
-The synthetic maps are the test suite's (tests/study/comparisons/token_budget/test_law.py: the
+The synthetic maps are the test suite's (tests/study/analysis/law/test_law.py: the
 token-budget grid's shape, three seeds per cell, seed noise of sd 0.01 bits per byte, known
 parameters). Each map is fitted once with ``--boot`` seed replicates and ``--boot`` cell replicates
 (the point fit starts at the truth, as the test does, to skip the grid of starts); a parameter's
 coverage is the share of maps whose interval holds the truth, with its Wilson 95% interval
 (statsmodels). The test only asks for >= 70% from 30 maps of 20 replicates; this measures the rate.
-``--held-out K`` also puts K maps to the held-out-size check (:func:`.law_checks.held_out`, the
+``--held-out K`` also puts K maps to the held-out-size check (:func:`studylib.study.analysis.law.checks.held_out`, the
 largest size left out, ``--boot`` replicates): the share of each map's checked points inside
 their 95% prediction intervals, and how many maps fall below the check's pass share.
 
@@ -31,9 +31,9 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from studylib.cli import Parser  # noqa: E402
 from studylib.config import args as T  # noqa: E402
-from studylib.study.comparisons.token_budget import law_fit as J  # noqa: E402
-from studylib.study.comparisons.token_budget import law_checks as C  # noqa: E402
-from tests.study.comparisons.token_budget.test_law import TRUE, _map, _true_theta  # noqa: E402
+from studylib.study.analysis.law import checks as C  # noqa: E402
+from studylib.study.analysis.law import fit as J  # noqa: E402
+from tests.study.analysis.law.test_law import TRUE, _map, _true_theta  # noqa: E402
 
 
 def one_map(args) -> list[dict]:

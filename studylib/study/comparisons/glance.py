@@ -9,7 +9,6 @@ key figure. Each comparison fills its own rows and sentences from its tables
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -19,19 +18,12 @@ import numpy as np
 import pandas as pd
 
 from studylib.config import ConfigError
+from studylib.study.analysis.text import ci_text
 
 #: the sentences of the first screen: at most three, at most this many words together
 MAX_SENTENCES, MAX_WORDS = 3, 145
 #: the README's answer: the same sentences and a pointer, at most this many words
 README_WORDS = 150
-
-
-def ci_text(mean: float, low: float = math.nan, high: float = math.nan, fmt: str = "+.3f") -> str:
-    """``+0.003 [-0.016, +0.021]``; the mean alone without an interval; "–" without a number."""
-    if mean is None or mean != mean:
-        return "–"
-    s = f"{mean:{fmt}}"
-    return s if low is None or low != low else f"{s} [{low:{fmt}}, {high:{fmt}}]"
 
 
 def mean_ci(values: Sequence[float], fmt: str = ".3f") -> str:
@@ -137,5 +129,5 @@ def readme_answer(lead: Sequence[str], report: str = "outputs/cpu/report.html") 
     return text
 
 
-__all__ = ["MAX_SENTENCES", "MAX_WORDS", "README_WORDS", "GlanceRow", "HEADER", "ci_text", "mean_ci",
+__all__ = ["MAX_SENTENCES", "MAX_WORDS", "README_WORDS", "GlanceRow", "HEADER", "mean_ci",
            "missing_row", "read_table", "markdown_table", "table_markdown", "words", "check_lead", "glance_markdown", "readme_answer"]

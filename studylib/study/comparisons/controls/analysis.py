@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from studylib.study.analysis.frames import seed_pairs
-from studylib.study.analysis.position import position_row
+from studylib.study.analysis.position import p_text, position_row, position_text
 from studylib.study.analysis.tables import comparison_table, concat_families
 from studylib.study.analysis.text import comparison_sentences
 from studylib.study.comparisons.controls.knobs import ControlCell
@@ -73,8 +73,7 @@ def control_table(pos: pd.DataFrame, gap: pd.DataFrame) -> pd.DataFrame:
     """The headline table: per cell and model, its loss, p [CI] and its gap to the reference MoE
     with the Holm-adjusted p and the verdict."""
     t = pos.copy()
-    t["p [95% CI]"] = [(f"{r.position:+.2f} [{r.position_low:+.2f}, {r.position_high:+.2f}]"
-                        if r.position_defined else r.position_reason) for r in t.itertuples()]
+    t["p [95% CI]"] = [position_text(r, why=True) for _, r in t.iterrows()]
     by = {(r["a"], r["family"]): r for _, r in gap.iterrows()}
     cols = {"gap to the reference": [], "p_holm": [], "verdict": []}
     for r in t.itertuples():
@@ -150,10 +149,8 @@ def recipe_tables(recipe: pd.DataFrame, base: pd.DataFrame, cell: ControlCell, n
 
 def recipe_sentence(pos: pd.DataFrame, n_lrs: int, batch_scale: int, router: float) -> str:
     """The recipe's outcome in one sentence, from :func:`recipe_tables`' ``position``."""
-    def p(r):
-        return (f"{r.position:+.2f} [{r.position_low:+.2f}, {r.position_high:+.2f}]" if r.position_defined
-                else r.position_reason)
     base, new = pos.iloc[0], pos.iloc[1]
+    p = lambda r: position_text(r, why=True)  # noqa: E731
     return (f"With the MoE's recipe ({batch_scale}x fewer, {batch_scale}x larger steps, each model at the best of "
             f"{n_lrs} learning rates, the router at {router:g}x the lr) the MoE's position is {p(new)} against "
             f"{p(base)} under the preset's recipe (n={int(new.n)} seeds; the best lr is chosen on the same seeds, "
@@ -171,11 +168,6 @@ def position_intervals(pos: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"mean": p["position"].to_numpy(), "ci_low": p["position_low"].to_numpy(),
                          "ci_high": p["position_high"].to_numpy(), "resolved": True},
                         index=[f"{c}: {m}" for c, m in zip(p["cell"], p["model"])])
-
-
-def _two_decimals(x) -> str:
-    """``x`` with two decimals, never "-0.00"."""
-    return f"{round(float(x), 2) + 0.0:.2f}"
 
 
 def _against(r: pd.Series, name: str, other: str) -> str:
@@ -226,6 +218,5 @@ def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFr
         return said + "."
     t = t.iloc[0]
     where = "above" if t["ci_lo"] > p else "below" if t["ci_hi"] < p else "around"
-    f = _two_decimals
     return (said + f"; Clark et al.'s learned routers, extrapolated {t['decades_out']:.1f} decades down, trend to "
-            f"p = {f(t['p'])} [{f(t['ci_lo'])}, {f(t['ci_hi'])}] here, {where} the MoE's {f(p)}.")
+            f"p = {p_text(t['p'], t['ci_lo'], t['ci_hi'])} here, {where} the MoE's {p_text(p)}.")

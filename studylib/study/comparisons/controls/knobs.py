@@ -11,7 +11,7 @@ from studylib.config.checks import model_names, positive
 from studylib.study.comparisons.knobs import Context, Knobs, SEEDS, knob
 
 #: the control roles a cell may name, in the tables' order
-ROLES = ("hash", "frozen", "one_expert", "dense_twin")
+CONTROL_ROLES = ("hash", "frozen", "one_expert", "dense_twin")
 #: what each role's model must be (checked on its resolved config)
 ROLE_WORDS = {"hash": "a routed MoE with ffn.router: hash", "frozen": "a routed MoE with ffn.router: frozen",
               "one_expert": "a routed MoE with num_experts 1 and top_k 1",
@@ -23,12 +23,12 @@ CONTROLS_SHAPE = ("[{trio: [dense_active, moe, dense_total], hash: m, frozen: m,
 @dataclass(frozen=True)
 class ControlCell:
     """One cell of the controls: the reference trio (active match, reference MoE, total match),
-    the control models by role (:data:`ROLES`; absent ones None) and the budget: ``epochs`` of the
+    the control models by role (:data:`CONTROL_ROLES`; absent ones None) and the budget: ``epochs`` of the
     preset's schedule (1.0: the preset's own runs, shared with the headline) or
     ``tokens_per_param`` (target tokens per active parameter of the trio's MoE, the map's unit)."""
 
     trio: tuple[str, str, str]
-    controls: tuple[tuple[str, str], ...]  # (role, model) in ROLES order
+    controls: tuple[tuple[str, str], ...]  # (role, model) in CONTROL_ROLES order
     epochs: Optional[float] = None
     tokens_per_param: Optional[float] = None
 
@@ -80,15 +80,15 @@ def parse_cells(raw: Any, where: str, ctx: Context) -> tuple[ControlCell, ...]:
         w = f"{where}[{i}]"
         if not isinstance(c, dict):
             raise ConfigError(f"{w}: expected a mapping {{trio: [...], hash: ..., epochs: ...}}, got {c!r}")
-        unknown = sorted(set(c) - {"trio", "epochs", "tokens_per_param", *ROLES})
+        unknown = sorted(set(c) - {"trio", "epochs", "tokens_per_param", *CONTROL_ROLES})
         if unknown:
-            raise ConfigError(f"{w}: unknown key(s) {unknown}; allowed: trio, {', '.join(ROLES)}, epochs, tokens_per_param")
+            raise ConfigError(f"{w}: unknown key(s) {unknown}; allowed: trio, {', '.join(CONTROL_ROLES)}, epochs, tokens_per_param")
         trio = model_names(c.get("trio"), f"{w}.trio", ctx.models)
         if len(trio) != 3:
             raise ConfigError(f"{w}.trio: expected [dense_active, moe, dense_total], got {list(trio)}")
-        controls = tuple((r, _model(c[r], f"{w}.{r}", ctx)) for r in ROLES if c.get(r) is not None)
+        controls = tuple((r, _model(c[r], f"{w}.{r}", ctx)) for r in CONTROL_ROLES if c.get(r) is not None)
         if not controls:
-            raise ConfigError(f"{w}: names no control; expected at least one of {', '.join(ROLES)}")
+            raise ConfigError(f"{w}: names no control; expected at least one of {', '.join(CONTROL_ROLES)}")
         if ctx.config is not None:
             one = dict(controls).get("one_expert")
             twin_of = ctx.config(one) if one else None

@@ -7,11 +7,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 from studylib.config import ConfigError
 from studylib.config.checks import count, is_number, model_names, positive
-from studylib.study.comparisons.budget_matching.shape import paper_shape, paper_vocab_per_d, trio_shape
+from studylib.study.analysis.shape import paper_shape, paper_vocab_per_d, trio_shape
+from studylib.study.analysis.position import ROLES
 from studylib.study.comparisons.knobs import Context, Knobs, knob
 
-#: a trio's models by role, in its order: the active match, the MoE, the total match
-ROLES = ("dense_active", "moe", "dense_total")
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ FFN_RANGE = (3.0, 5.0)
 
 
 def check_shape(names, where: str, ctx: Context) -> dict:
-    """The trio's shape (:func:`~studylib.study.comparisons.budget_matching.shape.trio_shape`); one
+    """The trio's shape (:func:`~studylib.study.analysis.shape.trio_shape`); one
     ConfigError line naming the first ratio that leaves the paper's family (see :data:`SHARE_TOL`)."""
     s, paper = trio_shape(*(ctx.config(m) for m in names), 0), paper_shape()
     what = {"emb_share_moe": f"the MoE {names[1]}'s embedding share of its active parameters",

@@ -15,7 +15,7 @@ import yaml
 from _tiny import tiny_preset, tiny_raw
 from studylib.config import ConfigError, run_document
 from studylib.run.rundir import RunDir
-from studylib.run.spec import RunSpec, tokens_per_step
+from studylib.run.spec import RunSpec, cell_overrides, tokens_per_step
 from studylib.study.analysis import paper
 from studylib.study.comparisons import comparison, study_of, token_budget
 from studylib.study.comparisons.token_budget import budgets, gaps as bm, repetition as budget_checks
@@ -106,7 +106,7 @@ def _specs(preset, trios, seeds):
 
 def _budget_map(preset, trios) -> dict:
     """``{epochs: overrides}`` of the trios' cells from all the stories (the tiny preset's vocabulary)."""
-    return {e: budgets.cell_overrides(preset, t, e, 1.0, preset.train.max_steps) for t in trios for e in t.epochs}
+    return {e: cell_overrides(preset, t.moe, e, 1.0, preset.train.max_steps) for t in trios for e in t.epochs}
 
 
 def test_run_plan_reuses_the_presets_own_runs_and_trains_the_other_budgets(tmp_path, monkeypatch):

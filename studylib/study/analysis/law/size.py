@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS
-from studylib.study.comparisons.token_budget.law_checks import paper_point
-from studylib.study.comparisons.token_budget.law_fit import COLUMNS, JointLaw, fit_law
-from studylib.study.comparisons.token_budget.law_form import SIZE_FORM, lambda_at
+from studylib.study.analysis.position import p_text
+from studylib.study.analysis.law.checks import paper_point
+from studylib.study.analysis.law.fit import COLUMNS, JointLaw, fit_law
+from studylib.study.analysis.law.form import SIZE_FORM, lambda_at
 
 #: the forms compared at the paper's point: one lambda, and lambda(N)
 FORMS = ("lambda", SIZE_FORM)
@@ -26,9 +27,12 @@ _ON_WORTH = ("loss_moe", "gap_active", "gap_total", "position")
 
 
 def fit_forms(runs: pd.DataFrame, per_role_rstar: bool = False, n_boot: int = 200, seed: int = 0,
-              forms=FORMS) -> dict:
-    """``{form: JointLaw}`` of the map's runs (:data:`~.law_fit.COLUMNS`) for each of ``forms``."""
-    return {f: fit_law(runs[list(COLUMNS)], f, per_role_rstar, n_boot=n_boot, seed=seed) for f in forms}
+              forms=FORMS, fitted: Mapping[str, JointLaw] | None = None) -> dict:
+    """``{form: JointLaw}`` of the map's runs (:data:`~.fit.COLUMNS`) for each of ``forms``; a form
+    in ``fitted`` (with the same R* and replicates) is taken as it is, not fitted again."""
+    fitted = fitted or {}
+    return {f: fitted[f] if f in fitted else fit_law(runs[list(COLUMNS)], f, per_role_rstar, n_boot=n_boot, seed=seed)
+            for f in forms}
 
 
 def lambda_at_paper(law: JointLaw) -> tuple[float, float, float]:
@@ -128,8 +132,8 @@ def size_form_sentences(points: pd.DataFrame, forms: pd.DataFrame) -> list:
         t = t.set_index("quantity")
         p = t.loc["position"]
         chosen = " (chosen by leaving cells out)" if bool(t["chosen"].iloc[0]) else ""
-        said = (f"p = {p['estimate']:.2f} [{p['ci_low']:.2f}, {p['ci_high']:.2f}]" if p["identified"] and
-                np.isfinite(p["ci_low"]) else f"p = {p['estimate']:.2f} (no interval)" if p["identified"] else
+        said = (f"p = {p_text(p['estimate'], p['ci_low'], p['ci_high'])}" if p["identified"] and
+                np.isfinite(p["ci_low"]) else f"p = {p_text(p['estimate'])} (no interval)" if p["identified"] else
                 f"p is not identified ({p['reason']})")
         s = f"The {form} form{chosen} gives at the paper's point {said}"
         c = forms[(forms["form"] == form) & (forms["parameter"] == "lambda_1")]

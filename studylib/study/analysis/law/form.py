@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from studylib.study.comparisons.token_budget.knobs import ROLES
+from studylib.study.analysis.position import ROLES
 
 FREE = (-math.inf, math.inf)
 EXPONENT_BOUNDS = (0.0, 4.0)

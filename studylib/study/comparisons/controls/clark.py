@@ -1,7 +1,10 @@
 """Clark et al. 2022's public loss curves beside this study's MoE: where a routed model sits
 between its two dense matches, per router, number of experts E and size; the trend of that
-position in log10 N; one table and one figure "position against size"; and Clark's runs in the
-form a joint law fit takes.
+position in log10 N (:mod:`.clark_tables`, with the table and figure "position against size" and
+the study's law fitted on their runs). Everything notebook 13 reads of Clark's curves is read and
+converted here, once: :func:`positions` (p per router, E and size), :func:`law_frame` (the one
+adapter to the law's input, :data:`~studylib.study.analysis.law.fit.COLUMNS`) and
+:func:`position_against_size` (this study's cells, Clark's and the paper's in one table).
 
 **The data.** ``curves.csv.gz`` of ``google-deepmind/scaling_laws_for_routing`` (*Unified Scaling
 Laws for Routed Language Models*, Clark et al., ICML 2022; CC-BY 4.0, cite the paper), found at
@@ -35,14 +38,14 @@ commit and checksum). It is never committed here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from studylib.config.schema import ConfigError
+from studylib.study.analysis.law.fit import COLUMNS as LAW_COLUMNS
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_POSITION
 from studylib.study.analysis.position import position
 
@@ -62,6 +65,9 @@ FIT_SIZES, HELD_OUT_SIZES = ("15M", "25M", "55M"), ("130M",)
 #: the columns :func:`position_against_size` takes for this study's cells
 STUDY_COLUMNS = ("n_active", "p", "p_lo", "p_hi", "source")
 
+#: a placeholder token count: every Clark run saw the same tokens, and the N-only forms read none
+SAME_TOKENS = 1.0
+
 
 class ClarkDataError(ConfigError):
     """Clark et al.'s file is missing, unreadable or lacks a column (one line naming the file)."""
@@ -70,7 +76,7 @@ class ClarkDataError(ConfigError):
 def clark_file(root: Optional[Path] = None) -> Path:
     """``<root>/../shared/data/clark2022/curves.csv.gz``; ``root``: the repository (default: the
     one this package lies in)."""
-    root = Path(root) if root is not None else Path(__file__).resolve().parents[3]
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[4]
     return (root / CLARK_DIR / CLARK_FILE).resolve()
 
 
@@ -162,74 +168,6 @@ def positions(last: pd.DataFrame, routers: Sequence[str] = ROUTERS, experts: Seq
             .drop(columns="_o").reset_index(drop=True))
 
 
-@dataclass(frozen=True)
-class Trend:
-    """``p = intercept + slope log10(N_active)`` fitted by OLS over ``n`` sizes of one router and E
-    (:func:`trends`), with the slope's 95% CI; ``n_min`` / ``n_max``: the sizes it rests on."""
-
-    router: str
-    experts: int
-    n: int
-    slope: float
-    slope_lo: float
-    slope_hi: float
-    intercept: float
-    n_min: float
-    n_max: float
-    result: Any = field(repr=False, compare=False)  # statsmodels' RegressionResults
-
-    def at(self, n_active, level: float = 0.95) -> pd.DataFrame:
-        """The line at ``n_active``: ``p``, its CI (``ci_lo``, ``ci_hi``), the prediction interval
-        of one new size (``pi_lo``, ``pi_hi``) and ``decades_out`` (log10 distance outside
-        ``[n_min, n_max]``; 0 inside): any readout with ``decades_out > 0`` is an extrapolation."""
-        n = np.atleast_1d(np.asarray(n_active, float))
-        x = np.log10(n)
-        sf = self.result.get_prediction(np.column_stack([np.ones_like(x), x])).summary_frame(alpha=1 - level)
-        out = np.maximum(np.log10(self.n_min) - x, 0) + np.maximum(x - np.log10(self.n_max), 0)
-        return pd.DataFrame({"n_active": n, "p": sf["mean"].to_numpy(), "ci_lo": sf["mean_ci_lower"].to_numpy(),
-                             "ci_hi": sf["mean_ci_upper"].to_numpy(), "pi_lo": sf["obs_ci_lower"].to_numpy(),
-                             "pi_hi": sf["obs_ci_upper"].to_numpy(), "decades_out": out})
-
-
-def trends(pos: pd.DataFrame, level: float = 0.95) -> dict:
-    """``{(router, E): Trend}`` over :func:`positions`' rows where p is defined; a router and E
-    with fewer than 3 such sizes (no interval) is left out. To fit over fewer sizes, pass fewer rows
-    (e.g. without the 370M, which sits below the 15-130M line for every router)."""
-    import statsmodels.api as sm
-
-    fits = {}
-    for (router, e), g in pos.dropna(subset=["p"]).groupby(["router", "experts"], sort=False):
-        if len(g) < 3:
-            continue
-        x = np.log10(g["n_active"].to_numpy(float))
-        res = sm.OLS(g["p"].to_numpy(float), sm.add_constant(x, has_constant="add")).fit()
-        b_lo, b_hi = np.asarray(res.conf_int(alpha=1 - level))[1]
-        fits[(router, int(e))] = Trend(router, int(e), len(g), float(res.params[1]), float(b_lo), float(b_hi),
-                                       float(res.params[0]), float(g["n_active"].min()),
-                                       float(g["n_active"].max()), res)
-    return fits
-
-
-def trend_table(fits: dict, sizes: dict) -> pd.DataFrame:
-    """Every trend read at ``sizes`` (``{label: N_active}``, e.g. this study's MoEs and the
-    paper's 14.77M): one row per router, E and size with the slope (and its CI) beside
-    :meth:`Trend.at`'s columns and ``readout`` ("inside Clark's sizes" or "extrapolated, x.xx
-    decades below / above Clark's sizes")."""
-    rows = []
-    for t in fits.values():
-        at = t.at(list(sizes.values())).assign(size=list(sizes))
-        at.insert(0, "router", t.router)
-        at.insert(1, "experts", t.experts)
-        at["slope"], at["slope_lo"], at["slope_hi"], at["fit_sizes"] = t.slope, t.slope_lo, t.slope_hi, t.n
-        at["readout"] = [("inside Clark's sizes" if d == 0 else
-                          f"extrapolated, {d:.2f} decades {'below' if n < t.n_min else 'above'} Clark's sizes")
-                         for n, d in zip(at["n_active"], at["decades_out"])]
-        rows.append(at)
-    cols = ["router", "experts", "size", "n_active", "p", "ci_lo", "ci_hi", "pi_lo", "pi_hi", "decades_out",
-            "readout", "slope", "slope_lo", "slope_hi", "fit_sizes"]
-    return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
-
-
 def cells_from_gap_table(table: pd.DataFrame) -> pd.DataFrame:
     """The token-budget map's position table (``token_budget.gaps.gap_table``: ``moe_active``,
     ``size_label``, ``tokens_per_param``, ``position``, ``position_low``, ``position_high``,
@@ -272,60 +210,6 @@ def position_against_size(study_cells: pd.DataFrame, pos: pd.DataFrame, routers:
     return pd.concat([study[cols], clark[cols], paper[cols]], ignore_index=True)
 
 
-def position_against_size_figure(table: pd.DataFrame, fits: dict, outdir=None,
-                                 name: str = "position_against_size"):
-    """p against active N (log x) from :func:`position_against_size`'s table: this study's cells
-    with their 95% CIs (black), Clark et al.'s points (colour: router; marker: E) with each trend
-    of ``fits`` (:func:`trends`) whose router and E the table shows, drawn over the whole x range
-    (dashed where extrapolated) with the 95% CI of the line as a band, the paper's point (star),
-    and lines at 0 (the active match) and 1 (the total match)."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    from studylib.study.analysis.plots import save_figure
-
-    fig, ax = plt.subplots(figsize=(8.5, 5.2))
-    clark = table[(table["kind"] == "Clark et al. 2022") & table["p"].notna()]
-    routers = list(dict.fromkeys(clark["router"]))
-    colours = dict(zip(routers, sns.color_palette("colorblind", len(routers))))
-    markers = {4: "o", 8: "s"}
-    if len(clark):
-        sns.scatterplot(data=clark.assign(E=clark["experts"].astype(int)), x="n_active", y="p", hue="router",
-                        hue_order=routers, palette=colours, style="E", markers=markers, s=60, ax=ax, zorder=3)
-    x = table.loc[table["p"].notna(), "n_active"].astype(float)
-    grid = np.logspace(np.log10(x.min()) - 0.2, np.log10(x.max()) + 0.2, 200)
-    shown = set(zip(clark["router"], clark["experts"].astype(int)))
-    for (router, e), t in fits.items():
-        if (router, e) not in shown:
-            continue
-        at = t.at(grid)
-        ls = "-" if e == 4 else "--"
-        inside = at["decades_out"] == 0
-        ax.plot(grid[inside], at["p"][inside], color=colours[router], ls=ls, lw=1.5)
-        ax.plot(grid, at["p"], color=colours[router], ls=ls, lw=0.8, alpha=0.6)
-        ax.fill_between(grid, at["ci_lo"], at["ci_hi"], color=colours[router], alpha=0.08 if e == 8 else 0.12, lw=0)
-    study = table[(table["kind"] == "this study") & table["p"].notna()]
-    if len(study):
-        yerr = np.vstack([study["p"] - study["p_lo"], study["p_hi"] - study["p"]]).clip(min=0)
-        ax.errorbar(study["n_active"], study["p"], yerr=np.nan_to_num(yerr), fmt="o", color="black", capsize=3,
-                    label="this study (95% CI)", zorder=4)
-    paper = table[table["kind"] == "the paper"]
-    ax.scatter(paper["n_active"], paper["p"], marker="*", s=220, color="crimson", edgecolor="black",
-               label=f"the paper ({PAPER_POSITION:.2f})", zorder=5)
-    for y, words in ((0.0, "active match"), (1.0, "total match")):
-        ax.axhline(y, color="grey", ls=":", lw=1)
-        ax.text(grid[0], y, f" {words}", va="bottom", ha="left", fontsize=8, color="grey")
-    ax.set_xscale("log")
-    ax.set_xlabel("active parameters N (log scale)")
-    ax.set_ylabel("position p between the dense matches")
-    ax.set_title("Position against size. Clark et al.'s trends: E = 4 solid, E = 8 dashed; band: 95% CI of the "
-                 "line; thin: extrapolated", fontsize=9)
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    save_figure(fig, name, outdir)
-    return fig
-
-
 def law_frame(last: pd.DataFrame, experts: Sequence[int] = EXPERTS, fit_sizes: Sequence[str] = FIT_SIZES,
               held_out: Sequence[str] = HELD_OUT_SIZES, loss: str = LOSS) -> pd.DataFrame:
     """Clark et al.'s plain dense runs and S-Base runs with ``experts`` experts (main setting: k 1,
@@ -349,15 +233,26 @@ def law_frame(last: pd.DataFrame, experts: Sequence[int] = EXPERTS, fit_sizes: S
     moe = last[(last["router_type"] == "S-Base") & last["num_experts"].isin(experts) & _main_setting(last)]
     both = pd.concat([dense.assign(role="dense"), moe.assign(role="moe")])
     both = both[both["model_size_label"].isin(sizes)]
-    out = pd.DataFrame({"run": both["hyper_id"], "role": both["role"], "router": both["router_type"],
-                        "experts": both["num_experts"].astype(int), "size_label": both["model_size_label"],
-                        "seed": both["seed"], "n_active": both["dense_parameter_count"],
-                        "n_total": both["total_parameter_count"], "loss": both[loss], "step": both["step"],
-                        "split": both["model_size_label"].map(sizes)})
-    return out.sort_values(["role", "experts", "n_active", "seed"]).reset_index(drop=True)
+    out = pd.DataFrame({"role": np.where(both["role"] == "dense", "dense_active", "moe"),
+                        "size": both["model_size_label"], "seed": both["seed"].astype(int),
+                        "active": both["dense_parameter_count"].astype(float),
+                        "total": both["total_parameter_count"].astype(float), "tokens": SAME_TOKENS,
+                        "unique": SAME_TOKENS, "value": both[loss].astype(float),
+                        "split": both["model_size_label"].map(sizes), "experts": both["num_experts"].astype(int),
+                        "router": both["router_type"], "run": both["hyper_id"], "step": both["step"]})
+    return out.sort_values(["role", "experts", "active", "seed"]).reset_index(drop=True)
+
+
+def clark_runs(frame: pd.DataFrame, experts: int) -> pd.DataFrame:
+    """:func:`law_frame`'s dense runs and its S-Base runs with ``experts`` experts: the law's
+    :data:`~studylib.study.analysis.law.fit.COLUMNS` and ``split``."""
+    f = frame[(frame["role"] != "moe") | (frame["experts"] == experts)]
+    if not (f["role"] == "moe").any():
+        raise ValueError(f"clark law: no S-Base run with E = {experts} in the frame (E: "
+                         f"{sorted(frame.loc[frame['role'] == 'moe', 'experts'].unique())})")
+    return f[[*LAW_COLUMNS, "split"]].reset_index(drop=True)
 
 
 __all__ = ["CLARK_DIR", "COLUMNS", "ClarkDataError", "EXPERTS", "FIT_SIZES", "HELD_OUT_SIZES", "LOSS", "ROUTERS",
-           "STUDY_COLUMNS", "Trend", "cells_from_gap_table", "clark_file", "dense_loss_at", "dense_sizes",
-           "last_evaluations", "law_frame", "load_curves", "position_against_size", "position_against_size_figure",
-           "positions", "trend_table", "trends"]
+           "SAME_TOKENS", "STUDY_COLUMNS", "cells_from_gap_table", "clark_file", "clark_runs", "dense_loss_at", "dense_sizes",
+           "last_evaluations", "law_frame", "load_curves", "position_against_size", "positions"]
