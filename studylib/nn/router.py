@@ -29,8 +29,10 @@ Controls (``ffn.router``; ``learned`` is the reference):
   random order drawn from a generator seeded with :data:`HASH_SEED`, the same in every layer and
   every run), with equal combine weights 1/K (times ``route_scale``); Clark et al. 2022's Hash
   layer with top-k. The token ids reach the router through its input (``Router.forward(x_TD,
-  ids_T)``). It has no scores: its logits are 0 and its distribution 1/E (as the ``uniform``
-  mode's), and the balance, z and sequence losses must be off (the schema refuses them).
+  ids_T)``). It has no scores: its routing record's logits are 0 and its distribution 1/E (as
+  the ``uniform`` mode's), stand-ins that its statistics and :meth:`Router.distribution` report as
+  NaN (entropy, gate, margin, log Z: not applicable); the balance, z and sequence losses must be
+  off (the schema refuses them).
 
 Modes (``Router.mode``, per layer; see :meth:`studylib.nn.model.Decoder.set_router_mode`):
 ``learned`` (normal), ``uniform`` (gate forced to 1/E; sparse layers take the fixed balanced
@@ -63,6 +65,7 @@ from studylib.nn import router_losses
 
 MODES = ("learned", "uniform", "balanced")
 HASH_SEED = 20220201  # the hash router's table: one fixed draw (Clark et al. 2022's year and month)
+NO_SCORES = "hash router: no scores"  # why its score statistics and distribution are NaN
 
 
 def hash_table(vocab_size: int, num_experts: int, top_k: int, seed: int = HASH_SEED) -> torch.Tensor:
@@ -230,7 +233,10 @@ class Router(nn.Module):
             nn.init.normal_(self.weight, std=std)
 
     def distribution(self, logits_TE: torch.Tensor) -> torch.Tensor:
-        """The router's learned distribution over experts for ``logits_TE`` (whatever the mode)."""
+        """The router's learned distribution over experts for ``logits_TE`` (whatever the mode); NaN
+        for the hash router, which has none (:data:`NO_SCORES`)."""
+        if self.hashed:
+            return torch.full_like(logits_TE, math.nan)
         return distribution(logits_TE, self.cfg.score)
 
     def forward(self, x_TD: torch.Tensor, ids_T: Optional[torch.Tensor] = None) -> Routing:
@@ -279,8 +285,11 @@ class Router(nn.Module):
     @torch.no_grad()
     def stats(self, rec: Routing) -> dict:
         """This layer's diagnostics (:func:`studylib.nn.router_losses.router_stats`), with the bias
-        and the share of picks it made (``bias_picked``) for a biased router."""
+        and the share of picks it made (``bias_picked``) for a biased router; the hash router's
+        score statistics are NaN, with a ``note`` saying why (its 1/E stands in for no scores)."""
         out = router_losses.router_stats(rec.logits_TE, rec.probs_TE, rec.shares_E())
+        if self.hashed:
+            out.update(dict.fromkeys(router_losses.SCORE_STATS, math.nan), note=NO_SCORES)
         if self.biased:
             out["bias"] = self.bias_E.tolist()
             out["bias_picked"] = float(picked_by_bias(rec.probs_TE, rec.idx_TK).float().mean())

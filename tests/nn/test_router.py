@@ -568,6 +568,11 @@ def test_a_hash_model_trains_and_decodes_with_a_cache(tmp_path, data, one_thread
     p = tiny_preset(models={"hash": HASH}, train={"max_steps": 4, "eval_every": 2})
     s = T.train_run(p, "hash", 1, run_dir=tmp_path / "r", progress=False, data=data)
     assert math.isfinite(s["best_val_loss"])
+    from studylib.tools.explorer.diagnostics import diagnostics_over_training
+
+    diag = diagnostics_over_training(tmp_path / "r")  # no scores: NaN, not the ln E of its stand-in logits
+    assert len(diag) and diag[list(router_losses.SCORE_STATS)].isna().all().all() and diag["busiest"].notna().all()
+    assert set(diag["note"]) == {"hash router: no scores"}
     m = Decoder(p.model_config("hash")).eval()
     m.load_state_dict(C.load(RunDir(tmp_path / "r").checkpoints / C.LATEST)["model"])
     idx = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
