@@ -53,7 +53,6 @@ Shape legend: T tokens, D model width, E experts, K experts chosen per token.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 from typing import Callable, Iterator, NamedTuple, Optional
 
@@ -72,12 +71,34 @@ def hash_table(vocab_size: int, num_experts: int, top_k: int, seed: int = HASH_S
     """(V, K) long: the experts of each token id under the hash router. The C = binom(E, K)
     K-subsets of the experts (in lexicographic order) are dealt to the ids in the order of one
     random permutation of the vocabulary (``torch.randperm`` from a CPU generator seeded with
-    ``seed``): id ``v`` takes subset ``perm[v] mod C``. Every subset goes to floor(V/C) or
-    ceil(V/C) ids, so every expert to a K/E share of the vocabulary (not of the tokens: the ids'
-    frequencies differ). A pure function of its arguments."""
-    subsets = torch.tensor(list(itertools.combinations(range(num_experts), top_k)), dtype=torch.long)
+    ``seed``): id ``v`` takes subset ``perm[v] mod C`` (:func:`kth_subsets`: computed, never
+    enumerated, so 32 of 64 experts works too). Every subset goes to floor(V/C) or ceil(V/C) ids,
+    so every expert to a K/E share of the vocabulary (not of the tokens: the ids' frequencies
+    differ). A pure function of its arguments."""
     perm = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(seed))
-    return subsets[perm % len(subsets)]
+    C = math.comb(num_experts, top_k)
+    return kth_subsets(perm if vocab_size <= C else perm % C, num_experts, top_k)
+
+
+def kth_subsets(r_V: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """(V, k) long: for each index ``r`` of ``r_V``, the r-th k-subset of ``range(n)`` in
+    lexicographic order (``itertools.combinations``' order), by the combinatorial number system:
+    one pass over the elements, taking element ``x`` when ``r`` falls among the binom(n-x-1, j-1)
+    subsets that take it next (j still to take), else skipping those subsets."""
+    cap = int(r_V.max()) + 1 if len(r_V) else 1  # counts above every r compare alike: capped, no overflow
+    ways = torch.zeros(n, k + 1, dtype=torch.long)  # ways[m, j] = binom(m, j - 1), capped at cap
+    ways[0, 1] = 1
+    for m in range(1, n):
+        ways[m, 1:] = (ways[m - 1, 1:] + ways[m - 1, :-1]).clamp_max(cap)
+    r, left = r_V.to(torch.long).clone(), torch.full_like(r_V, k, dtype=torch.long)
+    out = torch.empty(len(r_V), k, dtype=torch.long)
+    for x in range(n):
+        c = ways[n - 1 - x][left]  # the subsets that take x next (0 once all k are taken)
+        take = r < c
+        out[take, k - left[take]] = x
+        r = torch.where(take, r, r - c)
+        left = left - take.long()
+    return out
 
 
 def logits(x_TD: torch.Tensor, weight_ED: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
