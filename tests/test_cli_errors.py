@@ -109,7 +109,7 @@ def test_set_of_a_section_merges_into_it():
     (["train", "--params", CI, "--model", "dense_active", "--set", "train=null"], "train"),
     (["budget", CI, "--set", "data=~"], "data"),
     (["prepare-data", "--params", CI, "--set", "models={moe_hash: null}"], "models.moe_hash"),
-    (["budget", CI, "--set", "study.lr_sweep=null"], "study.lr_sweep"),
+    (["budget", CI, "--set", "model=null"], "model"),
 ])
 def test_a_section_set_to_null_is_refused(box, capsys, argv, key):
     """``--set train=null`` trained with the schema's defaults (lr 3e-4, batch 16, no step limit), rc 0."""
@@ -120,13 +120,15 @@ def test_a_section_set_to_null_is_refused(box, capsys, argv, key):
 
 def test_a_section_set_to_null_is_refused_in_every_spelling(tmp_path):
     """The overrides mapping of a notebook and an ``extends`` child's empty section say so too;
-    a null on a field (``study.margin``: its default) is still allowed."""
+    a null on a field (``study.margin``: its default) or a study knob (``study.noise_split``: off,
+    as scripts/gpu_check.sh sets it) is still allowed."""
     from studylib.config import ConfigError, load_preset, override
 
     base = load_preset(CI)
     with pytest.raises(ConfigError, match=r"^override 'train': train is a section and cannot be set to null"):
         override(base, {"train": None})
     assert override(base, {"study.margin": None}).study.margin == base.study.power_target
+    assert override(base, {"study.noise_split": None}).study.comparisons["noise_split"] is None
     (tmp_path / "child.yaml").write_text(f"extends: {CI}\ntrain:\n")
     with pytest.raises(ConfigError, match=r"child\.yaml: train is a section and cannot be set to null"):
         load_preset(tmp_path / "child.yaml")

@@ -330,13 +330,14 @@ _SECTIONS = ("data", "train", "model", "models", "study")
 
 
 def _refuse_null_section(old: Any, key: str, value: Any, where: str) -> None:
-    """A null set where a section is (a top-level section, or a mapping of the preset: ``train``,
-    ``models.moe``, ``study.lr_sweep``) is a :class:`ConfigError`: it would silently reset the
-    whole section to its defaults."""
+    """A null set where a section is (a top-level section, or a mapping of the preset such as
+    ``models.moe``) is a :class:`ConfigError`: it would silently reset the whole section to its
+    defaults. A study knob's null stays allowed: it means the knob's default (documented;
+    ``study.noise_split: null`` turns the noise split off)."""
     if isinstance(value, Mapping):
         for k, v in value.items():
             _refuse_null_section(old.get(k) if isinstance(old, Mapping) else None, f"{key}.{k}", v, where)
-    elif value is None and (isinstance(old, Mapping) or key in _SECTIONS):
+    elif value is None and ((isinstance(old, Mapping) and not key.startswith("study.")) or key in _SECTIONS):
         raise ConfigError(f"{where}: {key} is a section and cannot be set to null (it would reset the whole "
                           f"section to its defaults); set its fields instead, e.g. {key}.<field>=value")
 
