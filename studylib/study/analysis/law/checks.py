@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from studylib.study.analysis.bootstrap import percentile_ci, pooled_sd
-from studylib.study.analysis.paper import PAPER_HEADLINE_TOKENS, PAPER_MODELS, PAPER_POSITION, PAPER_TABLE6, paper_params
+from studylib.study.analysis.paper import (PAPER_HEADLINE_TOKENS, PAPER_MODELS, PAPER_POSITION, PAPER_TABLE6,
+                                           paper_params)
 from studylib.study.analysis.position import ROLES, position, position_row
 from studylib.study.analysis.law.fit import (COLUMNS, HUBER_DELTA, JointLaw, fit_law, per_role_start,
                                                              runs_frame)
@@ -103,9 +104,9 @@ def _budgets(df: pd.DataFrame) -> list:
 @dataclass(frozen=True)
 class HeldOut:
     """:func:`predict_held_out`'s answer: ``law`` refitted without the held-out runs; ``cells``, one
-    row per held-out map cell and role present there (``map_cell``, ``size``, ``role``, ``active``, ``total``,
-    ``tokens``, ``unique``, ``n`` runs, ``measured``: their mean loss, ``log_measured``: their mean
-    log loss, ``sd``: the noise's sd); ``point``: the refit's loss there; ``draws``: its seed
+    row per held-out map cell and role present there (``map_cell``, ``size``, ``role``, ``active``,
+    ``total``, ``tokens``, ``unique``, ``n`` runs, ``measured``: their mean loss, ``log_measured``:
+    their mean log loss, ``sd``: the noise's sd); ``point``: the refit's loss there; ``draws``: its seed
     replicates plus the noise of a mean of ``n`` runs at ``sd`` (n_boot x rows)."""
 
     law: JointLaw
@@ -118,14 +119,13 @@ def predict_held_out(df: pd.DataFrame, held, form: str, per_role_rstar: bool = F
                      level: float = 0.95, seed: int = 0, start=None, rng=None, **fit_kwargs) -> HeldOut:
     """The law refitted on the runs of ``df`` (:func:`~.fit.runs_frame`) outside the mask ``held``
     (``n_boot`` seed replicates; from ``start``, an optimum, where given; ``fit_kwargs``: the rest of
-    :func:`~.fit.fit_law`'s) and each held-out map
-    cell's roles predicted. The one noise model: a role's measured mean is a mean of its ``n`` runs,
-    whose spread is the refit runs' pooled within-cell sd at that cell's budget (all the refit runs
-    where that budget has none: the spread is budget-dependent, up to 0.13 bits per byte where a run
-    stalls); drawn from ``rng`` per cell (none without replicates). A refit that fails raises its
-    ValueError."""
-    held = np.asarray(held, dtype=bool)
-    budget = np.select([m for _, m in _budgets(df)], list(range(len(_budgets(df)))))
+    :func:`~.fit.fit_law`'s) and each held-out map cell's roles predicted. The one noise model: a
+    role's measured mean is a mean of its ``n`` runs, whose spread is the refit runs' pooled
+    within-cell sd at that cell's budget (all the refit runs where that budget has none: the spread
+    is budget-dependent, up to 0.13 bits per byte where a run stalls); drawn from ``rng`` per cell
+    (none without replicates). A refit that fails raises its ValueError."""
+    held, budgets = np.asarray(held, dtype=bool), _budgets(df)
+    df = df.assign(budget=np.select([m for _, m in budgets], list(range(len(budgets)))))
     train, test = df[~held], df[held]
     law = fit_law(train[list(COLUMNS)], form, per_role_rstar, n_boot=n_boot, n_boot_cell=0, level=level, seed=seed,
                   start=start, **fit_kwargs)
@@ -136,13 +136,14 @@ def predict_held_out(df: pd.DataFrame, held, form: str, per_role_rstar: bool = F
         roles = [r for r in ROLES if r in g.groups]
         trio, n = g[["active", "total"]].first().reindex(roles), g.size().reindex(roles).to_numpy(float)
         d, u = float(cell["tokens"].iloc[0]), float(cell["unique"].iloc[0])
-        same = pooled_sd(train[budget[~held] == budget[held][test.index.get_loc(cell.index[0])]])
+        same = pooled_sd(train[train["budget"] == cell["budget"].iloc[0]])
         sd = every if math.isnan(same) else same
         b = law.at(roles, trio["active"], trio["total"], [d] * len(roles), [u] * len(roles))
         reps = b.draws if not len(b.draws) or rng is None else \
             b.draws + rng.normal(0.0, 1.0, b.draws.shape) * sd / np.sqrt(n)
-        cells.append(pd.DataFrame({"map_cell": c, "size": cell["size"].iloc[0], "role": roles, "active": trio["active"].to_numpy(),
-                                   "total": trio["total"].to_numpy(), "tokens": d, "unique": u, "n": n.astype(int),
+        cells.append(pd.DataFrame({"map_cell": c, "size": cell["size"].iloc[0], "role": roles,
+                                   "active": trio["active"].to_numpy(), "total": trio["total"].to_numpy(),
+                                   "tokens": d, "unique": u, "n": n.astype(int),
                                    "measured": g["value"].mean().reindex(roles).to_numpy(),
                                    "log_measured": np.log(cell["value"]).groupby(cell["role"]).mean()
                                    .reindex(roles).to_numpy(), "sd": sd}))
@@ -390,6 +391,6 @@ def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
     return out
 
 
-__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "CANDIDATES", "cell_position", "Choice", "choice_sentence", "choose",
-           "held_out_verdict", "held_out", "paper_point", "HeldOut", "predict_held_out", "close_groups",
+__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "CANDIDATES", "cell_position", "Choice", "choice_sentence",
+           "choose", "held_out_verdict", "held_out", "paper_point", "HeldOut", "predict_held_out", "close_groups",
            "RESIDUAL_LIMIT", "influence"]

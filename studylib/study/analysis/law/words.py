@@ -61,7 +61,8 @@ def paper_sentences(table: pd.DataFrame) -> list:
     inside = (f", {'inside' if p['paper_inside'] in (True, 'True') else 'outside'} the interval"
               if p["ci_low"] == p["ci_low"] else f" ({p['reason']})" if p["reason"] else
               " (the law's p carries no interval)")
-    out = [f"Extrapolated {where}, the joint law places the MoE at p = {p_text(p['estimate'], p['ci_low'], p['ci_high'])} of the way from its active "
+    at = p_text(p["estimate"], p["ci_low"], p["ci_high"])
+    out = [f"Extrapolated {where}, the joint law places the MoE at p = {at} of the way from its active "
            f"match (0) to its total match (1); the paper measured {p['paper']:.2f}{inside}."]
     m = t.loc[mix]
     s = (f"{mix} = {_ci(m, '.3f')}" if m["identified"] else
