@@ -4,6 +4,7 @@ the router measurements on a trained tiny run (the initial router rebuilt exactl
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -289,5 +290,64 @@ def test_the_first_screen_sentence_words_each_controls_verdict_and_places_the_mo
     h2 = paired(s2[s2["model"] == "hash"]["best_val_loss"].to_numpy(), LOSS["moe"])
     assert f"a hash router beats the learned one by {-h2.mean:.3f} [{-h2.ci_high:.3f}, {-h2.ci_low:.3f}]," in \
         A.lead_sentence(t2["positions"], t2["gaps"], t2["twin"], None)
-    assert A.lead_sentence(pos.iloc[0:0], g, tw, None) == ""
 
+
+def _tables(out, positions=None, gaps=None, twin=None):
+    """Notebook 13's tables of TCELL as it writes them under ``out`` (each frame replaceable)."""
+    from studylib.study.analysis.plots import save_table
+    from studylib.study.comparisons import controls as C
+
+    t = A.cell_tables([_summaries()], [TCELL], 0.03)
+    save_table(t["positions"] if positions is None else positions(t["positions"]), C.POSITIONS, out, index=False)
+    save_table(t["gaps"] if gaps is None else gaps(t["gaps"]), C.GAPS, out, index=False)
+    if twin is not False:
+        save_table(t["twin"], C.TWIN, out, index=False)
+    return out / "tables"
+
+
+@pytest.mark.parametrize("name", ["controls_positions", "controls_gaps"])
+def test_a_table_cut_mid_row_is_one_line_naming_it(tmp_path, name):
+    """issue 57: a torn table read as rows of NaN: the frozen router dropped from the answer, or a traceback."""
+    from studylib.study.comparisons import controls as C
+
+    path = _tables(tmp_path) / f"{name}.csv"
+    text = path.read_text()
+    path.write_text(text[: text.index("frozen", text.index("\n")) + 3])
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: cut mid-row \(its last line is unfinished"):
+        C.answer(tmp_path)
+
+
+@pytest.mark.parametrize("damage, said", [
+    (dict(gaps=lambda g: g[g["a"] != "frozen"]),
+     "Controls at that budget (nats; incomplete tables, run notebook 13 again: controls_gaps.csv lacks the frozen "
+     "router `frozen`): a hash router trails the learned one by"),
+    (dict(positions=lambda p: p[~p["model"].isin(["hash", "frozen"])]),
+     "Controls at that budget (nats; incomplete tables, run notebook 13 again: controls_positions.csv lacks `hash` "
+     "and `frozen`): one expert is equivalent to its dense twin (±0.03)."),
+    (dict(gaps=lambda g: g[~g["a"].isin(["hash", "frozen"])], twin=False),
+     "Controls at that budget: not stated (incomplete tables, run notebook 13 again: controls_gaps.csv lacks the "
+     "hash router `hash` and the frozen router `frozen`; controls_twin.csv lacks `one` − `twin`)."),
+    (dict(positions=lambda p: p.iloc[:1], gaps=lambda g: g.iloc[:0], twin=False),
+     "Controls at that budget: not stated (incomplete tables, run notebook 13 again: controls_positions.csv lacks "
+     "the cell's controls)."),
+    (dict(positions=lambda p: p.iloc[:0]),
+     "Controls: not stated (incomplete tables, run notebook 13 again: controls_positions.csv has no rows)."),
+])
+def test_a_table_without_rows_the_sentence_reads_names_them_and_never_prints_an_empty_list(tmp_path, damage, said):
+    """issue 57: rows missing from notebook 13's tables were dropped from the sentence in silence,
+    or left "Controls at that budget (nats): ." on the first screen."""
+    from studylib.study.comparisons import controls as C
+
+    _tables(tmp_path, **damage)
+    a = C.answer(tmp_path)
+    assert a.lead == (a.lead[0],) and a.lead[0].startswith(said) and "(nats): ." not in a.lead[0]
+    assert said in a.markdown
+
+
+def test_a_first_cell_without_a_control_the_sentence_words_says_so_below_the_first_screen(tmp_path):
+    from studylib.study.comparisons import controls as C
+
+    only = lambda t, col: t[t[col].isin(["moe", "one"])]  # noqa: E731  the reference and one expert, no twin
+    _tables(tmp_path, positions=lambda p: only(p, "model"), gaps=lambda g: only(g, "a"), twin=False)
+    a = C.answer(tmp_path)
+    assert a.lead == () and "No sentence on the first screen: its first cell has no hash or frozen" in a.markdown
