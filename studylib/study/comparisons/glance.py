@@ -43,11 +43,16 @@ def mean_ci(values: Sequence[float], fmt: str = ".3f") -> str:
 def read_table(out_dir: Path, name: str, columns: Sequence[str] = (), **read_csv) -> Optional[pd.DataFrame]:
     """``tables/<name>.csv`` under the preset's outputs ``out_dir`` as its notebook wrote it, for the
     answer: None when it is not there (the answer says what is missing); a file that is not a
-    table, or lacks one of ``columns``, is one ConfigError line naming it (a table of another
-    version, or edited by hand), never a KeyError or an answer that drops its row."""
+    table, was cut mid-row (its last line unfinished: a notebook's table ends in a newline) or lacks
+    one of ``columns`` is one ConfigError line naming it (a table of another version, cut short, or
+    edited by hand), never a KeyError or an answer that drops its row."""
     path = Path(out_dir) / "tables" / f"{name}.csv"
     if not path.is_file():
         return None
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        raise ConfigError(f"{path}: cut mid-row (its last line is unfinished; a table its notebook writes ends in a "
+                          f"newline); run the notebook again or delete the file")
     try:
         t = pd.read_csv(path, **read_csv)
     except (ValueError, UnicodeDecodeError) as e:  # pandas' ParserError and EmptyDataError are ValueErrors

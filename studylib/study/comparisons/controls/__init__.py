@@ -1,10 +1,10 @@
 """Notebook 13, controls: is the tiny MoE learning to route, and does its machinery cost anything?
 Per cell of ``study.controls`` (:mod:`.knobs`): the reference trio and the controls (a hash router,
 a frozen router, a one-expert MoE and its dense twin) at one budget, the first
-``study.controls_seeds`` seeds; the tables and words (:mod:`.analysis`), what the routers learn
-(:mod:`.routers`); its family tables ``controls_gaps`` (each control − the reference MoE, Holm over
-the cell's controls) and ``controls_twin`` (the one-expert MoE − its dense twin, TOST within
-``study.margin``).
+``study.controls_seeds`` seeds; the tables and words (:mod:`.analysis`; the tables' names:
+:mod:`.tables`), what the routers learn (:mod:`.routers`); its family tables ``controls_gaps``
+(each control − the reference MoE, Holm over the cell's controls) and ``controls_twin`` (the
+one-expert MoE − its dense twin, TOST within ``study.margin``).
 
 A cell at ``epochs: 1.0`` reads the preset's own runs (the headline's, shared); one at
 ``tokens_per_param: x`` trains ``round(x * A / tokens_per_step)`` optimizer steps (``A``: the trio
@@ -19,13 +19,10 @@ from studylib.config import ConfigError, Preset
 from studylib.run.spec import cell_overrides as spec_cell_overrides, epoch_steps, tokens_per_param_epochs
 from studylib.study.comparisons.base import Answer, Comparison
 from studylib.study.comparisons.controls.knobs import CONTROLS_SHAPE, ControlCell, ControlsKnobs, Recipe
+from studylib.study.comparisons.controls.tables import (CONTROLS, GAPS, POSITIONS, RECIPE, RECIPE_LRS,  # noqa: F401
+                                                        ROUTER_RUNS, ROUTERS, TWIN)
 from studylib.study.comparisons.knobs import Study, required
 from studylib.study.orchestration.plan import Grid
-
-#: the tables notebook 13 writes, each read back by name (Clark et al.'s: ``clark_tables.TABLES``)
-CONTROLS, POSITIONS, GAPS, TWIN = "controls", "controls_positions", "controls_gaps", "controls_twin"
-ROUTER_RUNS, ROUTERS = "controls_router_runs", "controls_routers"
-RECIPE_LRS, RECIPE = "controls_recipe_lrs", "controls_recipe"
 
 
 def cell_overrides(preset: Preset, cell: ControlCell) -> dict:
@@ -92,7 +89,9 @@ def answer(out_dir: Path) -> Answer:
     shown_cols = ("cell", "role", "model", "p [95% CI]", "gap to the reference", "verdict")
     shown = read_table(out_dir, CONTROLS, shown_cols)
     table = "" if shown is None else "\n\n" + markdown_table(shown_cols, shown[list(shown_cols)].itertuples(index=False))
-    return Answer(f"**Controls (notebook 13).** {lead}{table}", figures, lead=(lead,) if lead else ())
+    said = lead or ("No sentence on the first screen: its first cell has no hash or frozen router, nor one expert "
+                    "with its twin.")
+    return Answer(f"**Controls (notebook 13).** {said}{table}", figures, lead=(lead,) if lead else ())
 
 
 COMPARISON = Comparison("controls", "13_controls", ControlsKnobs, grids, tables=(GAPS, TWIN), answer=answer)
