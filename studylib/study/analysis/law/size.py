@@ -24,6 +24,8 @@ from studylib.study.analysis.law.form import SIZE_FORM
 FORMS = ("lambda", SIZE_FORM)
 #: the half-width of lambda's interval at the paper's point that :func:`sizes_needed` aims for
 TARGET_HALF_WIDTH = 0.25
+#: the least span of the measured sizes, in decades (2.3% in N), that :func:`sizes_needed` scales from
+MIN_SPAN = 0.01
 
 
 def fit_forms(runs: pd.DataFrame, per_role_rstar: bool = False, n_boot: int = 200, seed: int = 0,
@@ -48,21 +50,34 @@ def sizes_needed(law: JointLaw, sizes_active, target: float = TARGET_HALF_WIDTH)
     the map's MoE N_active per size), ``spread`` (the population sd of their log10 N), ``slope_hw``
     (half the width of lambda_1's interval), ``decades`` (the span that would do, evenly spaced, up
     from the smallest size; NaN if none short of the paper's own size does), ``largest`` (the
-    largest size of that span), ``span_now`` (the measured sizes' span in decades) and ``reason`` where it cannot be computed."""
-    x = np.log10(np.unique(np.asarray(sizes_active, float)))
+    largest size of that span), ``span_now`` (the measured sizes' span in decades) and ``reason``
+    where it cannot be computed: a size not a positive finite number, sizes spanning less than
+    :data:`MIN_SPAN` decades (nothing to scale from), sizes that reach the paper's (nothing to carry)."""
+    given = np.asarray(sizes_active, float).ravel()
+    base = {"sizes": len(np.unique(given)), "spread": math.nan, "span_now": math.nan, "slope_hw": math.nan,
+            "decades": math.nan, "largest": math.nan, "reason": ""}
+    bad = given[~(np.isfinite(given) & (given > 0))]
+    if len(bad):
+        return {**base, "reason": f"a size must be a positive finite number, not {bad[0]:g}"}
+    x = np.log10(np.unique(given))
     k, xp = len(x), math.log10(PAPER_ACTIVE_PARAMS)
+    if k:
+        base.update(spread=float(np.std(x)), span_now=float(np.ptp(x)))
     c = law.coefs.get("lambda_1")
-    base = {"sizes": k, "spread": float(np.std(x)) if k else math.nan,
-            "span_now": float(np.ptp(x)) if k else math.nan, "slope_hw": math.nan, "decades": math.nan,
-            "largest": math.nan, "reason": ""}
     if c is None:
         return {**base, "reason": f"the {law.form} form has no lambda_1"}
     if not c.identified or not np.isfinite(c.ci_low):
         return {**base, "reason": "lambda_1 has no interval" + (f" ({c.reason})" if c.reason else "")}
     hw = (c.ci_high - c.ci_low) / 2
     base["slope_hw"] = hw
-    if k < 2 or base["spread"] <= 0:
+    if k < 2:
         return {**base, "reason": "one size: no spread to scale"}
+    if base["span_now"] < MIN_SPAN:
+        return {**base, "reason": f"the sizes span less than {MIN_SPAN:g} decades ({base['span_now']:.2g}): no "
+                                  f"spread to scale"}
+    if x.max() >= xp:
+        return {**base, "reason": f"the measured sizes reach the paper's size ({PAPER_ACTIVE_PARAMS:.4g} active "
+                                  f"parameters): nothing is carried to it"}
     unit = math.sqrt((k * k - 1) / 12) / (k - 1)  # the sd of k evenly spaced points over one decade
     span = np.linspace(1e-3, xp - x.min(), 4000)  # up to the paper's own size
     half = hw * base["spread"] / (unit * span) * np.abs(xp - (x.min() + span / 2))
@@ -151,5 +166,5 @@ def size_form_sentences(points: pd.DataFrame, forms: pd.DataFrame) -> list:
     return out
 
 
-__all__ = ["FORMS", "TARGET_HALF_WIDTH", "fit_forms", "lambda_at_paper", "sizes_needed", "paper_points",
+__all__ = ["FORMS", "TARGET_HALF_WIDTH", "MIN_SPAN", "fit_forms", "lambda_at_paper", "sizes_needed", "paper_points",
            "clipped", "size_form_sentences"]

@@ -239,3 +239,22 @@ def test_lambda_clipped_at_0_or_at_an_end_of_its_interval_is_on_the_bound_too(st
     assert 0 < pos["estimate"] < 1 and math.isnan(pos["ci_low"]) and pos["reason"] == clip + C.ON_BOUND
     assert C.paper_point(replace(inside, seed=Bootstrap(point, draws[10:], law.level))).set_index(
         "quantity").loc["position", "reason"] == ""  # no replicate clipped: the interval stands
+
+
+@pytest.mark.parametrize("sizes,reason", [
+    ([1e5, 1e5 * (1 + 1e-7)], "the sizes span less than 0.01 decades"),
+    ([2e7, 3e7], "the measured sizes reach the paper's size"),
+    ([1e5, 14.77e6], "the measured sizes reach the paper's size"),
+    ([0, 1e5], "a size must be a positive finite number, not 0"),
+    ([math.nan, 1e5], "a size must be a positive finite number, not nan"),
+])
+def test_sizes_needed_on_degenerate_sizes_gives_the_reason_not_a_span(sizes, reason):
+    """Sizes too close to scale from, sizes at or beyond the paper's, a size that is not a positive
+    number: no span, and the reason (not "over 0.0 decades" or "-0.00 decades")."""
+    from studylib.study.analysis.bootstrap import Coef
+
+    class Fake:
+        form, coefs = "lambda_size", {"lambda_1": Coef("lambda_1", 0.1, -0.5, 0.7)}
+
+    need = S.sizes_needed(Fake(), sizes)
+    assert math.isnan(need["decades"]) and need["reason"].startswith(reason), need
