@@ -62,6 +62,8 @@ COLUMNS = ("hyper_id", "step", "router_type", "num_experts", "k", "routing_frequ
 _TEXT = ("router_type", "model_size_label")
 #: the law frame's split (:func:`law_frame`): fit on 15-55M, hold the 130M runs out
 FIT_SIZES, HELD_OUT_SIZES = ("15M", "25M", "55M"), ("130M",)
+#: the router types the method reads (the plain dense baselines and :data:`ROUTERS`)
+ROUTER_TYPES = ("Dense", *ROUTERS)
 #: the columns :func:`position_against_size` takes for this study's cells
 STUDY_COLUMNS = ("n_active", "p", "p_lo", "p_hi", "source")
 
@@ -83,7 +85,10 @@ def clark_file(root: Optional[Path] = None) -> Path:
 def load_curves(path: Optional[Path] = None, loss: str = LOSS) -> pd.DataFrame:
     """Every evaluation of every run in ``path`` (default :func:`clark_file`), checked: the file
     exists and parses, holds :data:`COLUMNS` and ``loss``, numeric where numbers are expected,
-    and at least one row. Any failure: one :class:`ClarkDataError` line naming the file."""
+    at least one row, rows of each of :data:`ROUTER_TYPES`, and finite numbers where the method
+    reads them (``hyper_id`` and ``step`` in every row, the rest at each run's last evaluation;
+    the file has NaN losses one step before it). Any failure: one :class:`ClarkDataError` line
+    naming the file (and the rows)."""
     path = Path(path) if path is not None else clark_file()
     if not path.is_file():
         raise ClarkDataError(f"{path}: Clark et al. 2022's curves are missing (curves.csv.gz of "
@@ -101,6 +106,22 @@ def load_curves(path: Optional[Path] = None, loss: str = LOSS) -> pd.DataFrame:
         raise ClarkDataError(f"{path}: column(s) {wrong} are not numeric")
     if df.empty:
         raise ClarkDataError(f"{path}: no rows")
+    absent = [r for r in ROUTER_TYPES if not (df["router_type"] == r).any()]
+    if absent:
+        raise ClarkDataError(f"{path}: no rows with router_type {', '.join(absent)} (the method reads "
+                             f"{', '.join(ROUTER_TYPES)})")
+    keys = ["hyper_id", "step"]  # which row is a run's last evaluation: finite in every row
+    last = df.sort_values(keys).groupby("hyper_id").tail(1).index
+    rest = [c for c in need if c not in _TEXT and c not in keys]
+    for cols, rows, where in ((keys, df.index, ""), (rest, last, " at the last evaluation of its run")):
+        ok = np.isfinite(df.loc[rows, cols].to_numpy(float))
+        bad = rows[~ok.all(axis=1)]
+        if len(bad):
+            which = ", ".join(c for c, good in zip(cols, ok.all(axis=0)) if not good)
+            lines = ", ".join(f"line {i + 2} (hyper_id {df.at[i, 'hyper_id']:g}, step {df.at[i, 'step']:g})"
+                              for i in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            raise ClarkDataError(f"{path}: NaN or infinite {which}{where} in {len(bad)} row(s): {lines}; expected a "
+                                 f"finite number")
     return df
 
 
@@ -254,5 +275,6 @@ def clark_runs(frame: pd.DataFrame, experts: int) -> pd.DataFrame:
 
 
 __all__ = ["CLARK_DIR", "COLUMNS", "ClarkDataError", "EXPERTS", "FIT_SIZES", "HELD_OUT_SIZES", "LOSS", "ROUTERS",
-           "SAME_TOKENS", "STUDY_COLUMNS", "cells_from_gap_table", "clark_file", "clark_runs", "dense_loss_at", "dense_sizes",
-           "last_evaluations", "law_frame", "load_curves", "position_against_size", "positions"]
+           "ROUTER_TYPES", "SAME_TOKENS", "STUDY_COLUMNS", "cells_from_gap_table", "clark_file", "clark_runs",
+           "dense_loss_at", "dense_sizes", "last_evaluations", "law_frame", "load_curves", "position_against_size",
+           "positions"]

@@ -279,3 +279,54 @@ def test_clark_section_says_why_without_the_file_or_the_map(tmp_path):
     if SHARED.is_file():
         tables, note = clark_tables.clark_section(tmp_path, "token_budget_gaps", SHARED)
         assert set(clark_tables.TABLES) <= set(tables) and "notebook 09 did not run" in note
+
+
+# --------------------------------------------------------------------------------------------
+# the shared file with holes or bad numbers (issue #57): refused where the method needs what is missing
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def curves() -> pd.DataFrame:
+    if not SHARED.is_file():
+        pytest.skip(f"Clark et al. 2022's curves are not on this machine ({SHARED}; see SOURCE.md beside it)")
+    return pd.read_csv(SHARED)
+
+
+def _write(tmp_path, curves: pd.DataFrame):
+    path = tmp_path / "curves.csv.gz"
+    curves.to_csv(path, index=False)
+    return path
+
+
+def _last_row(curves: pd.DataFrame, router: str, size: str) -> int:
+    """The row of the last evaluation of the first ``router`` run of ``size``."""
+    last = curves.sort_values(["hyper_id", "step"]).groupby("hyper_id").tail(1)
+    return int(last.index[(last["router_type"] == router) & (last["model_size_label"] == size)][0])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_nan_or_inf_loss_the_method_reads_is_one_error_naming_the_file_and_row(tmp_path, curves, bad):
+    """The complete file holds 8 NaN losses one step before their runs' last evaluations (read
+    without complaint); one at a last evaluation (the dense 130M's) is refused in one line naming
+    the file and its line, and the section says the curves are not used."""
+    df = curves.copy()
+    i = _last_row(df, "Dense", "130M")
+    df.loc[i, "loss_validation"] = bad
+    path = _write(tmp_path, df)
+    with pytest.raises(clark.ClarkDataError) as e:
+        clark.load_curves(path)
+    msg = str(e.value)
+    where = f"line {i + 2} (hyper_id {df.at[i, 'hyper_id']}, step 249000)"
+    assert "\n" not in msg and str(path) in msg and "NaN or infinite loss_validation" in msg and where in msg, msg
+    with gzip.open(path, "rt") as f:
+        line = f.read().splitlines()[i + 1].split(",")
+    assert line[0] == str(df.at[i, "hyper_id"]) and line[list(df.columns).index("loss_validation")] in ("", "inf")
+    tables, why = clark_tables.clark_section(tmp_path, "token_budget_gaps", path)
+    assert tables is None and why == f"Clark et al.'s curves are not used: {msg}"
+
+
+def test_curves_without_s_base_rows_are_one_error_naming_the_file(tmp_path, curves):
+    path = _write(tmp_path, curves[curves["router_type"] != "S-Base"])
+    tables, why = clark_tables.clark_section(tmp_path, "token_budget_gaps", path)
+    assert tables is None and "\n" not in why
+    assert why == (f"Clark et al.'s curves are not used: {path}: no rows with router_type S-Base (the method reads "
+                   f"Dense, S-Base, Hash, RL-R)")
