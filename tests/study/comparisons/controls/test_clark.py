@@ -330,3 +330,43 @@ def test_curves_without_s_base_rows_are_one_error_naming_the_file(tmp_path, curv
     assert tables is None and "\n" not in why
     assert why == (f"Clark et al.'s curves are not used: {path}: no rows with router_type S-Base (the method reads "
                    f"Dense, S-Base, Hash, RL-R)")
+
+
+def test_a_missing_dense_size_gives_no_position_across_it_and_no_law(tmp_path, curves, last):
+    """Without the plain dense 130M runs, the dense loss at 107M-248M would be interpolated from
+    55M to 370M (S-Base E = 4 at 130M: 0.75 -> 0.83; Hash 0.40 -> 0.51): the routed sizes that
+    need it get no p and say which dense size is missing, the others keep theirs, and the law
+    (fitted on 15-55M, 130M held out) is not fitted, in one line naming what is missing."""
+    path = _write(tmp_path, curves[~((curves["router_type"] == "Dense") & (curves["model_size_label"] == "130M"))])
+    tables, note = clark_tables.clark_section(tmp_path, "token_budget_gaps", path)
+    pos = tables[clark_tables.CLARK_POSITIONS].set_index(["router", "experts", "size_label"])
+    full = clark.positions(last).set_index(["router", "experts", "size_label"])
+    for key in (("S-Base", 4, "130M"), ("Hash", 4, "130M"), ("S-Base", 4, "55M")):
+        assert math.isnan(pos.loc[key, "p"]) and pos.loc[key, "note"].startswith(
+            "the plain dense 130M is missing from Clark's curves"), pos.loc[key]
+    for key in (("S-Base", 4, "15M"), ("S-Base", 4, "25M"), ("Hash", 4, "370M")):
+        assert pos.loc[key, "p"] == full.loc[key, "p"] and pos.loc[key, "note"] == ""
+    refused = ("Clark et al.'s curves lack the law's runs: dense 130M (the fit on 15M, 25M, 55M and the held-out "
+               "130M need plain dense and S-Base E = 4, 8 runs at each size): the law is not fitted")
+    assert tables["law_refused"] == refused and note.endswith("; " + refused)
+    for name in (clark_tables.CLARK_LAW_FIT, clark_tables.CLARK_LAW_POSITIONS, clark_tables.CLARK_LAW_HELD_OUT):
+        assert tables[name].empty and list(tables[name].columns) == list(clark_tables.LAW_COLUMNS[name])
+
+
+def test_a_missing_fit_size_is_refused_by_the_law(tmp_path, curves):
+    """Without every 25M run, the size form was fitted on two sizes ("no parameter identified") and
+    still printed a 130M value: now the law is refused, naming the dense and S-Base runs it lacks,
+    and the 15M routed runs, whose total N lies across the missing 25M, get no p."""
+    last = clark.last_evaluations(clark.load_curves(_write(tmp_path, curves[curves["model_size_label"] != "25M"])))
+    with pytest.raises(clark.ClarkDataError, match=r"lack the law's runs: dense 25M, S-Base E = 4 at 25M, S-Base E = "
+                                                    r"8 at 25M \(the fit on 15M, 25M, 55M"):
+        clark.law_frame(last)
+    pos = clark.positions(last).set_index(["router", "experts", "size_label"])
+    assert math.isnan(pos.loc[("S-Base", 4, "15M"), "p"]) and "dense 25M is missing" in pos.loc[("S-Base", 4, "15M"), "note"]
+
+
+def test_the_complete_file_misses_no_expected_size(last):
+    """Every plain dense size the method expects is in the file, and no position says one is missing."""
+    assert tuple(clark.dense_sizes(last)["size_label"]) == clark.DENSE_SIZES
+    assert not clark.positions(last)["note"].str.contains("missing").any()
+    assert len(clark.law_frame(last))
