@@ -16,6 +16,7 @@ from studylib.study.analysis.paper import (PAPER_HEADLINE_TOKENS, PAPER_MODELS, 
 from studylib.study.analysis.position import ROLES, position, position_row
 from studylib.study.analysis.law.fit import (COLUMNS, HUBER_DELTA, JointLaw, fit_law, per_role_start,
                                                              runs_frame)
+from studylib.study.analysis.law.bound import ON_BOUND, ON_WORTH, bound_note, paper_clip
 from studylib.study.analysis.law.form import JOINT_FORMS, SIZE_FORM
 
 #: what a held-out cell predicts, in this order
@@ -63,16 +64,6 @@ def _rests_on(law: JointLaw, quantity: str, repeats: bool) -> tuple[list, list]:
         need += ("A", "B", "beta", *rs) if repeats and law.per_role_rstar else ()
     out = [k for k in dict.fromkeys(need) if not law.coefs[k].identified]
     return [k for k in out if k not in law.on_bound], [k for k in out if k in law.on_bound]
-
-
-#: what a prediction resting on a parameter held on its bound carries instead of an interval (every
-#: replicate holds it there too: the width left is the other parameters', not the law's)
-ON_BOUND = ": on the bound, no interval"
-
-
-def bound_note(law: JointLaw, names) -> str:
-    """"lambda held at its bound 0 by the fit" for ``names`` in ``law.on_bound`` ('' for none)."""
-    return "; ".join(f"{k} held at its bound {law.on_bound[k]:g} by the fit" for k in names)
 
 
 def _per_size_active(df: pd.DataFrame) -> pd.Series:
@@ -328,19 +319,23 @@ def _at_paper(law: JointLaw) -> tuple[dict, dict]:
 def paper_point(law: JointLaw) -> pd.DataFrame:
     """``law`` at the paper's N (Table 5) and D (426.3M fresh tokens): one row per quantity (lambda
     or m, the losses, gaps, position, ordering, decades beyond the largest measured MoE) with the
-    seed-bootstrap interval, the paper's position (``paper``, ``paper_inside``), identified, reason."""
+    seed-bootstrap interval, the paper's position (``paper``, ``paper_inside``), identified, reason.
+    What rests on a bound (a parameter held on its bound; a size form's lambda(N) clipped there,
+    :func:`~.bound.paper_clip`) keeps its value with no interval, its reason ending :data:`ON_BOUND`."""
     pq, dq = _at_paper(law)
     decades = math.log10(paper_params("moe")[0] / law.largest_moe_active)
     mix = law.coefs[law.mix]
     rows = [{"quantity": mix.name, "estimate": law.on_bound.get(mix.name, mix.estimate), "ci_low": mix.ci_low,
              "ci_high": mix.ci_high, "identified": mix.identified, "reason": mix.reason}]
-    for q in QUANTITIES:  # one resting on a parameter held on its bound: the constrained fit's value, no interval
+    cover, clip = paper_clip(law)
+    for q in QUANTITIES:  # one resting on a bound (a parameter's, lambda(N)'s clip): its value, no interval
         miss, held = _rests_on(law, q, False)
-        lo, hi = (float(x[0]) if not (miss or held) else math.nan
+        bound = [bound_note(law, held)] * bool(held) + [clip] * bool(clip and q in ON_WORTH)
+        unknown = f"{', '.join(miss)} not identified by this map" if miss else cover if q in ON_WORTH else ""
+        lo, hi = (float(x[0]) if not (unknown or bound) else math.nan
                   for x in percentile_ci(dq[q][:, None], law.level))
-        rows.append({"quantity": q, "estimate": math.nan if miss else float(pq[q]), "ci_low": lo, "ci_high": hi,
-                     "identified": not miss, "reason": f"{', '.join(miss)} not identified by this map" if miss else
-                     bound_note(law, held) + (ON_BOUND if held else "")})
+        rows.append({"quantity": q, "estimate": math.nan if unknown else float(pq[q]), "ci_low": lo, "ci_high": hi,
+                     "identified": not unknown, "reason": unknown or "; ".join(bound) + (ON_BOUND if bound else "")})
     by = {r["quantity"]: r for r in rows}
     by["position"].update(paper=PAPER_POSITION, paper_inside=bool(lo <= PAPER_POSITION <= hi) if lo == lo else None)
     ok = all(by[f"loss_{r}"]["identified"] for r in ROLES)
@@ -349,7 +344,8 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
     unresolved = [r["quantity"] for r in gaps if r["ci_low"] == r["ci_low"] and r["ci_low"] <= 0 <= r["ci_high"]]
     why = "; ".join([f"the {' and '.join(unresolved)} interval includes 0"] * bool(unresolved)
                     + [f"{' and '.join(open_)} {'carries' if len(open_) == 1 else 'carry'} no interval"] * bool(open_))
-    rows.append({"quantity": "ordering", "identified": ok, "reason": f"not resolved: {why}" if ok and why else "",
+    rows.append({"quantity": "ordering", "identified": ok, "reason": f"not resolved: {why}" if ok and why else
+                 "" if ok else cover,
                  "note": " < ".join(sorted(ROLES, key=lambda r: pq[f"loss_{r}"])) if ok else "",
                  "paper_note": " < ".join(sorted(ROLES, key=lambda r: PAPER_TABLE6[PAPER_MODELS[r]].mean()))})
     rows.append({"quantity": "decades", "estimate": decades, "identified": True,

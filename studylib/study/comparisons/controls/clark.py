@@ -62,6 +62,11 @@ COLUMNS = ("hyper_id", "step", "router_type", "num_experts", "k", "routing_frequ
 _TEXT = ("router_type", "model_size_label")
 #: the law frame's split (:func:`law_frame`): fit on 15-55M, hold the 130M runs out
 FIT_SIZES, HELD_OUT_SIZES = ("15M", "25M", "55M"), ("130M",)
+#: the plain dense sizes of the complete file, in increasing N: the dense loss is interpolated
+#: between them, never across or beyond a missing one (:func:`positions`)
+DENSE_SIZES = ("15M", "25M", "55M", "130M", "370M", "1.3B")
+#: the router types the method reads (the plain dense baselines and :data:`ROUTERS`)
+ROUTER_TYPES = ("Dense", *ROUTERS)
 #: the columns :func:`position_against_size` takes for this study's cells
 STUDY_COLUMNS = ("n_active", "p", "p_lo", "p_hi", "source")
 
@@ -83,7 +88,10 @@ def clark_file(root: Optional[Path] = None) -> Path:
 def load_curves(path: Optional[Path] = None, loss: str = LOSS) -> pd.DataFrame:
     """Every evaluation of every run in ``path`` (default :func:`clark_file`), checked: the file
     exists and parses, holds :data:`COLUMNS` and ``loss``, numeric where numbers are expected,
-    and at least one row. Any failure: one :class:`ClarkDataError` line naming the file."""
+    at least one row, rows of each of :data:`ROUTER_TYPES`, and finite numbers where the method
+    reads them (``hyper_id`` and ``step`` in every row, the rest at each run's last evaluation;
+    the file has NaN losses one step before it). Any failure: one :class:`ClarkDataError` line
+    naming the file (and the rows)."""
     path = Path(path) if path is not None else clark_file()
     if not path.is_file():
         raise ClarkDataError(f"{path}: Clark et al. 2022's curves are missing (curves.csv.gz of "
@@ -101,6 +109,22 @@ def load_curves(path: Optional[Path] = None, loss: str = LOSS) -> pd.DataFrame:
         raise ClarkDataError(f"{path}: column(s) {wrong} are not numeric")
     if df.empty:
         raise ClarkDataError(f"{path}: no rows")
+    absent = [r for r in ROUTER_TYPES if not (df["router_type"] == r).any()]
+    if absent:
+        raise ClarkDataError(f"{path}: no rows with router_type {', '.join(absent)} (the method reads "
+                             f"{', '.join(ROUTER_TYPES)})")
+    keys = ["hyper_id", "step"]  # which row is a run's last evaluation: finite in every row
+    last = df.sort_values(keys).groupby("hyper_id").tail(1).index
+    rest = [c for c in need if c not in _TEXT and c not in keys]
+    for cols, rows, where in ((keys, df.index, ""), (rest, last, " at the last evaluation of its run")):
+        ok = np.isfinite(df.loc[rows, cols].to_numpy(float))
+        bad = rows[~ok.all(axis=1)]
+        if len(bad):
+            which = ", ".join(c for c, good in zip(cols, ok.all(axis=0)) if not good)
+            lines = ", ".join(f"line {i + 2} (hyper_id {df.at[i, 'hyper_id']:g}, step {df.at[i, 'step']:g})"
+                              for i in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            raise ClarkDataError(f"{path}: NaN or infinite {which}{where} in {len(bad)} row(s): {lines}; expected a "
+                                 f"finite number")
     return df
 
 
@@ -136,6 +160,18 @@ def dense_loss_at(dense: pd.DataFrame, n_params) -> np.ndarray:
                      left=math.nan, right=math.nan)
 
 
+def _missing_dense(dense: pd.DataFrame, n: float) -> list:
+    """The sizes of :data:`DENSE_SIZES` missing from ``dense`` (:func:`dense_sizes`) that the dense
+    loss at ``n`` would be interpolated across, or that lie beyond the present sizes on ``n``'s side."""
+    have = [(x, lab) for x, lab in zip(dense["n_params"], dense["size_label"]) if lab in DENSE_SIZES]
+    if not have or any(x == n for x, _ in have):
+        return []
+    below = [DENSE_SIZES.index(lab) for x, lab in have if x < n]
+    above = [DENSE_SIZES.index(lab) for x, lab in have if x > n]
+    span = DENSE_SIZES[(max(below) + 1 if below else 0):(min(above) if above else len(DENSE_SIZES))]
+    return [s for s in span if s not in set(dense["size_label"])]
+
+
 def positions(last: pd.DataFrame, routers: Sequence[str] = ROUTERS, experts: Sequence[int] = EXPERTS,
               loss: str = LOSS) -> pd.DataFrame:
     """Where each routed config sits between its dense matches, one row per router, E and size
@@ -143,7 +179,8 @@ def positions(last: pd.DataFrame, routers: Sequence[str] = ROUTERS, experts: Seq
     ``size_label``, ``n_active`` (``dense_parameter_count``), ``n_total``, ``n`` (runs
     averaged), ``loss`` (their mean), ``l_dense_active`` and ``l_dense_total`` (interpolated,
     :func:`dense_loss_at`), ``p`` and ``note`` (why p is missing: a total N outside the plain
-    dense sizes). Sorted by router (in ``routers``' order), E and size."""
+    dense sizes, or a size of :data:`DENSE_SIZES` missing where the dense loss would be read: no
+    dense loss is interpolated across a hole). Sorted by router (in ``routers``' order), E and size."""
     dense = dense_sizes(last, loss)
     r = last[last["router_type"].isin(routers) & last["num_experts"].isin(experts) & _main_setting(last)]
     out = (r.groupby(["router_type", "num_experts", "model_size_label"])
@@ -151,18 +188,24 @@ def positions(last: pd.DataFrame, routers: Sequence[str] = ROUTERS, experts: Seq
                 n=(loss, "size"), loss=(loss, "mean"))
            .reset_index().rename(columns={"router_type": "router", "num_experts": "experts",
                                           "model_size_label": "size_label"}))
-    out["l_dense_active"] = dense_loss_at(dense, out["n_active"])
-    out["l_dense_total"] = dense_loss_at(dense, out["n_total"])
+    gone = {c: [_missing_dense(dense, x) for x in out[c]] for c in ("n_active", "n_total")}
+    for col, c in (("l_dense_active", "n_active"), ("l_dense_total", "n_total")):
+        out[col] = np.where([bool(m) for m in gone[c]], math.nan, dense_loss_at(dense, out[c]))
     out["p"] = position(out["l_dense_active"], out["loss"], out["l_dense_total"])
     lo, hi = dense["n_params"].min(), dense["n_params"].max()
 
-    def note(row) -> str:
-        outside = [f"{k} N {row[c] / 1e6:,.0f}M" for k, c in (("active", "n_active"), ("total", "n_total"))
-                   if not lo <= row[c] <= hi]
+    def note(i, row) -> str:
+        sides = (("active", "n_active"), ("total", "n_total"))
+        missing = list(dict.fromkeys(s for _, c in sides for s in gone[c][i]))
+        if missing:
+            at = " and ".join(f"{k} N {row[c] / 1e6:,.0f}M" for k, c in sides if gone[c][i])
+            return (f"the plain dense {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing from Clark's "
+                    f"curves and the dense loss at {at} rests on {'it' if len(missing) == 1 else 'them'}: no position")
+        outside = [f"{k} N {row[c] / 1e6:,.0f}M" for k, c in sides if not lo <= row[c] <= hi]
         return (f"{' and '.join(outside)} outside the plain dense sizes ({lo / 1e6:,.1f}M-{hi / 1e6:,.0f}M): "
                 "not extrapolated, no position") if outside else ""
 
-    out["note"] = out.apply(note, axis=1) if len(out) else pd.Series(dtype=str)
+    out["note"] = [note(i, row) for i, row in out.iterrows()] if len(out) else pd.Series(dtype=str)
     order = {k: i for i, k in enumerate(routers)}
     return (out.assign(_o=out["router"].map(order)).sort_values(["_o", "experts", "n_active"])
             .drop(columns="_o").reset_index(drop=True))
@@ -227,10 +270,20 @@ def law_frame(last: pd.DataFrame, experts: Sequence[int] = EXPERTS, fit_sizes: S
     Tokens seen: every run trained the same number of steps, but the file gives neither the batch
     nor the tokens per step (``flops_per_step`` is a forward-FLOPs estimate whose ratio to 2N
     varies with size, so no token count follows from it): the frame has no token column, and only
-    the N part of a law can be fitted on it."""
+    the N part of a law can be fitted on it.
+
+    A size of ``fit_sizes`` or ``held_out`` without its plain dense runs or its S-Base runs at each
+    E of ``experts``: one :class:`ClarkDataError` line naming them (the law is not fitted around a hole)."""
     sizes = {**{s: "fit" for s in fit_sizes}, **{s: "held_out" for s in held_out}}
     dense = _plain_dense(last)
     moe = last[(last["router_type"] == "S-Base") & last["num_experts"].isin(experts) & _main_setting(last)]
+    lacking = [f"dense {s}" for s in sizes if not (dense["model_size_label"] == s).any()] + [
+        f"S-Base E = {e} at {s}" for s in sizes for e in experts
+        if not ((moe["model_size_label"] == s) & (moe["num_experts"] == e)).any()]
+    if lacking:
+        raise ClarkDataError(f"Clark et al.'s curves lack the law's runs: {', '.join(lacking)} (the fit on "
+                             f"{', '.join(fit_sizes)} and the held-out {', '.join(held_out)} need plain dense and "
+                             f"S-Base E = {', '.join(map(str, experts))} runs at each size): the law is not fitted")
     both = pd.concat([dense.assign(role="dense"), moe.assign(role="moe")])
     both = both[both["model_size_label"].isin(sizes)]
     out = pd.DataFrame({"role": np.where(both["role"] == "dense", "dense_active", "moe"),
@@ -253,6 +306,7 @@ def clark_runs(frame: pd.DataFrame, experts: int) -> pd.DataFrame:
     return f[[*LAW_COLUMNS, "split"]].reset_index(drop=True)
 
 
-__all__ = ["CLARK_DIR", "COLUMNS", "ClarkDataError", "EXPERTS", "FIT_SIZES", "HELD_OUT_SIZES", "LOSS", "ROUTERS",
-           "SAME_TOKENS", "STUDY_COLUMNS", "cells_from_gap_table", "clark_file", "clark_runs", "dense_loss_at", "dense_sizes",
-           "last_evaluations", "law_frame", "load_curves", "position_against_size", "positions"]
+__all__ = ["CLARK_DIR", "COLUMNS", "ClarkDataError", "DENSE_SIZES", "EXPERTS", "FIT_SIZES", "HELD_OUT_SIZES", "LOSS",
+           "ROUTERS", "ROUTER_TYPES", "SAME_TOKENS", "STUDY_COLUMNS", "cells_from_gap_table", "clark_file",
+           "clark_runs", "dense_loss_at", "dense_sizes", "last_evaluations", "law_frame", "load_curves",
+           "position_against_size", "positions"]

@@ -159,6 +159,15 @@ def position_against_size_figure(table: pd.DataFrame, fits: dict, outdir=None,
 CLARK_POSITIONS, POSITION_AGAINST_SIZE, CLARK_TREND = "clark_positions", "position_against_size", "clark_trend"
 CLARK_LAW_FIT, CLARK_LAW_POSITIONS, CLARK_LAW_HELD_OUT = "clark_law_fit", "clark_law_positions", "clark_law_held_out"
 _CELLS = "runs (one model at one size)"
+#: the columns of the law's tables (:func:`clark_law_table`, :func:`clark_positions_table`,
+#: :func:`clark_held_out_table`), theirs also where the law is not fitted
+LAW_COLUMNS = {
+    CLARK_LAW_FIT: ("experts", "form", "parameter", "estimate", "ci_low", "ci_high", "identified", "reason", "runs",
+                    "sizes"),
+    CLARK_LAW_POSITIONS: ("experts", "form", "size_label", "n_active", "n_total", "split", "lambda", "p_fit",
+                          "p_direct", "difference"),
+    CLARK_LAW_HELD_OUT: ("experts", "form", "size_label", "role", "n_active", "n_total", "runs", "measured", "seed_sd",
+                         "predicted", "error", "ci_low", "ci_high", "note")}
 
 
 def fit_clark(frame: pd.DataFrame, experts: int, form: str = "n_lambda", n_boot: int = 200,
@@ -189,8 +198,7 @@ def clark_law_table(fits: dict) -> pd.DataFrame:
         t = t.rename(columns={t.columns[0]: "parameter"})
         out.append(t[["parameter", "estimate", "ci_low", "ci_high", "identified", "reason"]]
                    .assign(experts=e, form=form, runs=law.n_obs, sizes=law.n_sizes))
-    cols = ["experts", "form", "parameter", "estimate", "ci_low", "ci_high", "identified", "reason", "runs", "sizes"]
-    return pd.concat(out, ignore_index=True)[cols]
+    return pd.concat(out, ignore_index=True)[list(LAW_COLUMNS[CLARK_LAW_FIT])]
 
 
 def _law_losses(law: JointLaw, active, total) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -270,7 +278,9 @@ def clark_tables(last: pd.DataFrame, map_table: pd.DataFrame | None = None) -> d
     ``map_table``, the map's position table ``token_budget_gaps``, or none; Clark's S-Base and Hash;
     the paper), :data:`CLARK_TREND` (each trend read at this study's MoE sizes and the paper's),
     :data:`CLARK_LAW_FIT`, :data:`CLARK_LAW_POSITIONS`, :data:`CLARK_LAW_HELD_OUT` (the fitter on
-    Clark's runs); and ``"trends"`` (the :class:`Trend` fits, for the figure)."""
+    Clark's runs); ``"trends"`` (the :class:`Trend` fits, for the figure); ``"law_refused"``: why
+    the law is not fitted (:func:`~.clark.law_frame`: a fit or held-out size lacks runs; its
+    tables then hold no row), "" where it is."""
     pos = positions(last)
     fits = trends(pos)
     has_map = map_table is not None and len(map_table) and "position_defined" in map_table
@@ -279,13 +289,16 @@ def clark_tables(last: pd.DataFrame, map_table: pd.DataFrame | None = None) -> d
     sizes = {f"this study, {r.size_label}": float(r.moe_active)
              for r in (map_table.drop_duplicates("size_label").itertuples() if has_map else [])}
     sizes["the paper"] = PAPER_ACTIVE_PARAMS
-    frame = law_frame(last)
-    laws = fit_all(frame, n_boot=0)
-    law_pos = clark_positions_table(laws, frame, last)
-    held = clark_held_out_table(laws, frame)
+    try:
+        frame = law_frame(last)
+    except ClarkDataError as e:
+        law, refused = {k: pd.DataFrame(columns=list(c)) for k, c in LAW_COLUMNS.items()}, str(e)
+    else:
+        laws = fit_all(frame, n_boot=0)
+        law, refused = {CLARK_LAW_FIT: clark_law_table(laws), CLARK_LAW_POSITIONS: clark_positions_table(laws, frame, last),
+                        CLARK_LAW_HELD_OUT: clark_held_out_table(laws, frame)}, ""
     return {CLARK_POSITIONS: pos, POSITION_AGAINST_SIZE: position_against_size(cells, pos),
-            CLARK_TREND: trend_table(fits, sizes), CLARK_LAW_FIT: clark_law_table(laws),
-            CLARK_LAW_POSITIONS: law_pos, CLARK_LAW_HELD_OUT: held, "trends": fits}
+            CLARK_TREND: trend_table(fits, sizes), **law, "trends": fits, "law_refused": refused}
 
 
 #: the tables :func:`clark_section` gives, in the order notebook 13 saves them
@@ -295,8 +308,9 @@ TABLES = (CLARK_POSITIONS, POSITION_AGAINST_SIZE, CLARK_TREND, CLARK_LAW_FIT, CL
 def clark_section(out_dir, map_table: str, path=None) -> tuple[dict | None, str]:
     """(:func:`clark_tables` of Clark et al.'s file ``path`` (default :func:`clark_file`) beside
     the token-budget map's position table of this study (``<out_dir>/tables/<map_table>.csv``
-    where notebook 09 wrote it), a note): ``(None, why)`` where the file is missing or unreadable;
-    the note says whether the map's cells are in."""
+    where notebook 09 wrote it), a note): ``(None, why)`` where the file is missing, unreadable or
+    holds what the method cannot use (:func:`~.clark.load_curves`); the note says whether the map's
+    cells are in, and why the law is not fitted where it is not."""
     try:
         last = last_evaluations(load_curves(path))
     except ClarkDataError as e:
@@ -305,10 +319,11 @@ def clark_section(out_dir, map_table: str, path=None) -> tuple[dict | None, str]
     table = pd.read_csv(gaps) if gaps.is_file() else None
     note = ("this study's map cells from " + str(gaps) if table is not None else
             f"no {gaps.name} in this study (notebook 09 did not run): Clark et al.'s points and the paper only")
-    return clark_tables(last, table), note
+    tables = clark_tables(last, table)
+    return tables, note + (f"; {tables['law_refused']}" if tables["law_refused"] else "")
 
 
-__all__ = ["Trend", "trends", "trend_table", "position_against_size_figure", "TABLES", "clark_section",
+__all__ = ["Trend", "trends", "trend_table", "position_against_size_figure", "TABLES", "LAW_COLUMNS", "clark_section",
            "CLARK_POSITIONS", "POSITION_AGAINST_SIZE", "CLARK_TREND", "CLARK_LAW_FIT", "CLARK_LAW_POSITIONS",
            "CLARK_LAW_HELD_OUT", "clark_tables", "fit_clark", "fit_all", "clark_law_table", "clark_positions_table",
            "clark_held_out_table", "clark_law_sentences"]

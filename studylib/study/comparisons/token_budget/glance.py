@@ -15,7 +15,7 @@ from studylib.study.analysis.text import ci_text
 from studylib.study.comparisons.glance import GlanceRow, mean_ci, missing_row
 from studylib.study.analysis.position import ROLES
 from studylib.study.analysis.law.checks import ON_BOUND
-from studylib.study.analysis.law.size import FORMS
+from studylib.study.analysis.law.size import FORMS, clipped
 
 
 def best_point(table: pd.DataFrame) -> Optional[pd.Series]:
@@ -45,7 +45,8 @@ def _map_row(r: pd.Series, per_seed: Optional[pd.DataFrame]) -> GlanceRow:
 
 
 def _on_bound(r) -> bool:
-    """A prediction of :func:`~.law_checks.paper_point` resting on a parameter held on its bound."""
+    """A prediction of :func:`~.law_checks.paper_point` resting on a bound: a parameter held on its
+    bound, or the size form's lambda(N) clipped at the paper's N."""
     return isinstance(r["reason"], str) and r["reason"].endswith(ON_BOUND)
 
 
@@ -111,7 +112,8 @@ FORM_NAMES = {"lambda": "one λ", "multiplier": "λ as a multiplier", "lambda_si
 
 def _other_form(forms: Optional[pd.DataFrame]) -> str:
     """``λ varying with size: p = ...``: the position at the paper's point of each named form the
-    choice did not take (or "not identified"); "" without the forms' table."""
+    choice did not take (or "not identified"; "(on the bound)" where its lambda(N) is clipped
+    there); "" without the forms' table."""
     if forms is None or not len(forms):
         return ""
     out = []
@@ -120,8 +122,8 @@ def _other_form(forms: Optional[pd.DataFrame]) -> str:
         if bool(t["chosen"].iloc[0]) or "position" not in t.index:
             continue
         p = t.loc["position"]
-        said = (("p = " + p_text(p["estimate"], p["ci_low"], p["ci_high"])) if p["identified"]
-                else "not identified")
+        said = (("p = " + p_text(p["estimate"], p["ci_low"], p["ci_high"]) + " (on the bound)" * clipped(t))
+                if p["identified"] else "not identified")
         out.append(f"{FORM_NAMES[form]}: {said}")
     return "; ".join(out)
 

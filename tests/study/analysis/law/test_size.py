@@ -167,3 +167,94 @@ def test_the_n_only_forms_recover_their_parameters(form, lam1):
     truth = {"E": 1.7, "alpha": 0.25, "lambda": 0.6, **({"lambda_1": lam1} if form == "n_lambda_size" else {})}
     for k, v in truth.items():
         assert t.loc[k, "ci_low"] <= v <= t.loc[k, "ci_high"], (k, t.loc[k])
+
+
+# --------------------------------------------------------------------------------------------
+# lambda(N) clipped at the paper's N (issue #57): a bound, not a measurement
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def steep():
+    """{sizes: the two forms} on maps whose worth grows 0.6 per decade from 0.5 at N_ref: lambda(N)
+    reaches 1 about 0.8 decades beyond N_ref, long before the paper's N (2.1 decades)."""
+    out = {}
+    for sizes in ((6e4, 1.2e5, 2.4e5), (6e4, 6e4 * 10 ** 0.6)):
+        runs = _map(list(sizes), 0.5, 0.6, 0.003)
+        out[sizes] = S.fit_forms(runs, n_boot=40), runs.loc[runs["role"] == "moe", "active"]
+    return out
+
+
+@pytest.mark.parametrize("sizes", [(6e4, 1.2e5, 2.4e5), (6e4, 6e4 * 10 ** 0.6)], ids=["3 sizes", "2 sizes"])
+def test_a_lambda_clipped_at_the_papers_n_carries_no_interval_and_says_on_the_bound(steep, sizes):
+    """The size form's MoE loss, gaps and position at the paper's point rest on lambda(N) clipped to
+    1 there (every replicate too): their value with no interval, "on the bound", no claim that the
+    paper's 0.81 lies outside; the dense losses, which do not rest on lambda, keep their intervals.
+    The first screen's words say so for the chosen form and for the other one."""
+    from studylib.study.comparisons.token_budget import glance as G
+
+    laws, moe = steep[sizes]
+    law = laws["lambda_size"]
+    assert law.coefs["lambda_1"].identified and S.lambda_at_paper(law) == (1.0, 1.0, 1.0)  # the clip, reached
+    at = C.paper_point(law).set_index("quantity")
+    for q in ("loss_moe", "gap_active", "gap_total", "position"):
+        r = at.loc[q]
+        assert r["identified"] and np.isfinite(r["estimate"]) and math.isnan(r["ci_low"]) and math.isnan(r["ci_high"])
+        assert r["reason"].endswith(C.ON_BOUND) and "clipped to its bound 1" in r["reason"], r["reason"]
+    assert at.loc["position", "estimate"] == pytest.approx(1.0) and at.loc["position", "paper_inside"] is None
+    assert np.isfinite(at.loc["loss_dense_active", "ci_low"]) and at.loc["loss_dense_active", "reason"] == ""
+    assert at.loc["ordering", "reason"] == "not resolved: gap_active and gap_total carry no interval"
+    said = G.law_clause(at.reset_index(), form="λ varying with size, chosen")
+    assert said.endswith("puts the MoE at p = 1.00 at the paper's scale (on the bound, no interval)"), said
+    pts = S.paper_points(laws, "lambda", moe)
+    lam = pts.set_index(["form", "quantity"]).loc[("lambda_size", "lambda_at_paper")]
+    assert lam["estimate"] == 1.0 and math.isnan(lam["ci_low"]) and lam["reason"].endswith(C.ON_BOUND)
+    assert G._other_form(pts) == "λ varying with size: p = 1.00 (on the bound)"
+    forms = pd.concat([W.law_table(x) for x in laws.values()], ignore_index=True)
+    assert "form gives at the paper's point p = 1.00 (lambda(N) at the paper's N clipped to its bound 1" in \
+        S.size_form_sentences(pts, forms)[1]
+
+
+def test_lambda_clipped_at_0_or_at_an_end_of_its_interval_is_on_the_bound_too(steep):
+    """A worth falling 0.6 per decade is clipped to 0 at the paper's N; a line whose estimate stays
+    inside [0, 1] but whose interval reaches 1 (10 of 40 replicates clipped) gives its position there
+    no interval either, and says how many replicates sit on the clip."""
+    from dataclasses import replace
+
+    from studylib.study.analysis.bootstrap import Bootstrap
+    from studylib.study.analysis.law import bound as Bd
+
+    runs = _map([6e4, 1.2e5, 2.4e5], 0.5, -0.6, 0.003)
+    low = C.paper_point(J.fit_law(runs, "lambda_size", n_boot=40)).set_index("quantity").loc["position"]
+    assert "clipped to its bound 0" in low["reason"] and math.isnan(low["ci_low"]) and low["identified"]
+
+    law = steep[(6e4, 1.2e5, 2.4e5)][0]["lambda_size"]
+    p = F.unpack(law.theta, law.form)
+    decades = math.log10(14.77e6 / F.N_REF_MAP)
+    at = lambda lam: F.pack(p._replace(lam1=(lam - p.lam) / decades))  # noqa: E731  (lambda there = lam)
+    point = at(0.9)
+    draws = np.stack([at(x) for x in np.r_[np.full(10, 1.1), np.linspace(0.85, 0.94, 30)]])  # 10 beyond 1
+    inside = replace(law, seed=Bootstrap(point, draws, law.level))
+    cover, clip = Bd.paper_clip(inside)
+    assert cover == "" and clip == "lambda(N) at the paper's N clipped to its bound 1 (in 10 of 40 seed replicates)"
+    pos = C.paper_point(inside).set_index("quantity").loc["position"]
+    assert 0 < pos["estimate"] < 1 and math.isnan(pos["ci_low"]) and pos["reason"] == clip + C.ON_BOUND
+    assert C.paper_point(replace(inside, seed=Bootstrap(point, draws[10:], law.level))).set_index(
+        "quantity").loc["position", "reason"] == ""  # no replicate clipped: the interval stands
+
+
+@pytest.mark.parametrize("sizes,reason", [
+    ([1e5, 1e5 * (1 + 1e-7)], "the sizes span less than 0.01 decades"),
+    ([2e7, 3e7], "the measured sizes reach the paper's size"),
+    ([1e5, 14.77e6], "the measured sizes reach the paper's size"),
+    ([0, 1e5], "a size must be a positive finite number, not 0"),
+    ([math.nan, 1e5], "a size must be a positive finite number, not nan"),
+])
+def test_sizes_needed_on_degenerate_sizes_gives_the_reason_not_a_span(sizes, reason):
+    """Sizes too close to scale from, sizes at or beyond the paper's, a size that is not a positive
+    number: no span, and the reason (not "over 0.0 decades" or "-0.00 decades")."""
+    from studylib.study.analysis.bootstrap import Coef
+
+    class Fake:
+        form, coefs = "lambda_size", {"lambda_1": Coef("lambda_1", 0.1, -0.5, 0.7)}
+
+    need = S.sizes_needed(Fake(), sizes)
+    assert math.isnan(need["decades"]) and need["reason"].startswith(reason), need

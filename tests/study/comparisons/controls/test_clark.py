@@ -279,3 +279,94 @@ def test_clark_section_says_why_without_the_file_or_the_map(tmp_path):
     if SHARED.is_file():
         tables, note = clark_tables.clark_section(tmp_path, "token_budget_gaps", SHARED)
         assert set(clark_tables.TABLES) <= set(tables) and "notebook 09 did not run" in note
+
+
+# --------------------------------------------------------------------------------------------
+# the shared file with holes or bad numbers (issue #57): refused where the method needs what is missing
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def curves() -> pd.DataFrame:
+    if not SHARED.is_file():
+        pytest.skip(f"Clark et al. 2022's curves are not on this machine ({SHARED}; see SOURCE.md beside it)")
+    return pd.read_csv(SHARED)
+
+
+def _write(tmp_path, curves: pd.DataFrame):
+    path = tmp_path / "curves.csv.gz"
+    curves.to_csv(path, index=False)
+    return path
+
+
+def _last_row(curves: pd.DataFrame, router: str, size: str) -> int:
+    """The row of the last evaluation of the first ``router`` run of ``size``."""
+    last = curves.sort_values(["hyper_id", "step"]).groupby("hyper_id").tail(1)
+    return int(last.index[(last["router_type"] == router) & (last["model_size_label"] == size)][0])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_nan_or_inf_loss_the_method_reads_is_one_error_naming_the_file_and_row(tmp_path, curves, bad):
+    """The complete file holds 8 NaN losses one step before their runs' last evaluations (read
+    without complaint); one at a last evaluation (the dense 130M's) is refused in one line naming
+    the file and its line, and the section says the curves are not used."""
+    df = curves.copy()
+    i = _last_row(df, "Dense", "130M")
+    df.loc[i, "loss_validation"] = bad
+    path = _write(tmp_path, df)
+    with pytest.raises(clark.ClarkDataError) as e:
+        clark.load_curves(path)
+    msg = str(e.value)
+    where = f"line {i + 2} (hyper_id {df.at[i, 'hyper_id']}, step 249000)"
+    assert "\n" not in msg and str(path) in msg and "NaN or infinite loss_validation" in msg and where in msg, msg
+    with gzip.open(path, "rt") as f:
+        line = f.read().splitlines()[i + 1].split(",")
+    assert line[0] == str(df.at[i, "hyper_id"]) and line[list(df.columns).index("loss_validation")] in ("", "inf")
+    tables, why = clark_tables.clark_section(tmp_path, "token_budget_gaps", path)
+    assert tables is None and why == f"Clark et al.'s curves are not used: {msg}"
+
+
+def test_curves_without_s_base_rows_are_one_error_naming_the_file(tmp_path, curves):
+    path = _write(tmp_path, curves[curves["router_type"] != "S-Base"])
+    tables, why = clark_tables.clark_section(tmp_path, "token_budget_gaps", path)
+    assert tables is None and "\n" not in why
+    assert why == (f"Clark et al.'s curves are not used: {path}: no rows with router_type S-Base (the method reads "
+                   f"Dense, S-Base, Hash, RL-R)")
+
+
+def test_a_missing_dense_size_gives_no_position_across_it_and_no_law(tmp_path, curves, last):
+    """Without the plain dense 130M runs, the dense loss at 107M-248M would be interpolated from
+    55M to 370M (S-Base E = 4 at 130M: 0.75 -> 0.83; Hash 0.40 -> 0.51): the routed sizes that
+    need it get no p and say which dense size is missing, the others keep theirs, and the law
+    (fitted on 15-55M, 130M held out) is not fitted, in one line naming what is missing."""
+    path = _write(tmp_path, curves[~((curves["router_type"] == "Dense") & (curves["model_size_label"] == "130M"))])
+    tables, note = clark_tables.clark_section(tmp_path, "token_budget_gaps", path)
+    pos = tables[clark_tables.CLARK_POSITIONS].set_index(["router", "experts", "size_label"])
+    full = clark.positions(last).set_index(["router", "experts", "size_label"])
+    for key in (("S-Base", 4, "130M"), ("Hash", 4, "130M"), ("S-Base", 4, "55M")):
+        assert math.isnan(pos.loc[key, "p"]) and pos.loc[key, "note"].startswith(
+            "the plain dense 130M is missing from Clark's curves"), pos.loc[key]
+    for key in (("S-Base", 4, "15M"), ("S-Base", 4, "25M"), ("Hash", 4, "370M")):
+        assert pos.loc[key, "p"] == full.loc[key, "p"] and pos.loc[key, "note"] == ""
+    refused = ("Clark et al.'s curves lack the law's runs: dense 130M (the fit on 15M, 25M, 55M and the held-out "
+               "130M need plain dense and S-Base E = 4, 8 runs at each size): the law is not fitted")
+    assert tables["law_refused"] == refused and note.endswith("; " + refused)
+    for name in (clark_tables.CLARK_LAW_FIT, clark_tables.CLARK_LAW_POSITIONS, clark_tables.CLARK_LAW_HELD_OUT):
+        assert tables[name].empty and list(tables[name].columns) == list(clark_tables.LAW_COLUMNS[name])
+
+
+def test_a_missing_fit_size_is_refused_by_the_law(tmp_path, curves):
+    """Without every 25M run, the size form was fitted on two sizes ("no parameter identified") and
+    still printed a 130M value: now the law is refused, naming the dense and S-Base runs it lacks,
+    and the 15M routed runs, whose total N lies across the missing 25M, get no p."""
+    last = clark.last_evaluations(clark.load_curves(_write(tmp_path, curves[curves["model_size_label"] != "25M"])))
+    with pytest.raises(clark.ClarkDataError, match=r"lack the law's runs: dense 25M, S-Base E = 4 at 25M, S-Base E = "
+                                                    r"8 at 25M \(the fit on 15M, 25M, 55M"):
+        clark.law_frame(last)
+    pos = clark.positions(last).set_index(["router", "experts", "size_label"])
+    assert math.isnan(pos.loc[("S-Base", 4, "15M"), "p"]) and "dense 25M is missing" in pos.loc[("S-Base", 4, "15M"), "note"]
+
+
+def test_the_complete_file_misses_no_expected_size(last):
+    """Every plain dense size the method expects is in the file, and no position says one is missing."""
+    assert tuple(clark.dense_sizes(last)["size_label"]) == clark.DENSE_SIZES
+    assert not clark.positions(last)["note"].str.contains("missing").any()
+    assert len(clark.law_frame(last))
