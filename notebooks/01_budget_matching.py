@@ -40,7 +40,8 @@ from IPython.display import Markdown, display
 
 from studylib import config as budget
 from studylib.study.analysis import paper, plots, tables
-from studylib.study.comparisons.budget_matching import run_budget, shape
+from studylib.study.analysis import shape
+from studylib.study.comparisons.budget_matching import run_budget
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, _ = open_comparison("budget_matching", params, jobs, seeds, overrides)  # it trains nothing

@@ -45,7 +45,7 @@ overrides = None  # e.g. {"train.amp": "off"}: a variant preset with a derived n
 from IPython.display import Markdown, display
 
 from studylib.study.analysis import frames, paper, plots, probes, tables, text
-from studylib.study.comparisons.headline import noise, noise_frame
+from studylib.study.comparisons.headline import HEADLINE, noise, noise_frame
 from studylib.study.runner.notebooks import open_comparison
 
 ctx, runs = open_comparison("headline", params, jobs, seeds, overrides)  # and the noise split's, if any
@@ -87,11 +87,11 @@ display(paper.PAPER_TABLE6.assign(active_gap=paper.PAPER_TABLE6["dense_active"] 
 headline_gaps = tables.headline_gaps(summaries, dense_active, moe, dense_total, margin=study.general.margin)
 gaps = tables.relabel(headline_gaps, {"active": f"matched-active ({dense_active} - {moe})",
                                       "total": f"matched-total ({moe} - {dense_total})"})
-plots.save_table(gaps, "headline_gaps", out)
+plots.save_table(gaps, HEADLINE, out)
 display(gaps[["mean", "std", "n", "ci_low", "ci_high", "p", "resolved", "p_tost", "verdict", "paper_mean", "paper_std"]])
 fig = plots.intervals(gaps, title=f"Headline gaps ({preset.name}, {len(seeds)} seeds; x: paper)",
                       xlabel="gap in best val loss (nats); > 0: the second model is better",
-                      paper="paper_mean", outdir=out, name="headline_gaps")
+                      paper="paper_mean", outdir=out, name=HEADLINE)
 
 # %% [markdown]
 # ### What it takes to resolve: the power table

@@ -73,9 +73,9 @@ from IPython.display import Markdown, display
 
 from studylib.study.analysis import plots, text
 from studylib.study.comparisons import token_budget
-from studylib.study.comparisons.budget_matching import shape
-from studylib.study.comparisons.token_budget import (budgets, gaps, law_checks, law_fit, law_roles, law_size,
-                                                     law_words, plane, repetition)
+from studylib.study.analysis import shape
+from studylib.study.analysis.law import checks as law_checks, fit as law_fit, size as law_size, words as law_words
+from studylib.study.comparisons.token_budget import budgets, gaps, law_roles, plane, repetition
 from studylib.study.comparisons.token_budget.plots import crossing_line, gap_map
 from studylib.study.runner.notebooks import open_comparison
 
@@ -205,7 +205,7 @@ models = plane.gap_models(per_seed)
 coefs = plane.coefficient_table(models)
 crossing = plane.crossing_table(models)
 loo = plane.loo_table(per_seed)
-losses = law_fit.loss_frame(preset, trios, summaries)
+losses = budgets.loss_frame(preset, trios, summaries)
 fitted_laws = law_roles.role_laws(losses)
 laws = law_roles.role_law_table(fitted_laws)
 loss_loo = law_roles.role_loo_table(losses, fitted_laws)
@@ -280,7 +280,7 @@ for s in law_words.law_sentences(law_table, choice.errors, held, at_paper, runs=
 # what span of sizes would pin it.
 
 # %%
-form_laws = law_size.fit_forms(law_runs, choice.per_role_rstar, n_boot=n_boot)
+form_laws = law_size.fit_forms(law_runs, choice.per_role_rstar, n_boot=n_boot, fitted={choice.form: joint})
 forms_table = pd.concat([law_words.law_table(law) for law in form_laws.values()], ignore_index=True)
 forms_paper = law_size.paper_points(form_laws, choice.form, law_runs.loc[law_runs["role"] == "moe", "active"])
 for name, t in ((token_budget.LAW_FORMS, forms_table), (token_budget.LAW_FORMS_PAPER, forms_paper)):
@@ -315,7 +315,7 @@ fig2 = crossing_line(crossing, table, outdir=out, name=token_budget.CROSSING)
 lines = [gaps.point_sentences(table, gap) for gap in gaps.GAPS] + [gaps.position_sentence(table)]
 lines += repetition.repetition_sentences(repetition_fit, repeated_cells)
 lines += plane.plane_sentences(coefs, crossing, loo)
-lines += law_words.role_law_sentences(laws, loss_loo) + law_words.extrapolation_sentences(extrapolation)
+lines += law_roles.role_law_sentences(laws, loss_loo) + law_roles.extrapolation_sentences(extrapolation)
 lines += law_words.law_sentences(law_table, choice.errors, held, at_paper, runs=influence)
 lines += law_size.size_form_sentences(forms_paper, forms_table)
 lines.append(gaps.paper_sentence(table))

@@ -148,22 +148,22 @@ display(Markdown(f"**Outcome in preset `{preset.name}`.** " + A.sentences(tabs, 
 # predicted (one run per model and size: no interval).
 
 # %%
-from studylib.study.analysis import clark
-from studylib.study.comparisons.controls import clark_law
+from studylib.study.comparisons import token_budget
+from studylib.study.comparisons.controls import clark_tables as clark
 
-clark_tables, clark_note = clark_law.clark_section(out)
+clark_tables, clark_note = clark.clark_section(out, token_budget.MAP)
 print(clark_note)
 if clark_tables is not None:
-    for name in clark_law.TABLES:
+    for name in clark.TABLES:
         plots.save_table(clark_tables[name], name, out, index=False)
-    display(clark_tables[clark_law.CLARK_POSITIONS])
-    display(clark_tables[clark_law.POSITION_AGAINST_SIZE])
-    display(clark_tables[clark_law.CLARK_TREND])
-    fig = clark.position_against_size_figure(clark_tables[clark_law.POSITION_AGAINST_SIZE], clark_tables["trends"],
-                                             outdir=out, name=clark_law.POSITION_AGAINST_SIZE)
-    display(clark_tables[clark_law.CLARK_LAW_FIT], clark_tables[clark_law.CLARK_LAW_POSITIONS],
-            clark_tables[clark_law.CLARK_LAW_HELD_OUT])
-    for s in clark_law.clark_law_sentences(clark_tables[clark_law.CLARK_LAW_FIT],
-                                           clark_tables[clark_law.CLARK_LAW_POSITIONS],
-                                           clark_tables[clark_law.CLARK_LAW_HELD_OUT]):
+    display(clark_tables[clark.CLARK_POSITIONS])
+    display(clark_tables[clark.POSITION_AGAINST_SIZE])
+    display(clark_tables[clark.CLARK_TREND])
+    fig = clark.position_against_size_figure(clark_tables[clark.POSITION_AGAINST_SIZE], clark_tables["trends"],
+                                             outdir=out, name=clark.POSITION_AGAINST_SIZE)
+    display(clark_tables[clark.CLARK_LAW_FIT], clark_tables[clark.CLARK_LAW_POSITIONS],
+            clark_tables[clark.CLARK_LAW_HELD_OUT])
+    for s in clark.clark_law_sentences(clark_tables[clark.CLARK_LAW_FIT],
+                                           clark_tables[clark.CLARK_LAW_POSITIONS],
+                                           clark_tables[clark.CLARK_LAW_HELD_OUT]):
         print(s, "\n")

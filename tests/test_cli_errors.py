@@ -105,6 +105,35 @@ def test_set_of_a_section_merges_into_it():
     assert variant_tag(["train={lr: 0.004}"]) == variant_tag(["train.lr=0.004"]) == "train.lr=0.004"
 
 
+@pytest.mark.parametrize("argv, key", [
+    (["train", "--params", CI, "--model", "dense_active", "--set", "train=null"], "train"),
+    (["budget", CI, "--set", "data=~"], "data"),
+    (["prepare-data", "--params", CI, "--set", "models={moe_hash: null}"], "models.moe_hash"),
+    (["budget", CI, "--set", "model=null"], "model"),
+])
+def test_a_section_set_to_null_is_refused(box, capsys, argv, key):
+    """``--set train=null`` trained with the schema's defaults (lr 3e-4, batch 16, no step limit), rc 0."""
+    line = _call(argv, capsys, box)
+    assert line.startswith(f"error: {argv[-2]} {argv[-1]!r}: {key} is a section and cannot be set to null"), line
+    assert f"set its fields instead, e.g. {key}.<field>=value" in line, line
+
+
+def test_a_section_set_to_null_is_refused_in_every_spelling(tmp_path):
+    """The overrides mapping of a notebook and an ``extends`` child's empty section say so too;
+    a null on a field (``study.margin``: its default) or a study knob (``study.noise_split``: off,
+    as scripts/gpu_check.sh sets it) is still allowed."""
+    from studylib.config import ConfigError, load_preset, override
+
+    base = load_preset(CI)
+    with pytest.raises(ConfigError, match=r"^override 'train': train is a section and cannot be set to null"):
+        override(base, {"train": None})
+    assert override(base, {"study.margin": None}).study.margin == base.study.power_target
+    assert override(base, {"study.noise_split": None}).study.comparisons["noise_split"] is None
+    (tmp_path / "child.yaml").write_text(f"extends: {CI}\ntrain:\n")
+    with pytest.raises(ConfigError, match=r"child\.yaml: train is a section and cannot be set to null"):
+        load_preset(tmp_path / "child.yaml")
+
+
 @pytest.mark.parametrize("value", ["0", "48", "32"])
 def test_set_on_a_shared_model_field_no_model_uses_is_refused(box, capsys, value):
     """Every ci model sets its own d_model or derives it: model.d_model changed nothing, not even

@@ -212,6 +212,20 @@ def test_law_coverage_arguments_are_one_error_line(args, expected):
     assert err[0].startswith("error: law_coverage.py: ") and expected in err[0], err
 
 
+def test_law_coverage_caps_its_processes_at_the_cores_and_the_maps():
+    """``--jobs 100000`` forked every worker up front (the pool does under fork) and printed nothing
+    in 300 s; the processes are capped, and the cap is said in one line."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("law_coverage", ROOT / "scripts" / "law_coverage.py")
+    law = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(law)
+    assert law.capped_jobs(100_000, 2, 16) == (2, "--jobs 100000: capped at 2 process(es) (16 cores here, 2 maps)")
+    assert law.capped_jobs(100_000, 200, 4) == (4, "--jobs 100000: capped at 4 process(es) (4 cores here, 200 maps)")
+    assert law.capped_jobs(2, 200, 4) == (2, "")  # what the machine and the work allow stands
+    assert law.capped_jobs(3, 1, 1)[0] == 1
+
+
 def test_gpu_throughput_without_cuda_says_so_in_one_line():
     import subprocess
     import sys

@@ -107,6 +107,39 @@ def test_the_checker_finds_hidden_and_relative_upward_edges(tmp_path):
     assert _upward(src, "studylib.study.runner.probe") == []
 
 
+COMPARISONS = PKG / "study" / "comparisons"
+
+
+def _comparison_of(module: str) -> str | None:
+    """The comparison package a dotted module lies in (``studylib.study.comparisons.controls.clark``
+    -> ``controls``); None for the registry and the modules every comparison shares (``knobs``...)."""
+    parts = module.split(".")
+    return parts[3] if parts[:3] == ["studylib", "study", "comparisons"] and len(parts) > 3 \
+        and (COMPARISONS / parts[3]).is_dir() else None
+
+
+def _crossing(path: Path, me: str) -> list[str]:
+    own = _comparison_of(me)
+    return [f"line {ln}: {mod}" for ln, mod in _imports(path, me)
+            if own is not None and _comparison_of(mod) not in (None, own)]
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p.is_relative_to(COMPARISONS)],
+                         ids=lambda p: str(p.relative_to(PKG)))
+def test_no_comparison_imports_another(path):
+    """What two comparisons share lives below them (study/analysis: the law, the position, the paper)."""
+    me = _module_name(path)
+    assert not _crossing(path, me), f"{me} imports another comparison: " + "; ".join(_crossing(path, me))
+
+
+def test_the_checker_finds_one_comparison_importing_another(tmp_path):
+    src = tmp_path / "probe.py"
+    src.write_text("def f():\n    from studylib.study.comparisons.token_budget import MAP\n    return MAP\n"
+                   "from studylib.study.comparisons.controls import clark\nfrom studylib.study.comparisons import knobs\n")
+    assert [c.split(":")[0] for c in _crossing(src, "studylib.study.comparisons.controls.probe")] == ["line 2"]
+    assert _crossing(src, "studylib.study.comparisons.glance") == []
+
+
 def _edges(pkg: Path) -> dict[str, set[str]]:
     """``{module: modules it imports}`` of the package at ``pkg``; ``from a.b import c`` is an edge
     to the module ``a.b.c`` when it is one, else to ``a.b``."""

@@ -220,7 +220,10 @@ def read_preset_file(path: str | os.PathLike, _chain: tuple = ()) -> dict:
         raise ConfigError(f"{path}: extends: the presets extend each other in a cycle ({cycle})")
     if not base_path.is_file():
         raise ConfigError(f"{path}: extends: {base!r} not found (looked for {base_path})")
-    return deep_merge(read_preset_file(base_path, chain), raw)
+    base_raw = read_preset_file(base_path, chain)
+    for key, value in raw.items():  # `train:` left empty here would wipe the base's section
+        _refuse_null_section(base_raw.get(key) if isinstance(base_raw, dict) else None, str(key), value, str(path))
+    return deep_merge(base_raw, raw)
 
 
 Overrides = Union[None, Sequence[str], Mapping[str, Any]]
@@ -310,6 +313,7 @@ def apply_overrides(raw: dict, overrides: Overrides) -> dict:
     raw = copy.deepcopy(raw)
     items = override_pairs(overrides)
     for key, value, where in items:
+        _refuse_null_section(value_at(raw, key), key, value, where)
         parts = key.split(".")
         node = raw
         for p in parts[:-1]:
@@ -319,6 +323,23 @@ def apply_overrides(raw: dict, overrides: Overrides) -> dict:
         old = node.get(parts[-1])
         node[parts[-1]] = deep_merge(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     return raw
+
+
+#: the preset's sections: mappings even where the file leaves them out
+_SECTIONS = ("data", "train", "model", "models", "study")
+
+
+def _refuse_null_section(old: Any, key: str, value: Any, where: str) -> None:
+    """A null set where a section is (a top-level section, or a mapping of the preset such as
+    ``models.moe``) is a :class:`ConfigError`: it would silently reset the whole section to its
+    defaults. A study knob's null stays allowed: it means the knob's default (documented;
+    ``study.noise_split: null`` turns the noise split off)."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _refuse_null_section(old.get(k) if isinstance(old, Mapping) else None, f"{key}.{k}", v, where)
+    elif value is None and ((isinstance(old, Mapping) and not key.startswith("study.")) or key in _SECTIONS):
+        raise ConfigError(f"{where}: {key} is a section and cannot be set to null (it would reset the whole "
+                          f"section to its defaults); set its fields instead, e.g. {key}.<field>=value")
 
 
 def override(preset: Preset, overrides: Overrides) -> Preset:

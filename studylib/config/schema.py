@@ -12,7 +12,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union, get_args
 
 from studylib.config.accounting import ParamCount, count_params
 
@@ -26,6 +26,7 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------------------------
 FFNKind = Literal["dense", "moe", "soft"]
 Dispatch = Literal["naive", "grouped", "stacked"]
+RouterKind = Literal["learned", "frozen", "hash"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class FFNConfig:
     # --- router controls (moe only; studylib.nn.router): learned (the reference); frozen (the
     # learned router's weight kept at its initial value); hash (no weight: a fixed table maps a
     # token's id to its top_k experts, equal weights; its balance, z and sequence losses must be 0)
-    router: Literal["learned", "frozen", "hash"] = "learned"
+    router: RouterKind = "learned"
 
     def validate(self, where: str = "ffn") -> None:
         _positive(self.hidden, f"{where}.hidden")
@@ -96,8 +97,9 @@ class FFNConfig:
             raise ConfigError(f"{where}.balance_scope: must be 'micro' or 'global', got {self.balance_scope!r}")
         if self.n_shared < 0:
             raise ConfigError(f"{where}.n_shared: must be >= 0, got {self.n_shared}")
-        if self.router not in ("learned", "frozen", "hash"):
-            raise ConfigError(f"{where}.router: must be 'learned', 'frozen' or 'hash', got {self.router!r}")
+        kinds = [repr(k) for k in get_args(RouterKind)]
+        if self.router not in get_args(RouterKind):
+            raise ConfigError(f"{where}.router: must be {', '.join(kinds[:-1])} or {kinds[-1]}, got {self.router!r}")
         if self.router == "hash":
             scored = {"balance_coef": self.balance_coef != 0.0, "z_coef": self.z_coef != 0.0,
                       "seq_balance_coef": self.seq_balance_coef != 0.0, "bias_balance": self.bias_balance,

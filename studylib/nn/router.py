@@ -29,8 +29,10 @@ Controls (``ffn.router``; ``learned`` is the reference):
   random order drawn from a generator seeded with :data:`HASH_SEED`, the same in every layer and
   every run), with equal combine weights 1/K (times ``route_scale``); Clark et al. 2022's Hash
   layer with top-k. The token ids reach the router through its input (``Router.forward(x_TD,
-  ids_T)``). It has no scores: its logits are 0 and its distribution 1/E (as the ``uniform``
-  mode's), and the balance, z and sequence losses must be off (the schema refuses them).
+  ids_T)``). It has no scores: its routing record's logits are 0 and its distribution 1/E (as
+  the ``uniform`` mode's), stand-ins that its statistics and :meth:`Router.distribution` report as
+  NaN (entropy, gate, margin, log Z: not applicable); the balance, z and sequence losses must be
+  off (the schema refuses them).
 
 Modes (``Router.mode``, per layer; see :meth:`studylib.nn.model.Decoder.set_router_mode`):
 ``learned`` (normal), ``uniform`` (gate forced to 1/E; sparse layers take the fixed balanced
@@ -51,7 +53,6 @@ Shape legend: T tokens, D model width, E experts, K experts chosen per token.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 from typing import Callable, Iterator, NamedTuple, Optional
 
@@ -63,18 +64,41 @@ from studylib.nn import router_losses
 
 MODES = ("learned", "uniform", "balanced")
 HASH_SEED = 20220201  # the hash router's table: one fixed draw (Clark et al. 2022's year and month)
+NO_SCORES = "hash router: no scores"  # why its score statistics and distribution are NaN
 
 
 def hash_table(vocab_size: int, num_experts: int, top_k: int, seed: int = HASH_SEED) -> torch.Tensor:
     """(V, K) long: the experts of each token id under the hash router. The C = binom(E, K)
     K-subsets of the experts (in lexicographic order) are dealt to the ids in the order of one
     random permutation of the vocabulary (``torch.randperm`` from a CPU generator seeded with
-    ``seed``): id ``v`` takes subset ``perm[v] mod C``. Every subset goes to floor(V/C) or
-    ceil(V/C) ids, so every expert to a K/E share of the vocabulary (not of the tokens: the ids'
-    frequencies differ). A pure function of its arguments."""
-    subsets = torch.tensor(list(itertools.combinations(range(num_experts), top_k)), dtype=torch.long)
+    ``seed``): id ``v`` takes subset ``perm[v] mod C`` (:func:`kth_subsets`: computed, never
+    enumerated, so 32 of 64 experts works too). Every subset goes to floor(V/C) or ceil(V/C) ids,
+    so every expert to a K/E share of the vocabulary (not of the tokens: the ids' frequencies
+    differ). A pure function of its arguments."""
     perm = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(seed))
-    return subsets[perm % len(subsets)]
+    C = math.comb(num_experts, top_k)
+    return kth_subsets(perm if vocab_size <= C else perm % C, num_experts, top_k)
+
+
+def kth_subsets(r_V: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """(V, k) long: for each index ``r`` of ``r_V``, the r-th k-subset of ``range(n)`` in
+    lexicographic order (``itertools.combinations``' order), by the combinatorial number system:
+    one pass over the elements, taking element ``x`` when ``r`` falls among the binom(n-x-1, j-1)
+    subsets that take it next (j still to take), else skipping those subsets."""
+    cap = int(r_V.max()) + 1 if len(r_V) else 1  # counts above every r compare alike: capped, no overflow
+    ways = torch.zeros(n, k + 1, dtype=torch.long)  # ways[m, j] = binom(m, j - 1), capped at cap
+    ways[0, 1] = 1
+    for m in range(1, n):
+        ways[m, 1:] = (ways[m - 1, 1:] + ways[m - 1, :-1]).clamp_max(cap)
+    r, left = r_V.to(torch.long).clone(), torch.full_like(r_V, k, dtype=torch.long)
+    out = torch.empty(len(r_V), k, dtype=torch.long)
+    for x in range(n):
+        c = ways[n - 1 - x][left]  # the subsets that take x next (0 once all k are taken)
+        take = r < c
+        out[take, k - left[take]] = x
+        r = torch.where(take, r, r - c)
+        left = left - take.long()
+    return out
 
 
 def logits(x_TD: torch.Tensor, weight_ED: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -230,7 +254,10 @@ class Router(nn.Module):
             nn.init.normal_(self.weight, std=std)
 
     def distribution(self, logits_TE: torch.Tensor) -> torch.Tensor:
-        """The router's learned distribution over experts for ``logits_TE`` (whatever the mode)."""
+        """The router's learned distribution over experts for ``logits_TE`` (whatever the mode); NaN
+        for the hash router, which has none (:data:`NO_SCORES`)."""
+        if self.hashed:
+            return torch.full_like(logits_TE, math.nan)
         return distribution(logits_TE, self.cfg.score)
 
     def forward(self, x_TD: torch.Tensor, ids_T: Optional[torch.Tensor] = None) -> Routing:
@@ -279,8 +306,11 @@ class Router(nn.Module):
     @torch.no_grad()
     def stats(self, rec: Routing) -> dict:
         """This layer's diagnostics (:func:`studylib.nn.router_losses.router_stats`), with the bias
-        and the share of picks it made (``bias_picked``) for a biased router."""
+        and the share of picks it made (``bias_picked``) for a biased router; the hash router's
+        score statistics are NaN, with a ``note`` saying why (its 1/E stands in for no scores)."""
         out = router_losses.router_stats(rec.logits_TE, rec.probs_TE, rec.shares_E())
+        if self.hashed:
+            out.update(dict.fromkeys(router_losses.SCORE_STATS, math.nan), note=NO_SCORES)
         if self.biased:
             out["bias"] = self.bias_E.tolist()
             out["bias_picked"] = float(picked_by_bias(rec.probs_TE, rec.idx_TK).float().mean())

@@ -53,6 +53,11 @@ def share_stats(shares_E: torch.Tensor) -> dict:
     return {"busiest": float(shares_E.max()), "usage_var": float(shares_E.var(unbiased=False))}
 
 
+#: the statistics of the router's scores (its distribution and logits): not applicable to a router
+#: without scores (the hash router: :meth:`studylib.nn.router.Router.stats` gives NaN)
+SCORE_STATS = ("entropy", "top1", "margin", "logz")
+
+
 @torch.no_grad()
 def router_stats(logits_TE: torch.Tensor, probs_TE: torch.Tensor, shares_E: Optional[torch.Tensor]) -> dict:
     """Per-layer diagnostics as plain Python numbers (sparse MoE when its assignment shares

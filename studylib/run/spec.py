@@ -89,4 +89,29 @@ def budget_overrides(preset: Preset, epochs: float, epoch: Optional[int] = None)
     return {"train.max_steps": max(1, round(epochs * (epoch_steps(preset) if epoch is None else epoch)))}
 
 
-__all__ = ["RunSpec", "epoch_steps", "tokens_per_step", "budget_overrides"]
+def tokens_per_param_epochs(preset: Preset, tokens_per_param: float, active: int, epoch: Optional[int] = None) -> float:
+    """A budget of ``tokens_per_param`` target tokens per ``active`` parameter in epochs of the
+    preset's schedule (``epoch`` steps; default :func:`epoch_steps`): ``round(x * active /
+    tokens_per_step)`` steps (at least 1), exactly 1.0 when that is one epoch (the preset's own runs)."""
+    s = epoch_steps(preset) if epoch is None else epoch
+    n = max(1, round(tokens_per_param * active / tokens_per_step(preset)))
+    return 1.0 if n == s else n / s
+
+
+def cell_overrides(preset: Preset, moe: str, epochs: float, stories: float = 1.0, epoch: Optional[int] = None) -> dict:
+    """The overrides of the runs of one cell (a trio at one budget): its budget
+    (:func:`budget_overrides`), the vocabulary of its reference MoE ``moe`` where it has its own,
+    the fraction of the training stories when below 1; a cell on other data always sets its steps."""
+    ov = dict(budget_overrides(preset, epochs, epoch))
+    vocab = preset.model_config(moe).vocab_size
+    if vocab != preset.data.vocab_size:
+        ov["data.vocab_size"] = vocab
+    if stories < 1:
+        ov["data.train_fraction"] = stories
+    if ov and "train.max_steps" not in ov:
+        ov["train.max_steps"] = epoch_steps(preset) if epoch is None else epoch
+    return ov
+
+
+__all__ = ["RunSpec", "epoch_steps", "tokens_per_step", "budget_overrides", "tokens_per_param_epochs",
+           "cell_overrides"]

@@ -491,6 +491,38 @@ def test_the_hash_table_deals_every_pair_of_experts_to_an_equal_share_of_the_voc
     assert int(per_expert.max() - per_expert.min()) <= 3  # each expert: half the ids, up to the remainder
 
 
+def _enumerated_table(V, E, K, seed=HASH_SEED):
+    """The table as it was built before: every K-subset enumerated (itertools), dealt by the permutation."""
+    import itertools
+
+    subsets = torch.tensor(list(itertools.combinations(range(E), K)), dtype=torch.long)
+    perm = torch.randperm(V, generator=torch.Generator().manual_seed(seed))
+    return subsets[perm % len(subsets)]
+
+
+@pytest.mark.parametrize("V,E,K", [(101, 4, 2), (53, 4, 2), (320, 4, 2), (384, 4, 1), (50, 9, 1), (7, 7, 7),
+                                   (20, 6, 6), (20, 6, 3), (5, 6, 3), (924, 12, 6), (1000, 16, 8), (3, 1, 1)])
+def test_the_hash_table_is_the_enumerated_one(V, E, K):
+    """Computed subset by subset (the combinatorial number system), the table of every (V, E, K)
+    is the one the enumeration of all binom(E, K) subsets gave: hash runs keep their routing."""
+    assert torch.equal(hash_table(V, E, K), _enumerated_table(V, E, K))
+
+
+def test_the_hash_table_of_32_of_64_experts_is_built_without_enumerating_them(one_thread):
+    """binom(64, 32) ~ 1.8e18 subsets: enumerating them was a MemoryError. An id takes subset
+    perm[v] < V, one of the first V in lexicographic order (enumerable here)."""
+    import itertools
+    import time
+
+    V = 5000
+    t0 = time.perf_counter()
+    t = hash_table(V, 64, 32)
+    assert time.perf_counter() - t0 < 5.0
+    first = list(itertools.islice(itertools.combinations(range(64), 32), V))
+    perm = torch.randperm(V, generator=torch.Generator().manual_seed(HASH_SEED))
+    assert t.tolist() == [list(first[int(i)]) for i in perm]
+
+
 def _hash_model(dispatch="grouped"):
     cfg = ModelConfig(name="h", vocab_size=53, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, context=24,
                       dropout=0.0, ffn=FFNConfig(kind="moe", hidden=12, num_experts=4, top_k=2, router="hash",
@@ -568,6 +600,11 @@ def test_a_hash_model_trains_and_decodes_with_a_cache(tmp_path, data, one_thread
     p = tiny_preset(models={"hash": HASH}, train={"max_steps": 4, "eval_every": 2})
     s = T.train_run(p, "hash", 1, run_dir=tmp_path / "r", progress=False, data=data)
     assert math.isfinite(s["best_val_loss"])
+    from studylib.tools.explorer.diagnostics import diagnostics_over_training
+
+    diag = diagnostics_over_training(tmp_path / "r")  # no scores: NaN, not the ln E of its stand-in logits
+    assert len(diag) and diag[list(router_losses.SCORE_STATS)].isna().all().all() and diag["busiest"].notna().all()
+    assert set(diag["note"]) == {"hash router: no scores"}
     m = Decoder(p.model_config("hash")).eval()
     m.load_state_dict(C.load(RunDir(tmp_path / "r").checkpoints / C.LATEST)["model"])
     idx = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))

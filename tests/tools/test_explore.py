@@ -185,6 +185,34 @@ def test_the_explorers_chosen_experts_are_the_forwards(loaded, router):
         assert all(3 in c for c in v.experts[0])
 
 
+def test_a_hash_router_shows_no_scores_not_a_uniform_distribution(loaded):
+    """The hash router has no scores: its entropy, gate, margin and log Z read ln 4, 0.25, 0 and
+    ln 4 (the numbers of its all-zero stand-in logits) and its experts outside the first two were
+    marked "picked by the bias". Now they are NaN with the reason, and nothing is marked."""
+    import dataclasses
+
+    from studylib.nn.model import Decoder
+    from studylib.nn.router import hash_table
+
+    base = loaded["moe"].model
+    f = dataclasses.replace(base.cfg.ffn, router="hash", balance_coef=0.0, z_coef=0.0)
+    model = Decoder(dataclasses.replace(base.cfg, ffn=f))
+    model.load_state_dict({k: v for k, v in base.state_dict().items() if not k.endswith("router.weight")})
+    tok = loaded["moe"].tokenizer
+    v = explore.route_text(model, tok, TEXT, label="hash")
+    table = hash_table(base.cfg.vocab_size, 4, 2)
+    fr = v.to_frame()
+    for layer in range(2):
+        assert [sorted(c) for c in v.experts[layer]] == table[v.ids].tolist()  # the table's experts
+        assert np.isnan(v.probs[layer]).all()
+        st = v.router_stats[layer]
+        assert all(np.isnan(st[m]) for m in ("entropy", "top1", "margin", "logz")), st
+        assert st["note"] == "hash router: no scores" and np.isfinite(st["busiest"])
+    assert fr["prob"].isna().all() and not fr["by_bias"].any() and v.bias_share == {}
+    g = explore.generate_and_route(model, tok, "Once upon a time", 2).generation
+    assert all(np.isnan(rec[layer]["probs"]).all() for rec in g.routing for layer in range(2))
+
+
 def test_route_text_soft(loaded):
     model, tok = loaded["soft"].model, loaded["soft"].tokenizer
     v = explore.route_text(model, tok, TEXT)

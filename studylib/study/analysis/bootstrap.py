@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -116,6 +116,16 @@ def p_boot(draws: np.ndarray) -> float:
     return float(min(1.0, max(2 * min(np.mean(draws <= 0), np.mean(draws >= 0)), 1 / len(draws))))
 
 
+def holm_p(draws: Mapping[str, np.ndarray | None]) -> tuple[dict, dict]:
+    """(``{name: p_boot}``, ``{name: its Holm-adjusted p}``) over one family's bootstrap
+    replicates, the members without a replicate (None or all NaN) left out of the family."""
+    from studylib.study.analysis.stats import holm
+
+    p = {k: p_boot(d) for k, d in draws.items() if d is not None}
+    p = {k: v for k, v in p.items() if not math.isnan(v)}
+    return p, (dict(zip(p, holm(list(p.values())))) if p else {})
+
+
 def linear_fit(X: np.ndarray, y: np.ndarray, cell: np.ndarray, n_boot: int, seed: int, level: float = 0.95,
                lonely: str = "") -> Bootstrap:
     """Least squares of ``y`` on the design ``X`` (pseudo-inverse) with its replicates: seeds
@@ -150,15 +160,20 @@ class Coef:
     def has_interval(self) -> bool:
         return not (math.isnan(self.ci_low) or math.isnan(self.ci_high))
 
-    @property
-    def verdict(self) -> str:
-        """"positive", "negative", "not resolved" (the interval includes 0), "not identified" or
-        "no interval"."""
+    def verdict_at(self, p_holm: float | None = None, alpha: float = 0.05) -> str:
+        """"positive", "negative", "not resolved", "not identified" or "no interval": resolved where
+        its interval excludes 0 or, one of a family (:func:`holm_p`), where its Holm-adjusted p is
+        below ``alpha``."""
         if not self.identified:
             return "not identified"
         if not self.has_interval:
             return "no interval"
-        return ("positive" if self.estimate > 0 else "negative") if self.resolved else "not resolved"
+        resolved = self.resolved if p_holm is None else p_holm < alpha
+        return ("positive" if self.estimate > 0 else "negative") if resolved else "not resolved"
+
+    @property
+    def verdict(self) -> str:
+        return self.verdict_at()
 
 
 def coef_table(coefs: Sequence[Coef]) -> pd.DataFrame:
@@ -168,5 +183,19 @@ def coef_table(coefs: Sequence[Coef]) -> pd.DataFrame:
                          for c in coefs], index=[c.name for c in coefs])
 
 
+def pooled_sd(df: pd.DataFrame, value: str = "value") -> float:
+    """The pooled within-cell standard deviation of ``value`` over ``df``'s cells (NaN without a
+    degree of freedom)."""
+    dev = df[value] - df.groupby("cell")[value].transform("mean")
+    dof = len(df) - df["cell"].nunique()
+    return math.sqrt(float((dev ** 2).sum()) / dof) if dof > 0 else math.nan
+
+
+def outside(x, lo: float, hi: float, tol: float = 1e-9) -> np.ndarray:
+    """Whether each of ``x`` lies outside [lo, hi] (relative ``tol``)."""
+    x = np.atleast_1d(np.asarray(x, dtype=float))
+    return (x < lo * (1 - tol)) | (x > hi * (1 + tol))
+
+
 __all__ = ["MIN_SEEDS", "cell_frame", "no_interval", "resample_cells", "bootstrap_values", "percentile_ci",
-           "Bootstrap", "p_boot", "linear_fit", "Coef", "coef_table"]
+           "Bootstrap", "p_boot", "holm_p", "linear_fit", "Coef", "coef_table", "pooled_sd", "outside"]

@@ -56,6 +56,15 @@ def paper_millions(s: str) -> float:
     return float(s.rstrip("M")) * 1e6
 
 
+#: the paper's models (Tables 5 and 6's names) by role
+PAPER_MODELS = {"dense_active": "dense_active", "moe": "moe_top2_z", "dense_total": "dense_total"}
+
+def paper_params(role: str) -> tuple[float, float]:
+    """(active, total) parameters of the paper's model in ``role``: Table 5's counts (e.g. "14.77M")."""
+    row = PAPER_TABLE5[PAPER_MODELS[role]]
+    return paper_millions(row[4]), paper_millions(row[3])
+
+
 #: Table 7: router statistics per layer at the end of training
 PAPER_TABLE7 = pd.DataFrame({"entropy": [1.243, 1.127, 0.938, 0.940], "top1": [0.443, 0.533, 0.644, 0.645],
                              "margin": [0.175, 0.289, 0.441, 0.451]},

@@ -12,6 +12,9 @@ import numpy as np
 from studylib.study.analysis.bootstrap import Bootstrap
 from studylib.study.analysis.stats import paired
 
+#: a trio's models by role, in its order: the active match, the MoE, the total match
+ROLES = ("dense_active", "moe", "dense_total")
+
 
 def position(l_active, l_moe, l_total):
     """``(L_dense_active - L_moe) / (L_dense_active - L_dense_total)`` elementwise (NaN where the
@@ -56,15 +59,24 @@ def position_row(g_active: np.ndarray, g_total: np.ndarray, n_boot: int = 2000, 
             "position_defined": True}
 
 
-def position_text(r) -> str:
+def p_text(p: float, low: float = math.nan, high: float = math.nan) -> str:
+    """A position with two decimals, never "-0.00": ``0.81 [0.64, 0.98]``, ``0.81`` without an
+    interval, "–" without a number: every table and sentence that prints a p prints it so."""
+    if p is None or p != p:
+        return "–"
+    two = lambda x: f"{round(float(x), 2) + 0.0:.2f}"  # noqa: E731
+    return two(p) if low is None or low != low else f"{two(p)} [{two(low)}, {two(high)}]"
+
+
+def position_text(r, why: bool = False) -> str:
     """One point's position (a :func:`position_row` or a table row with its columns): ``0.81 [0.64,
-    0.98]``, ``0.81 (no interval)`` from one seed, or "not defined" (the dense baselines not
-    resolved apart)."""
+    0.98]`` (:func:`p_text`), ``0.81 (no interval)`` from one seed, or "not defined" (the dense
+    baselines not resolved apart; ``why``: its ``position_reason`` instead)."""
     if not r.get("position_defined", False):
-        return "not defined"
+        return r["position_reason"] if why else "not defined"
     if r["position_low"] != r["position_low"]:
-        return f"{r['position']:.2f} (no interval)"
-    return f"{r['position']:.2f} [{r['position_low']:.2f}, {r['position_high']:.2f}]"
+        return f"{p_text(r['position'])} (no interval)"
+    return p_text(r["position"], r["position_low"], r["position_high"])
 
 
-__all__ = ["position", "position_row", "position_text"]
+__all__ = ["ROLES", "position", "position_row", "p_text", "position_text"]

@@ -238,3 +238,13 @@ def format_generations(gens: pd.DataFrame) -> str:
                          f"{r['continuation'].strip()}")
         lines.append("")
     return "\n".join(lines)
+
+
+def ci_text(mean: float, low: float = math.nan, high: float = math.nan, fmt: str = "+.3f") -> str:
+    """``+0.003 [-0.016, +0.021]``; the mean alone without an interval; "–" without a number."""
+    if mean is None or mean != mean:
+        return "–"
+    s = f"{mean:{fmt}}"
+    return s if low is None or low != low else f"{s} [{low:{fmt}}, {high:{fmt}}]"
+
+

@@ -9,7 +9,6 @@ key figure. Each comparison fills its own rows and sentences from its tables
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -19,19 +18,12 @@ import numpy as np
 import pandas as pd
 
 from studylib.config import ConfigError
+from studylib.study.analysis.text import ci_text
 
 #: the sentences of the first screen: at most three, at most this many words together
 MAX_SENTENCES, MAX_WORDS = 3, 145
 #: the README's answer: the same sentences and a pointer, at most this many words
 README_WORDS = 150
-
-
-def ci_text(mean: float, low: float = math.nan, high: float = math.nan, fmt: str = "+.3f") -> str:
-    """``+0.003 [-0.016, +0.021]``; the mean alone without an interval; "–" without a number."""
-    if mean is None or mean != mean:
-        return "–"
-    s = f"{mean:{fmt}}"
-    return s if low is None or low != low else f"{s} [{low:{fmt}}, {high:{fmt}}]"
 
 
 def mean_ci(values: Sequence[float], fmt: str = ".3f") -> str:
@@ -51,11 +43,16 @@ def mean_ci(values: Sequence[float], fmt: str = ".3f") -> str:
 def read_table(out_dir: Path, name: str, columns: Sequence[str] = (), **read_csv) -> Optional[pd.DataFrame]:
     """``tables/<name>.csv`` under the preset's outputs ``out_dir`` as its notebook wrote it, for the
     answer: None when it is not there (the answer says what is missing); a file that is not a
-    table, or lacks one of ``columns``, is one ConfigError line naming it (a table of another
-    version, or edited by hand), never a KeyError or an answer that drops its row."""
+    table, was cut mid-row (its last line unfinished: a notebook's table ends in a newline) or lacks
+    one of ``columns`` is one ConfigError line naming it (a table of another version, cut short, or
+    edited by hand), never a KeyError or an answer that drops its row."""
     path = Path(out_dir) / "tables" / f"{name}.csv"
     if not path.is_file():
         return None
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        raise ConfigError(f"{path}: cut mid-row (its last line is unfinished; a table its notebook writes ends in a "
+                          f"newline); run the notebook again or delete the file")
     try:
         t = pd.read_csv(path, **read_csv)
     except (ValueError, UnicodeDecodeError) as e:  # pandas' ParserError and EmptyDataError are ValueErrors
@@ -137,5 +134,5 @@ def readme_answer(lead: Sequence[str], report: str = "outputs/cpu/report.html") 
     return text
 
 
-__all__ = ["MAX_SENTENCES", "MAX_WORDS", "README_WORDS", "GlanceRow", "HEADER", "ci_text", "mean_ci",
+__all__ = ["MAX_SENTENCES", "MAX_WORDS", "README_WORDS", "GlanceRow", "HEADER", "mean_ci",
            "missing_row", "read_table", "markdown_table", "table_markdown", "words", "check_lead", "glance_markdown", "readme_answer"]

@@ -10,23 +10,25 @@ The general knobs every comparison may read (the headline trio, the reference Mo
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
-from studylib.config import ConfigError, Preset, StudyConfig
+from studylib.config import TOLERANCE, ConfigError, Preset, StudyConfig
 from studylib.config import checks
 
 
 class Context(NamedTuple):
-    """What a knob is checked against: the preset's ``models``, ``ffn_kind(name)`` and
-    ``config(name)`` (a model's resolved config)."""
+    """What a knob is checked against: the preset's ``models``, ``ffn_kind(name)``,
+    ``config(name)`` (a model's resolved config) and ``seeds``."""
 
     models: Mapping
     ffn_kind: Callable[[str], str]
     config: Optional[Callable] = None
+    seeds: Sequence[int] = ()
 
     @classmethod
     def of(cls, preset: Preset) -> "Context":
-        return cls(preset.models, lambda m: preset.model_config(m).ffn.kind, preset.model_config)
+        return cls(preset.models, lambda m: preset.model_config(m).ffn.kind, preset.model_config,
+                   tuple(preset.seeds))
 
 
 #: a checker ``(value, where, context) -> typed value`` (one ConfigError line naming ``where``)
@@ -52,8 +54,55 @@ def EPOCHS(v, where, ctx) -> float:
     return checks.epochs(v, where)
 
 
-def SEEDS(v, where, ctx) -> int:
-    return checks.count(v, where)
+def SEEDS(v, where, ctx: Context) -> int:
+    """How many of the preset's seeds (the first k): at least two, at most as many as it has."""
+    k = checks.count(v, where)
+    if k > len(ctx.seeds):
+        raise ConfigError(f"{where}: {k} seeds asked for, but the preset has {len(ctx.seeds)} "
+                          f"({list(ctx.seeds)}); expected at most {len(ctx.seeds)}")
+    return k
+
+
+TRIO_SHAPE = "[dense_active, moe, dense_total]"
+
+
+def _matched(name: str, moe: str, target: str, ctx: Context) -> Optional[str]:
+    """Why model ``name`` is not ``moe``'s ``target`` ("active" or "total") match, or None: a match
+    is dense, derived ``matched_<target>`` from the MoE (the budget solver's match, checked when the
+    preset loaded) or with its ``target`` parameters within the matching tolerance of the MoE's
+    (:data:`studylib.config.TOLERANCE`)."""
+    cfg = ctx.config(name)
+    if cfg.ffn.kind != "dense":
+        return f"{name!r} has a {cfg.ffn.kind} FFN; expected {TRIO_SHAPE} with a dense {target} match here"
+    raw = ctx.models[name]
+    if isinstance(raw, Mapping) and raw.get("derive") == f"matched_{target}" and raw.get("from") == moe:
+        return None
+    got, goal = getattr(cfg.num_params, target), getattr(ctx.config(moe).num_params, target)
+    off = (got - goal) / goal
+    if abs(off) <= TOLERANCE[target]:
+        return None
+    return (f"{name!r} has {got:,} {target} parameters against the {goal:,} of the MoE {moe!r} ({off:+.2%}): "
+            f"not its {target} match (expected {TRIO_SHAPE}, this one within {TOLERANCE[target]:.1%} of the "
+            f"MoE's {target} parameters or derived matched_{target} from it)")
+
+
+def trio(v: Any, where: str, ctx: Context) -> tuple[str, str, str]:
+    """A trio ``[dense_active, moe, dense_total]`` checked by its parameter counts: three models of
+    the preset, the middle one a routed MoE, the first its active match and the last its total
+    match (:func:`_matched`); else one ConfigError line naming the field and both models' counts."""
+    names = checks.model_names(v, where, ctx.models)
+    if len(names) != 3:
+        raise ConfigError(f"{where}: expected {TRIO_SHAPE}, got {list(names)}")
+    moe = names[1]
+    kind = ctx.config(moe).ffn.kind
+    if kind != "moe":
+        raise ConfigError(f"{where}[1]: {moe!r} has a {kind} FFN; expected {TRIO_SHAPE} with a routed MoE "
+                          f"(ffn.kind: moe) in the middle")
+    for i, target in ((0, "active"), (2, "total")):
+        why = _matched(names[i], moe, target, ctx)
+        if why:
+            raise ConfigError(f"{where}[{i}]: {why}")
+    return names
 
 
 def POSITIVE_INT(v, where, ctx) -> int:
@@ -147,4 +196,4 @@ def default(cls: type, name: str) -> Any:
 
 
 __all__ = ["Checker", "Context", "EPOCHS", "Knobs", "MAPPING", "MODELS", "POSITIVE_INT", "SEEDS", "STRINGS",
-           "Study", "default", "knob", "required"]
+           "Study", "TRIO_SHAPE", "default", "knob", "required", "trio"]

@@ -13,7 +13,8 @@ from studylib.study.analysis.frames import layer_stats
 
 ROUTER_METRICS = ("busiest", "usage_var", "entropy", "top1", "margin", "logz")
 SOFT_METRICS = ("usage_entropy", "max_gt_0.9")
-COLUMNS = ("step", "tokens", "layer", "kind", "val_loss", "train_loss", *ROUTER_METRICS, *SOFT_METRICS, "shares")
+COLUMNS = ("step", "tokens", "layer", "kind", "val_loss", "train_loss", *ROUTER_METRICS, *SOFT_METRICS, "shares",
+           "note")
 
 
 def _layer_kinds(rd: RunDir) -> Optional[list[str]]:
@@ -41,6 +42,7 @@ def _eval_rows(rec: dict, layer_kinds: Optional[list[str]]) -> list[dict]:
         for m in (*ROUTER_METRICS, *SOFT_METRICS):
             row[m] = values.get(m, np.nan)
         row["shares"] = list(stats["shares"]) if isinstance(stats.get("shares"), list) else None
+        row["note"] = stats.get("note", "")  # why statistics are NaN (the hash router: no scores)
         rows.append(row)
     return rows
 
@@ -49,7 +51,8 @@ def diagnostics_over_training(run_dir: str | os.PathLike, step: Optional[int] = 
     """The eval records of ``metrics.jsonl`` as one row per (eval step, layer): ``step``,
     ``tokens``, ``layer``, ``kind``, ``val_loss``, ``train_loss`` and the layer's router
     statistics (``busiest``, ``usage_var``, ``entropy``, ``top1``, ``margin``, ``logz``; soft
-    MoE also ``usage_entropy`` and ``max_gt_0.9``; ``shares`` as a list), read as the notebooks
+    MoE also ``usage_entropy`` and ``max_gt_0.9``; ``shares`` as a list; ``note``: why a routed
+    layer's statistics are NaN, e.g. "hash router: no scores"), read as the notebooks
     read them (:func:`studylib.study.analysis.frames.layer_stats`: ``busiest`` and ``usage_var`` from the
     eval set's shares). Dense layers have NaN router statistics.
 

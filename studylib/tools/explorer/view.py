@@ -21,7 +21,8 @@ class RoutingView:
     ``weights[l]``: (S, E) combine weights of layer ``l`` (the renormalised top-k weights, 0 for
     experts a token did not choose; the soft MoE's gate) or ``None`` for a dense layer;
     ``probs[l]``: the router's distribution over all E experts (the softmax, or a sigmoid router's
-    scores normalised; equal to ``weights[l]`` for the soft MoE);
+    scores normalised; equal to ``weights[l]`` for the soft MoE; NaN for the hash router, which has
+    no scores);
     ``experts[l][t]``: the experts token ``t`` used at layer ``l``, by weight (descending).
     A routed expert is *picked by the bias* (aux-loss-free balancing) when it is not among the k
     experts with the highest router probability: the selection bias, not the scores, chose it.
@@ -106,6 +107,8 @@ class RoutingView:
 
     def _bias_mask(self, layer: int) -> Optional[np.ndarray]:
         if self.kinds[layer] != "moe" or self.weights[layer] is None or not len(self.ids):
+            return None
+        if np.isnan(self.probs[layer]).any():  # a router without scores (hash): nothing to compare with
             return None
         idx_TK = torch.as_tensor(np.asarray(self.experts[layer], dtype=np.int64))
         return router.picked_by_bias(torch.as_tensor(self.probs[layer]), idx_TK).numpy()

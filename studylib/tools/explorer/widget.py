@@ -328,7 +328,7 @@ class Explorer:
         self.diag_figure = diagnostics_figure(full, step=s)
         self.diag_plot.value = figure_png(self.diag_figure)
         self.diag_df = diagnostics_over_training(self.run.value, step=s)
-        cols = ["layer", "kind", "val_loss", *ROUTER_METRICS]
+        cols = ["layer", "kind", "val_loss", *ROUTER_METRICS, *(["note"] if self.diag_df["note"].any() else [])]
         tab = self.diag_df[[c for c in cols if c in self.diag_df]].set_index("layer")
         self.diag_table.value = table_html(tab, f"At eval step {self.diag_df.attrs.get('selected_step')}")
 

@@ -63,6 +63,8 @@ def test_a_typo_in_any_model_list_is_one_line_naming_the_field(key):
     ({"lr_sweep": {"lrs": [1e-3, 1e-2], "seeds": 2, "epochs": 1}}, r"study\.lr_sweep\.lrs: need at least 3"),
     ({"noise_split": {"seeds": 1}}, r"study\.noise_split: expected \{seeds: k\} with k >= 2"),
     ({"downstream_seeds": 1}, r"study\.downstream_seeds: expected how many"),
+    ({"downstream_seeds": 3}, r"^study\.downstream_seeds: 3 seeds asked for, but the preset has 2 \(\[1, 2\]\); "
+                              r"expected at most 2$"),
     ({"probe_windows": 0}, r"study\.probe_windows: must be a positive integer"),
     ({"notebooks": "01"}, r"study\.notebooks: expected a non-empty list"),
 ])
@@ -71,6 +73,25 @@ def test_the_study_section_is_checked_when_a_study_loads_the_preset(study, match
     it (study_of: the `study` command, a notebook's context), before anything trains."""
     with pytest.raises(ConfigError, match=match):
         _study(study)
+
+
+def test_a_trio_is_checked_by_its_parameter_counts_for_every_comparison_that_asks():
+    """issue 57: a trio in another order read every p mirrored (0.51 as 0.49), exit 0."""
+    from studylib.study.comparisons.knobs import Context, trio
+
+    models = {"da": {"derive": "matched_active", "from": "moe"}, "dt": {"derive": "matched_total", "from": "moe"}}
+    ctx = Context.of(preset_from_dict(tiny_raw(models=models)))
+    assert trio(["da", "moe", "dt"], "study.x", ctx) == ("da", "moe", "dt")
+    for names, match in [
+        (["dt", "moe", "da"], r"^study\.x\[0\]: 'dt' has [\d,]+ active parameters against the [\d,]+ of the MoE 'moe' "
+                              r"\(\+\d+\.\d\d%\): not its active match"),
+        (["da", "moe", "da"], r"^study\.x\[2\]: 'da' has [\d,]+ total parameters against the [\d,]+ of the MoE 'moe'"),
+        (["da", "dense", "dt"], r"^study\.x\[1\]: 'dense' has a dense FFN; expected \[dense_active, moe, dense_total\]"),
+        (["moe", "moe", "dt"], r"^study\.x\[0\]: 'moe' has a moe FFN; expected .* with a dense active match here$"),
+        (["da", "moe"], r"^study\.x: expected \[dense_active, moe, dense_total\], got \['da', 'moe'\]$"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            trio(names, "study.x", ctx)
 
 
 def test_the_study_section_reads_typed_and_survives_an_override():

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from studylib.study.comparisons.token_budget import law_checks, law_roles, law_words, plane
+from studylib.study.analysis.law import checks as law_checks
+from studylib.study.comparisons.token_budget import law_roles, plane
 from studylib.study.comparisons.token_budget import gaps as bm
 from studylib.study.analysis import tables, text
 from studylib.study.runner import report
@@ -137,7 +138,7 @@ def test_the_report_opens_with_the_answer(out):
     assert " ".join(verdict.split("What this does not show:")[0].split()) in answer
     assert "is reproduced" in answer  # this toy's gaps both resolve in the paper's direction
     words = [bm.point_sentences(table, gap) for gap in bm.GAPS] + (plane.plane_sentences(fits["fit"], fits["crossing"], fits["loo"])
-                                                                      + law_words.extrapolation_sentences(fits["extrapolation"]))
+                                                                      + law_roles.extrapolation_sentences(fits["extrapolation"]))
     assert len(words) == 2 + 2 + 2  # per gap: its points, its gap model; the extrapolation of each gap
     for s in words:
         assert " ".join(s.split()) in answer
@@ -187,7 +188,7 @@ def _per_seed_losses(out, g):
 
 def _law_paper(out):
     """token_budget_law_paper.csv from a joint law fitted to a two-size map drawn from a known law."""
-    from studylib.study.comparisons.token_budget import law_fit
+    from studylib.study.analysis.law import fit as law_fit
 
     rng = np.random.default_rng(3)
     rows = []

@@ -1,5 +1,5 @@
 """Notebook 01, budget matching: the preset's models counted, their shape against the paper's
-(:mod:`.shape`) and one run's budget laid out (:func:`run_budget`); it trains nothing."""
+(:mod:`studylib.study.analysis.shape`) and one run's budget laid out (:func:`run_budget`); it trains nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass

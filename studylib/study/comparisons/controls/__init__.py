@@ -1,10 +1,10 @@
 """Notebook 13, controls: is the tiny MoE learning to route, and does its machinery cost anything?
 Per cell of ``study.controls`` (:mod:`.knobs`): the reference trio and the controls (a hash router,
 a frozen router, a one-expert MoE and its dense twin) at one budget, the first
-``study.controls_seeds`` seeds; the tables and words (:mod:`.analysis`), what the routers learn
-(:mod:`.routers`); its family tables ``controls_gaps`` (each control − the reference MoE, Holm over
-the cell's controls) and ``controls_twin`` (the one-expert MoE − its dense twin, TOST within
-``study.margin``).
+``study.controls_seeds`` seeds; the tables and words (:mod:`.analysis`; the tables' names:
+:mod:`.tables`), what the routers learn (:mod:`.routers`); its family tables ``controls_gaps``
+(each control − the reference MoE, Holm over the cell's controls) and ``controls_twin`` (the
+one-expert MoE − its dense twin, TOST within ``study.margin``).
 
 A cell at ``epochs: 1.0`` reads the preset's own runs (the headline's, shared); one at
 ``tokens_per_param: x`` trains ``round(x * A / tokens_per_step)`` optimizer steps (``A``: the trio
@@ -16,45 +16,28 @@ from __future__ import annotations
 from pathlib import Path
 
 from studylib.config import ConfigError, Preset
-from studylib.run.spec import budget_overrides, tokens_per_step
+from studylib.run.spec import cell_overrides as spec_cell_overrides, epoch_steps, tokens_per_param_epochs
 from studylib.study.comparisons.base import Answer, Comparison
 from studylib.study.comparisons.controls.knobs import CONTROLS_SHAPE, ControlCell, ControlsKnobs, Recipe
+from studylib.study.comparisons.controls.tables import (CONTROLS, GAPS, POSITIONS, RECIPE, RECIPE_LRS,  # noqa: F401
+                                                        ROUTER_RUNS, ROUTERS, TWIN)
 from studylib.study.comparisons.knobs import Study, required
 from studylib.study.orchestration.plan import Grid
 
-#: the tables notebook 13 writes, each read back by name (Clark et al.'s: ``clark_law.TABLES``)
-CONTROLS, POSITIONS, GAPS, TWIN = "controls", "controls_positions", "controls_gaps", "controls_twin"
-ROUTER_RUNS, ROUTERS = "controls_router_runs", "controls_routers"
-RECIPE_LRS, RECIPE = "controls_recipe_lrs", "controls_recipe"
-
 
 def cell_overrides(preset: Preset, cell: ControlCell) -> dict:
-    """The overrides of a cell's runs: its budget in steps (``{}`` for the preset's own run) and
-    the trio MoE's vocabulary when it has its own (``data.vocab_size``), as the map sets them."""
-    if cell.epochs is not None:
-        ov = dict(budget_overrides(preset, cell.epochs))
-    else:
-        active = int(preset.model_config(cell.moe).num_params.active)
-        ov = {"train.max_steps": max(1, round(cell.tokens_per_param * active / tokens_per_step(preset)))}
-    vocab = preset.model_config(cell.moe).vocab_size
-    if vocab != preset.data.vocab_size:
-        ov["data.vocab_size"] = vocab
-        if "train.max_steps" not in ov:
-            from studylib.run.spec import epoch_steps
-
-            ov["train.max_steps"] = epoch_steps(preset)
-    return ov
+    """The overrides of a cell's runs (:func:`studylib.run.spec.cell_overrides`: ``{}`` for the
+    preset's own run), its budget in epochs or tokens per parameter as the map turns them into steps."""
+    epochs = cell.epochs if cell.epochs is not None else tokens_per_param_epochs(
+        preset, cell.tokens_per_param, int(preset.model_config(cell.moe).num_params.active))
+    return spec_cell_overrides(preset, cell.moe, epochs)
 
 
 def recipe_overrides(preset: Preset, cell: ControlCell, recipe: Recipe, lr: float, moe: bool) -> dict:
     """One run of the recipe: the cell's tokens in ``batch_scale`` x fewer, larger steps at ``lr``
     (min_lr in the preset's proportion), and for the MoE its routers at ``router_lr_scale``."""
     ov = cell_overrides(preset, cell)
-    steps = ov.get("train.max_steps")
-    if steps is None:
-        from studylib.run.spec import epoch_steps
-
-        steps = epoch_steps(preset)
+    steps = ov["train.max_steps"] if "train.max_steps" in ov else epoch_steps(preset)
     ov["train.max_steps"] = max(1, round(steps / recipe.batch_scale))
     ov["train.batch_size"] = preset.train.batch_size * recipe.batch_scale
     ov["train.lr"], ov["train.min_lr"] = lr, float(f"{lr * preset.train.min_lr / preset.train.lr:.6g}")
@@ -93,7 +76,7 @@ def answer(out_dir: Path) -> Answer:
     at this MoE's size) and, folded, the same with the controls' table (p, gap, verdict) and figures."""
     from studylib.study.comparisons.controls.analysis import lead_sentence
     from studylib.study.comparisons.glance import markdown_table, read_table
-    from studylib.study.comparisons.controls.clark_law import CLARK_TREND, POSITION_AGAINST_SIZE
+    from studylib.study.comparisons.controls.clark_tables import CLARK_TREND, POSITION_AGAINST_SIZE
 
     cols = ("cell", "role", "model", "position", "position_low", "position_high", "position_defined")
     pos, gap = read_table(out_dir, POSITIONS, cols), read_table(out_dir, GAPS, ("a", "mean", "ci_low", "ci_high",
@@ -106,7 +89,9 @@ def answer(out_dir: Path) -> Answer:
     shown_cols = ("cell", "role", "model", "p [95% CI]", "gap to the reference", "verdict")
     shown = read_table(out_dir, CONTROLS, shown_cols)
     table = "" if shown is None else "\n\n" + markdown_table(shown_cols, shown[list(shown_cols)].itertuples(index=False))
-    return Answer(f"**Controls (notebook 13).** {lead}{table}", figures, lead=(lead,) if lead else ())
+    said = lead or ("No sentence on the first screen: its first cell has no hash or frozen router, nor one expert "
+                    "with its twin.")
+    return Answer(f"**Controls (notebook 13).** {said}{table}", figures, lead=(lead,) if lead else ())
 
 
 COMPARISON = Comparison("controls", "13_controls", ControlsKnobs, grids, tables=(GAPS, TWIN), answer=answer)

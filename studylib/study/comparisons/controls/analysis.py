@@ -13,10 +13,11 @@ import numpy as np
 import pandas as pd
 
 from studylib.study.analysis.frames import seed_pairs
-from studylib.study.analysis.position import position_row
+from studylib.study.analysis.position import p_text, position_row, position_text
 from studylib.study.analysis.tables import comparison_table, concat_families
 from studylib.study.analysis.text import comparison_sentences
 from studylib.study.comparisons.controls.knobs import ControlCell
+from studylib.study.comparisons.controls.tables import GAPS, POSITIONS, TWIN
 
 VALUE = "best_val_loss"
 #: how a role reads in the tables
@@ -73,8 +74,7 @@ def control_table(pos: pd.DataFrame, gap: pd.DataFrame) -> pd.DataFrame:
     """The headline table: per cell and model, its loss, p [CI] and its gap to the reference MoE
     with the Holm-adjusted p and the verdict."""
     t = pos.copy()
-    t["p [95% CI]"] = [(f"{r.position:+.2f} [{r.position_low:+.2f}, {r.position_high:+.2f}]"
-                        if r.position_defined else r.position_reason) for r in t.itertuples()]
+    t["p [95% CI]"] = [position_text(r, why=True) for _, r in t.iterrows()]
     by = {(r["a"], r["family"]): r for _, r in gap.iterrows()}
     cols = {"gap to the reference": [], "p_holm": [], "verdict": []}
     for r in t.itertuples():
@@ -150,10 +150,8 @@ def recipe_tables(recipe: pd.DataFrame, base: pd.DataFrame, cell: ControlCell, n
 
 def recipe_sentence(pos: pd.DataFrame, n_lrs: int, batch_scale: int, router: float) -> str:
     """The recipe's outcome in one sentence, from :func:`recipe_tables`' ``position``."""
-    def p(r):
-        return (f"{r.position:+.2f} [{r.position_low:+.2f}, {r.position_high:+.2f}]" if r.position_defined
-                else r.position_reason)
     base, new = pos.iloc[0], pos.iloc[1]
+    p = lambda r: position_text(r, why=True)  # noqa: E731
     return (f"With the MoE's recipe ({batch_scale}x fewer, {batch_scale}x larger steps, each model at the best of "
             f"{n_lrs} learning rates, the router at {router:g}x the lr) the MoE's position is {p(new)} against "
             f"{p(base)} under the preset's recipe (n={int(new.n)} seeds; the best lr is chosen on the same seeds, "
@@ -173,11 +171,6 @@ def position_intervals(pos: pd.DataFrame) -> pd.DataFrame:
                         index=[f"{c}: {m}" for c, m in zip(p["cell"], p["model"])])
 
 
-def _two_decimals(x) -> str:
-    """``x`` with two decimals, never "-0.00"."""
-    return f"{round(float(x), 2) + 0.0:.2f}"
-
-
 def _against(r: pd.Series, name: str, other: str) -> str:
     """How control ``name`` stands against ``other`` from its family row (``a`` − ``b``; > 0: ``b``
     better): beats it / trails it by the gap with its 95% CI, equivalent within the margin, or not
@@ -192,15 +185,38 @@ def _against(r: pd.Series, name: str, other: str) -> str:
     return f"{name} is not resolved from {other}"
 
 
+def _missing(here: pd.DataFrame, fam: pd.DataFrame, twin: Optional[pd.DataFrame], cell: str) -> str:
+    """What the first screen's sentence reads of one cell (``here``: its positions, ``fam``: its
+    gaps) that the tables lack, by table ("controls_gaps.csv lacks the frozen router `m`"), or "":
+    the reference MoE's position and that of every control with a gap (the cell has at least one
+    control), the hash and frozen routers' gaps, the one-expert MoE against its twin."""
+    role = dict(zip(here["model"], here["role"]))
+    by_role = {r: m for m, r in role.items()}
+    lack = {POSITIONS: [] if ROLE_LABELS["moe"] in by_role else ["the reference MoE"], GAPS: [], TWIN: []}
+    lack[POSITIONS] += [f"`{a}`" for a in fam["a"] if a not in role]
+    if not len(fam) and set(by_role) <= {ROLE_LABELS["moe"]}:
+        lack[POSITIONS].append("the cell's controls")
+    lack[GAPS] = [f"the {r} `{by_role[r]}`" for r in (ROLE_LABELS["hash"], ROLE_LABELS["frozen"])
+                  if r in by_role and by_role[r] not in set(fam["a"])]
+    one, dense = by_role.get(ROLE_LABELS["one_expert"]), by_role.get(ROLE_LABELS["dense_twin"])
+    if one and dense and (twin is None or not len(twin) or not twin["family"].str.contains(cell, regex=False).any()):
+        lack[TWIN].append(f"`{one}` − `{dense}`")
+    listed = lambda w: ", ".join(w[:-1]) + " and " + w[-1] if len(w) > 1 else w[0]  # noqa: E731
+    return "; ".join(f"{name}.csv lacks {listed(what)}" for name, what in lack.items() if what)
+
+
 def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFrame],
                   trend: Optional[pd.DataFrame]) -> str:
     """The first screen's sentence on the controls, from notebook 13's tables: at the first cell
     (``pos``: ``controls_positions``), the hash and frozen routers against the learned one (Holm
     over the cell's controls, ``gap``: ``controls_gaps``), the one-expert MoE against its dense twin
     (``twin``: ``controls_twin``), and Clark et al.'s S-Base trend (E = 4) read at this MoE's size
-    (``trend``: ``clark_trend``) against the MoE's own p. "" without a first cell."""
+    (``trend``: ``clark_trend``) against the MoE's own p. A row it reads that the tables lack is
+    named (:func:`_missing`); with none of the controls to word (or no row at all), only that. ""
+    when the first cell has no control the sentence words (a hash or frozen router, one expert and
+    its twin)."""
     if not len(pos):
-        return ""
+        return f"Controls: not stated (incomplete tables, run notebook 13 again: {POSITIONS}.csv has no rows)."
     cell = pos["cell"].iloc[0]
     here = pos[pos["cell"] == cell]
     fam = gap[gap["family"].str.contains(cell, regex=False)]
@@ -215,7 +231,12 @@ def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFr
         if len(t):
             parts.append(_against(t.iloc[0], "one expert", "its dense twin"))
     at = "that budget" if cell.endswith(" @ 1 epochs") else cell  # the headline's budget, the sentence before
-    said = f"Controls at {at} (nats): " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts))
+    lack = _missing(here, fam, twin, cell)
+    lack = lack and f"incomplete tables, run notebook 13 again: {lack}"
+    if not parts:
+        return f"Controls at {at}: not stated ({lack})." if lack else ""
+    said = (f"Controls at {at} (nats{f'; {lack}' if lack else ''}): "
+            + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]))
     ref = here[here["role"] == ROLE_LABELS["moe"]]
     if trend is None or not len(ref) or not bool(ref["position_defined"].iloc[0]):
         return said + "."
@@ -226,6 +247,5 @@ def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFr
         return said + "."
     t = t.iloc[0]
     where = "above" if t["ci_lo"] > p else "below" if t["ci_hi"] < p else "around"
-    f = _two_decimals
     return (said + f"; Clark et al.'s learned routers, extrapolated {t['decades_out']:.1f} decades down, trend to "
-            f"p = {f(t['p'])} [{f(t['ci_lo'])}, {f(t['ci_hi'])}] here, {where} the MoE's {f(p)}.")
+            f"p = {p_text(t['p'], t['ci_lo'], t['ci_hi'])} here, {where} the MoE's {p_text(p)}.")

@@ -7,15 +7,17 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from studylib.config import ConfigError
-from studylib.config.checks import model_names, positive
-from studylib.study.comparisons.knobs import Context, Knobs, SEEDS, knob
+from studylib.config.checks import positive
+from studylib.study.comparisons.knobs import Context, Knobs, SEEDS, knob, trio
 
 #: the control roles a cell may name, in the tables' order
-ROLES = ("hash", "frozen", "one_expert", "dense_twin")
+CONTROL_ROLES = ("hash", "frozen", "one_expert", "dense_twin")
 #: what each role's model must be (checked on its resolved config)
 ROLE_WORDS = {"hash": "a routed MoE with ffn.router: hash", "frozen": "a routed MoE with ffn.router: frozen",
-              "one_expert": "a routed MoE with num_experts 1 and top_k 1",
-              "dense_twin": "a dense model whose FFN hidden size is the one-expert MoE's"}
+              "one_expert": "a routed MoE with num_experts 1, top_k 1 and no shared expert",
+              "dense_twin": "a dense model"}
+#: what a dense twin shares with its one-expert MoE besides the FFN's hidden size
+TWIN_SHAPE = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context")
 CONTROLS_SHAPE = ("[{trio: [dense_active, moe, dense_total], hash: m, frozen: m, one_expert: m, dense_twin: m, "
                   "epochs: 1.0 | tokens_per_param: 10.0}, ...] (each role optional, at least one)")
 
@@ -23,12 +25,12 @@ CONTROLS_SHAPE = ("[{trio: [dense_active, moe, dense_total], hash: m, frozen: m,
 @dataclass(frozen=True)
 class ControlCell:
     """One cell of the controls: the reference trio (active match, reference MoE, total match),
-    the control models by role (:data:`ROLES`; absent ones None) and the budget: ``epochs`` of the
+    the control models by role (:data:`CONTROL_ROLES`; absent ones None) and the budget: ``epochs`` of the
     preset's schedule (1.0: the preset's own runs, shared with the headline) or
     ``tokens_per_param`` (target tokens per active parameter of the trio's MoE, the map's unit)."""
 
     trio: tuple[str, str, str]
-    controls: tuple[tuple[str, str], ...]  # (role, model) in ROLES order
+    controls: tuple[tuple[str, str], ...]  # (role, model) in CONTROL_ROLES order
     epochs: Optional[float] = None
     tokens_per_param: Optional[float] = None
 
@@ -60,19 +62,36 @@ def _model(v: Any, where: str, ctx: Context) -> str:
     return v
 
 
-def _role_ok(role: str, cfg, twin_of) -> bool:
+def _role_ok(role: str, cfg) -> bool:
     f = cfg.ffn
     if role in ("hash", "frozen"):
         return f.kind == "moe" and f.router == role
     if role == "one_expert":
-        return f.kind == "moe" and f.num_experts == 1 and f.top_k == 1
-    return f.kind == "dense" and (twin_of is None or f.hidden == twin_of.ffn.hidden)
+        return f.kind == "moe" and f.num_experts == 1 and f.top_k == 1 and f.n_shared == 0
+    return f.kind == "dense"
+
+
+def twin_mismatch(twin, one) -> Optional[str]:
+    """How dense config ``twin`` differs from one-expert MoE config ``one``'s twin (the same
+    :data:`TWIN_SHAPE`, a dense FFN of the expert's hidden size, so the same parameters but the
+    router's), or None."""
+    diff = [f"{k} {getattr(twin, k)} against {getattr(one, k)}" for k in TWIN_SHAPE
+            if getattr(twin, k) != getattr(one, k)]
+    if twin.ffn.hidden != one.ffn.hidden:
+        diff.append(f"ffn.hidden {twin.ffn.hidden} against {one.ffn.hidden}")
+    t, o = twin.num_params, one.num_params
+    if t.active != o.active - o.router:
+        diff.append(f"{t.active:,} active parameters against {o.active - o.router:,} (the one expert's "
+                    f"{o.active:,} less its router's {o.router:,})")
+    return "; ".join(diff) or None
 
 
 def parse_cells(raw: Any, where: str, ctx: Context) -> tuple[ControlCell, ...]:
-    """``study.controls`` checked: a non-empty list of cells of :data:`CONTROLS_SHAPE`; every model
-    a model of the preset and of its role (:data:`ROLE_WORDS`), exactly one budget; else one
-    ConfigError line naming the field."""
+    """``study.controls`` checked: a non-empty list of cells of :data:`CONTROLS_SHAPE`; the trio
+    matched by parameter counts (:func:`studylib.study.comparisons.knobs.trio`) around a learned
+    router; every control a model of the preset and of its role (:data:`ROLE_WORDS`), not the
+    trio's MoE; the dense twin the one expert's (:func:`twin_mismatch`); exactly one budget; else
+    one ConfigError line naming the field."""
     if not isinstance(raw, (list, tuple)) or not raw:
         raise ConfigError(f"{where}: expected {CONTROLS_SHAPE}, got {raw!r}")
     out = []
@@ -80,26 +99,34 @@ def parse_cells(raw: Any, where: str, ctx: Context) -> tuple[ControlCell, ...]:
         w = f"{where}[{i}]"
         if not isinstance(c, dict):
             raise ConfigError(f"{w}: expected a mapping {{trio: [...], hash: ..., epochs: ...}}, got {c!r}")
-        unknown = sorted(set(c) - {"trio", "epochs", "tokens_per_param", *ROLES})
+        unknown = sorted(set(c) - {"trio", "epochs", "tokens_per_param", *CONTROL_ROLES})
         if unknown:
-            raise ConfigError(f"{w}: unknown key(s) {unknown}; allowed: trio, {', '.join(ROLES)}, epochs, tokens_per_param")
-        trio = model_names(c.get("trio"), f"{w}.trio", ctx.models)
-        if len(trio) != 3:
-            raise ConfigError(f"{w}.trio: expected [dense_active, moe, dense_total], got {list(trio)}")
-        controls = tuple((r, _model(c[r], f"{w}.{r}", ctx)) for r in ROLES if c.get(r) is not None)
+            raise ConfigError(f"{w}: unknown key(s) {unknown}; allowed: trio, {', '.join(CONTROL_ROLES)}, epochs, tokens_per_param")
+        t = c.get("trio")
+        moe = t[1] if isinstance(t, (list, tuple)) and len(t) == 3 and isinstance(t[1], str) else None
+        router = ctx.config(moe).ffn.router if moe in ctx.models else "learned"
+        if router != "learned":  # before the counts: a hash router has none of its own
+            raise ConfigError(f"{w}.trio[1]: the reference MoE {moe!r} has ffn.router: {router}; expected a "
+                              f"learned router (the controls are measured against it)")
+        names = trio(t, f"{w}.trio", ctx)
+        controls = tuple((r, _model(c[r], f"{w}.{r}", ctx)) for r in CONTROL_ROLES if c.get(r) is not None)
         if not controls:
-            raise ConfigError(f"{w}: names no control; expected at least one of {', '.join(ROLES)}")
-        if ctx.config is not None:
-            one = dict(controls).get("one_expert")
-            twin_of = ctx.config(one) if one else None
-            for r, m in controls:
-                if not _role_ok(r, ctx.config(m), twin_of):
-                    raise ConfigError(f"{w}.{r}: {m!r} must be {ROLE_WORDS[r]}")
+            raise ConfigError(f"{w}: names no control; expected at least one of {', '.join(CONTROL_ROLES)}")
+        for r, m in controls:
+            if m == names[1]:
+                raise ConfigError(f"{w}.{r}: {m!r} is the trio's MoE, the reference; expected another model, "
+                                  f"{ROLE_WORDS[r]}")
+            if not _role_ok(r, ctx.config(m)):
+                raise ConfigError(f"{w}.{r}: {m!r} must be {ROLE_WORDS[r]}")
+        one, twin = dict(controls).get("one_expert"), dict(controls).get("dense_twin")
+        why = one and twin and twin_mismatch(ctx.config(twin), ctx.config(one))
+        if why:
+            raise ConfigError(f"{w}.dense_twin: {twin!r} is not the dense twin of the one-expert MoE {one!r}: {why}")
         budgets = [k for k in ("epochs", "tokens_per_param") if c.get(k) is not None]
         if len(budgets) != 1:
             raise ConfigError(f"{w}: give exactly one budget, epochs or tokens_per_param; got {budgets or 'none'}")
         value = positive(c[budgets[0]], f"{w}.{budgets[0]}", "a positive number")
-        out.append(ControlCell(tuple(trio), controls, **{budgets[0]: float(value)}))
+        out.append(ControlCell(names, controls, **{budgets[0]: float(value)}))
     return tuple(out)
 
 

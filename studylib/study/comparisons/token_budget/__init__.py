@@ -14,7 +14,7 @@ import pandas as pd
 from studylib.study.comparisons.base import Answer, Comparison, Runs
 from studylib.study.comparisons.glance import read_table
 from studylib.study.comparisons.knobs import Study
-from studylib.run.spec import epoch_steps
+from studylib.run.spec import cell_overrides, epoch_steps
 from studylib.study.comparisons.token_budget import budgets, gaps
 from studylib.study.comparisons.token_budget.knobs import TokenBudgetKnobs, TrioConfig
 from studylib.study.orchestration.plan import Grid
@@ -37,8 +37,8 @@ PAPER_PRESET = "token_budget_gaps_paper_preset"
 
 def cell_grids(preset, trios: Sequence[TrioConfig], seeds: Sequence[int], epoch: int) -> list[Grid]:
     """One :class:`~studylib.study.orchestration.plan.Grid` per trio x cell (trio order, then
-    :meth:`TrioConfig.cells`), with :func:`.budgets.cell_overrides` over one epoch of ``epoch`` steps."""
-    return [Grid(list(t.models), t.seeds_of(seeds), budgets.cell_overrides(preset, t, e, f, epoch))
+    :meth:`TrioConfig.cells`), with :func:`~studylib.run.spec.cell_overrides` over one epoch of ``epoch`` steps."""
+    return [Grid(list(t.models), t.seeds_of(seeds), cell_overrides(preset, t.moe, e, f, epoch))
             for t in trios for e, f in t.cells()]
 
 
@@ -85,7 +85,8 @@ def _table(out_dir: Path, name: str):
 def map_sentences(out_dir: Path, table: pd.DataFrame) -> list[str]:
     """The map's sentences, notebook 09's words rebuilt from its tables: each gap's points by
     verdict, the fits (when their tables exist) and the paper's range."""
-    from studylib.study.comparisons.token_budget import law_words, plane, repetition
+    from studylib.study.analysis.law import size, words
+    from studylib.study.comparisons.token_budget import law_roles, plane, repetition
 
     out = [gaps.point_sentences(table, gap) for gap in gaps.GAPS]
     if "position_defined" in table:
@@ -96,16 +97,14 @@ def map_sentences(out_dir: Path, table: pd.DataFrame) -> list[str]:
     fits = [_table(out_dir, n) for n in (FIT, CROSSING, LOO, LOSS_LAW, EXTRAPOLATION)]
     if all(f is not None for f in fits):
         out += plane.plane_sentences(*fits[:3])
-        out += law_words.role_law_sentences(fits[3], _table(out_dir, LOSS_LOO))
-        out += law_words.extrapolation_sentences(fits[4])
+        out += law_roles.role_law_sentences(fits[3], _table(out_dir, LOSS_LOO))
+        out += law_roles.extrapolation_sentences(fits[4])
     joint = [_table(out_dir, n) for n in (LAW, LAW_CHOICE, LAW_HELD_OUT, LAW_PAPER)]
     if all(t is not None for t in joint):
-        out += law_words.law_sentences(*joint, runs=_table(out_dir, LAW_INFLUENCE))
+        out += words.law_sentences(*joint, runs=_table(out_dir, LAW_INFLUENCE))
     forms = [_table(out_dir, n) for n in (LAW_FORMS_PAPER, LAW_FORMS)]
     if all(t is not None for t in forms):
-        from studylib.study.comparisons.token_budget.law_size import size_form_sentences
-
-        out += size_form_sentences(*forms)
+        out += size.size_form_sentences(*forms)
     return out + [gaps.paper_sentence(table)]
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from studylib.config import ConfigError, Preset, load_preset
 from studylib.run.rundir import RunDir
-from studylib.run.spec import RunSpec, budget_overrides, epoch_steps, tokens_per_step
+from studylib.run.spec import RunSpec, cell_overrides, epoch_steps, tokens_per_param_epochs, tokens_per_step
 from studylib.study.analysis.frames import collect_runs
 from studylib.study.comparisons.knobs import Study, required
 from studylib.study.comparisons.token_budget.gaps import gap_frame, gap_table
@@ -36,7 +36,7 @@ def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] =
     becomes ``round(x * A / tokens_per_step)`` steps (A: the trio's MoE's active parameters), 1.0
     exactly when that is one epoch. Checked (:func:`check_budgets`) unless ``epoch`` is given."""
     trios = list(required(knobs.trios, MAP_KNOB, preset, TOKEN_BUDGET_SHAPE))
-    s, per_step = (epoch_steps(preset) if epoch is None else epoch), tokens_per_step(preset)
+    s = epoch_steps(preset) if epoch is None else epoch
     if epoch is None:
         check_budgets(preset, trios, s)
     out = []
@@ -44,13 +44,12 @@ def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] =
         a = int(preset.model_config(t.moe).num_params.active)
 
         def epochs_of(x: float) -> float:
-            n = max(1, round(x * a / per_step))
-            return 1.0 if n == s else n / s
+            return tokens_per_param_epochs(preset, x, a, s)
 
         if t.tokens_per_param:
             by_steps = {max(1, round(e * s)): e for e in t.epochs}
             for x in t.tokens_per_param:
-                by_steps.setdefault(max(1, round(x * a / per_step)), epochs_of(x))
+                by_steps.setdefault(max(1, round(epochs_of(x) * s)), epochs_of(x))
             t = replace(t, epochs=tuple(sorted(by_steps.values())), tokens_per_param=(),
                         repeat=tuple(epochs_of(x) for x in t.repeat))
         out.append(t)
@@ -91,21 +90,6 @@ def check_budgets(preset: Preset, trios: Sequence[TrioConfig], epoch: int) -> No
 def active_params(preset: Preset, trios: Sequence[TrioConfig]) -> dict:
     """``{size: active parameters of its reference MoE}`` (exact accounting)."""
     return {t.size: int(preset.model_config(t.moe).num_params.active) for t in trios}
-
-
-def cell_overrides(preset: Preset, trio: TrioConfig, epochs: float, stories: float, epoch: int) -> dict:
-    """The overrides of one cell's runs: its budget (:func:`studylib.run.spec.budget_overrides`), the
-    trio's vocabulary when its MoE has its own, the fraction of the stories when below 1; a cell on
-    other data always sets its steps."""
-    ov = dict(budget_overrides(preset, epochs, epoch))
-    vocab = preset.model_config(trio.moe).vocab_size
-    if vocab != preset.data.vocab_size:
-        ov["data.vocab_size"] = vocab
-    if stories < 1:
-        ov["data.train_fraction"] = stories
-    if ov and "train.max_steps" not in ov:
-        ov["train.max_steps"] = epoch
-    return ov
 
 
 def run_plan(study: Study, trios: Sequence[TrioConfig], specs: Sequence[Sequence[RunSpec]]) -> pd.DataFrame:
@@ -174,7 +158,7 @@ def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], 
         t = next(r for r in budget_trios(paper_p, knobs, steps) if r.moe == t.moe)
         trios.append(t)
         for e, f in t.cells():
-            ov = cell_overrides(paper_p, t, e, f, steps)
+            ov = cell_overrides(paper_p, t.moe, e, f, steps)
             df = collect_runs(paper_p, list(t.models), list(paper_p.seeds), overrides=ov)
             if not df.empty:
                 frames.append(budget_columns(df, t, e, f))
@@ -187,5 +171,19 @@ def paper_preset_points(root, current: Preset) -> tuple[Optional[pd.DataFrame], 
     return table, f"The paper preset's own runs: {len(df)} finished runs found under outputs/paper."
 
 
-__all__ = ["KEY", "MAX_EPOCHS", "active_params", "budget_columns", "budget_trios", "cell_overrides", "check_budgets",
+def loss_frame(preset: Preset, trios: Sequence[TrioConfig], summaries: pd.DataFrame,
+               value: str = "best_val_bpb") -> pd.DataFrame:
+    """One row per run of the map: ``role``, ``model``, ``size``, ``seed``, ``params`` (N, active),
+    ``total``, ``tokens`` (D), ``unique``, ``stories``, ``passes`` and ``value`` (default: the best
+    validation loss in bits per byte, one scale across the trios' tokenizers)."""
+    role_of = {m: t.role(m) for t in trios for m in t.models}
+    counts = {m: preset.model_config(m).num_params for m in role_of}
+    return pd.DataFrame([{"role": role_of[r.model], "model": r.model, "size": r.size, "seed": int(r.seed),
+                          "params": int(counts[r.model].active), "total": int(counts[r.model].total),
+                          "tokens": float(r.tokens), "unique": float(r.unique), "stories": float(r.stories),
+                          "passes": float(r.passes), "value": float(getattr(r, value))}
+                         for r in summaries.itertuples(index=False)])
+
+
+__all__ = ["KEY", "MAX_EPOCHS", "active_params", "budget_columns", "budget_trios", "check_budgets",
            "paper_preset_points", "run_plan"]

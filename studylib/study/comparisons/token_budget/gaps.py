@@ -18,12 +18,13 @@ import numpy as np
 import pandas as pd
 
 from studylib.study.analysis.frames import seed_pairs
+from studylib.study.analysis.law.checks import close_groups
 from studylib.study.analysis.paper import (PAPER_ACTIVE_PARAMS, PAPER_BUDGET_TOKENS, PAPER_GAPS, PAPER_POSITION,
-                                           PAPER_TABLE5, PAPER_TOKENS_PER_PARAM, paper_millions)
+                                           PAPER_TOKENS_PER_PARAM)
 from studylib.study.analysis.position import position_row, position_text
 from studylib.study.analysis.stats import MARGIN, family, paired
 from studylib.study.analysis.tables import fmt_count
-from studylib.study.comparisons.token_budget.knobs import ROLES, TrioConfig
+from studylib.study.comparisons.token_budget.knobs import TrioConfig
 
 VALUE = "best_val_loss"
 #: the two gaps: name -> (trio role of the dense model, label)
@@ -34,8 +35,6 @@ GAPS = {"active": ("dense_active", "matched-active gap (dense_active - MoE)"),
 PAPER_POINT = {"tokens_per_param": PAPER_TOKENS_PER_PARAM,
                "active": +PAPER_GAPS["active"][0],   # +0.0758: the MoE beats dense_active
                "total": -PAPER_GAPS["total"][0]}     # -0.0180: dense_total beats the MoE
-#: the paper's models (Tables 5 and 6's names) by role
-PAPER_MODELS = dict(zip(ROLES, ("dense_active", "moe_top2_z", "dense_total")))
 #: a cell: (size, epochs, fraction of the training stories)
 CELL = ["size", "epochs", "stories"]
 
@@ -72,12 +71,6 @@ def gap_frame(summaries: pd.DataFrame, trios: Sequence[TrioConfig], active: dict
                              "unique": unique})
     return pd.DataFrame(rows, columns=["size", "epochs", "stories", "seed", "gap", "dense", "moe", "value", "dense_bpb",
                                        "moe_bpb", "value_bpb", "tokens", "tokens_per_param", "data_passes", "unique"])
-
-
-def paper_params(role: str) -> tuple[float, float]:
-    """(active, total) parameters of the paper's model in ``role``: Table 5's counts (e.g. "14.77M")."""
-    row = PAPER_TABLE5[PAPER_MODELS[role]]
-    return paper_millions(row[4]), paper_millions(row[3])
 
 
 def size_label(size: str, active: int) -> str:
@@ -132,17 +125,6 @@ def gap_table(per_seed: pd.DataFrame, active: dict, margin: float = MARGIN) -> p
     order = {s: i for i, s in enumerate(dict.fromkeys(out["size"]))}  # sizes in trio order
     return (out.assign(_o=out["size"].map(order)).sort_values(["_o", "tokens_per_param"], kind="stable")
             .drop(columns="_o").reset_index(drop=True))
-
-
-def close_groups(values, rel: float = 0.02) -> list[list[float]]:
-    """The distinct ``values``, ascending, in groups: each within ``rel`` (relative) of its group's first."""
-    groups: list[list[float]] = []
-    for x in np.unique(np.asarray(values, dtype=float)):
-        if groups and x <= groups[-1][0] * (1 + rel):
-            groups[-1].append(x)
-        else:
-            groups.append([x])
-    return groups
 
 
 def shared_budgets(table: pd.DataFrame, rel: float = 0.02) -> list[tuple[float, list[str]]]:
@@ -239,6 +221,6 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-__all__ = ["CELL", "GAPS", "PAPER_MODELS", "PAPER_POINT", "paper_params", "VERDICT_WORDS", "display_table", "gap_frame", "gap_table",
-           "paper_sentence", "point_sentences", "position_sentence", "close_groups", "shared_budgets",
+__all__ = ["CELL", "GAPS", "PAPER_POINT", "VERDICT_WORDS", "display_table", "gap_frame", "gap_table",
+           "paper_sentence", "point_sentences", "position_sentence", "shared_budgets",
            "size_label"]

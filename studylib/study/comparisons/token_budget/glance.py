@@ -10,11 +10,12 @@ import numpy as np
 import pandas as pd
 
 from studylib.study.analysis.paper import PAPER_POSITION, PAPER_TOKENS_PER_PARAM
-from studylib.study.analysis.position import position_text
-from studylib.study.comparisons.glance import GlanceRow, ci_text, mean_ci, missing_row
-from studylib.study.comparisons.token_budget.knobs import ROLES
-from studylib.study.comparisons.token_budget.law_checks import ON_BOUND
-from studylib.study.comparisons.token_budget.law_size import FORMS
+from studylib.study.analysis.position import p_text, position_text
+from studylib.study.analysis.text import ci_text
+from studylib.study.comparisons.glance import GlanceRow, mean_ci, missing_row
+from studylib.study.analysis.position import ROLES
+from studylib.study.analysis.law.checks import ON_BOUND
+from studylib.study.analysis.law.size import FORMS, clipped
 
 
 def best_point(table: pd.DataFrame) -> Optional[pd.Series]:
@@ -44,7 +45,8 @@ def _map_row(r: pd.Series, per_seed: Optional[pd.DataFrame]) -> GlanceRow:
 
 
 def _on_bound(r) -> bool:
-    """A prediction of :func:`~.law_checks.paper_point` resting on a parameter held on its bound."""
+    """A prediction of :func:`~.law_checks.paper_point` resting on a bound: a parameter held on its
+    bound, or the size form's lambda(N) clipped at the paper's N."""
     return isinstance(r["reason"], str) and r["reason"].endswith(ON_BOUND)
 
 
@@ -55,11 +57,13 @@ def _law_row(paper: pd.DataFrame) -> GlanceRow:
         r = t.loc[q]
         if not r["identified"]:
             return "not identified"
-        return ci_text(r["estimate"], r["ci_low"], r["ci_high"], fmt) + (" (on the bound)" if _on_bound(r) else "")
+        said = p_text(r["estimate"], r["ci_low"], r["ci_high"]) if q == "position" else \
+            ci_text(r["estimate"], r["ci_low"], r["ci_high"], fmt)
+        return said + (" (on the bound)" if _on_bound(r) else "")
 
     return GlanceRow(f"joint law at the paper's N and D ({t.loc['decades', 'estimate']:.1f} decades beyond)",
                      "bits per byte", *(cell(f"loss_{r}", ".3f") for r in ROLES), cell("gap_active", "+.4f"),
-                     cell("gap_total", "+.4f"), cell("position", ".2f"))
+                     cell("gap_total", "+.4f"), cell("position", ""))
 
 
 def win_clause(table: pd.DataFrame) -> str:
@@ -93,7 +97,7 @@ def law_clause(paper: pd.DataFrame, other: str = "", form: str = "") -> str:
                 + (f" ({other})" if other else ""))
     law = f"the joint law ({form})" if form else "the joint law"
     said = (f"carried {d:.1f} decades, {law} puts the MoE at p = "
-            f"{ci_text(p['estimate'], p['ci_low'], p['ci_high'], '.2f')} at the paper's scale")
+            f"{p_text(p['estimate'], p['ci_low'], p['ci_high'])} at the paper's scale")
     if _on_bound(p):
         return said + f" (on the bound, no interval{'; ' + other if other else ''})"
     if p["ci_low"] == p["ci_low"]:
@@ -108,7 +112,8 @@ FORM_NAMES = {"lambda": "one λ", "multiplier": "λ as a multiplier", "lambda_si
 
 def _other_form(forms: Optional[pd.DataFrame]) -> str:
     """``λ varying with size: p = ...``: the position at the paper's point of each named form the
-    choice did not take (or "not identified"); "" without the forms' table."""
+    choice did not take (or "not identified"; "(on the bound)" where its lambda(N) is clipped
+    there); "" without the forms' table."""
     if forms is None or not len(forms):
         return ""
     out = []
@@ -117,8 +122,8 @@ def _other_form(forms: Optional[pd.DataFrame]) -> str:
         if bool(t["chosen"].iloc[0]) or "position" not in t.index:
             continue
         p = t.loc["position"]
-        said = (("p = " + ci_text(p["estimate"], p["ci_low"], p["ci_high"], ".2f")) if p["identified"]
-                else "not identified")
+        said = (("p = " + p_text(p["estimate"], p["ci_low"], p["ci_high"]) + " (on the bound)" * clipped(t))
+                if p["identified"] else "not identified")
         out.append(f"{FORM_NAMES[form]}: {said}")
     return "; ".join(out)
 

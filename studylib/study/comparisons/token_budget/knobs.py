@@ -6,12 +6,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from studylib.config import ConfigError
-from studylib.config.checks import count, is_number, model_names, positive
-from studylib.study.comparisons.budget_matching.shape import paper_shape, paper_vocab_per_d, trio_shape
-from studylib.study.comparisons.knobs import Context, Knobs, knob
+from studylib.config.checks import count, is_number, positive
+from studylib.study.analysis.shape import paper_shape, paper_vocab_per_d, trio_shape
+from studylib.study.analysis.position import ROLES
+from studylib.study.comparisons.knobs import Context, Knobs, knob, trio
 
-#: a trio's models by role, in its order: the active match, the MoE, the total match
-ROLES = ("dense_active", "moe", "dense_total")
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ FFN_RANGE = (3.0, 5.0)
 
 
 def check_shape(names, where: str, ctx: Context) -> dict:
-    """The trio's shape (:func:`~studylib.study.comparisons.budget_matching.shape.trio_shape`); one
+    """The trio's shape (:func:`~studylib.study.analysis.shape.trio_shape`); one
     ConfigError line naming the first ratio that leaves the paper's family (see :data:`SHARE_TOL`)."""
     s, paper = trio_shape(*(ctx.config(m) for m in names), 0), paper_shape()
     what = {"emb_share_moe": f"the MoE {names[1]}'s embedding share of its active parameters",
@@ -134,7 +133,6 @@ def _repeat(r: Any, where: str, budgets: Sequence[float]) -> tuple[tuple[float, 
 
 def parse_trios(raw: Any, key: str, ctx: Context) -> tuple[TrioConfig, ...]:
     """The trios of ``study.token_budget``, checked against the preset's models."""
-    models, ffn_kind = ctx.models, ctx.ffn_kind
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{key}.trios: expected a non-empty list of trios ({TOKEN_BUDGET_SHAPE}), got {raw!r}")
     out, seen = [], set()
@@ -152,10 +150,7 @@ def parse_trios(raw: Any, key: str, ctx: Context) -> tuple[TrioConfig, ...]:
                 or len(set(names)) != 3):
             raise ConfigError(f"{where}.models: expected three different model names "
                               f"[dense_active, moe, dense_total], got {names!r}")
-        model_names(names, f"{where}.models", models)
-        if ffn_kind(names[1]) == "dense":
-            raise ConfigError(f"{where}.models[1]: the reference MoE {names[1]!r} has a dense FFN; "
-                              "the middle model must be the MoE")
+        trio(names, f"{where}.models", ctx)  # the roles by their parameter counts
         if names[1] in seen:
             raise ConfigError(f"{where}.models[1]: the reference MoE {names[1]!r} names a second trio; "
                               "each trio is one model size")

@@ -4,46 +4,30 @@ a linear model (:func:`~studylib.study.analysis.bootstrap.linear_fit`) over ever
 centred on the cells' means (``b1``: per decade of tokens/param at the centre size, ``b2``: per
 decade of size at the centre tokens/param), seeds resampled within cells. A term the grid cannot
 identify is left out and reported as not identified. Its crossing line (where the gap is zero),
-every map point predicted with itself left out (:func:`leave_one_out`, a role's law too), its
+every map point predicted with itself left out (:func:`leave_one_out`), its
 tables and its words. Anything outside the measured ranges is marked ``extrapolated``.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from studylib.study.analysis.bootstrap import (Bootstrap, Coef, cell_frame, coef_table, linear_fit, no_interval,
-                                               p_boot, percentile_ci)
-from studylib.study.analysis.stats import holm
+                                               holm_p, outside, percentile_ci, pooled_sd)
 from studylib.study.comparisons.token_budget.gaps import GAPS
 
 #: the map point's coordinates of a per-seed gap frame (see :func:`gap_model`)
 GAP_KEYS = ("params", "tokens_per_param")
-ALPHA = 0.05
 TERMS = ("intercept", "tokens_per_param", "size", "interaction")
 
 
 def _design(u: np.ndarray, v: np.ndarray, terms: Sequence[str]) -> np.ndarray:
     cols = {"intercept": np.ones_like(u), "tokens_per_param": u, "size": v, "interaction": u * v}
     return np.stack([cols[t] for t in terms], axis=1)
-
-
-def pooled_sd(df: pd.DataFrame, value: str = "value") -> float:
-    """The pooled within-cell standard deviation of ``value`` over ``df``'s cells (NaN without a
-    degree of freedom)."""
-    dev = df[value] - df.groupby("cell")[value].transform("mean")
-    dof = len(df) - df["cell"].nunique()
-    return math.sqrt(float((dev ** 2).sum()) / dof) if dof > 0 else math.nan
-
-
-def outside(x, lo: float, hi: float, tol: float = 1e-9) -> np.ndarray:
-    """Whether each of ``x`` lies outside [lo, hi] (relative ``tol``)."""
-    x = np.atleast_1d(np.asarray(x, dtype=float))
-    return (x < lo * (1 - tol)) | (x > hi * (1 + tol))
 
 
 @dataclass(frozen=True)
@@ -157,13 +141,14 @@ def gap_model(per_seed: pd.DataFrame, value: str = "value", interaction="auto", 
                     (float(n.min()), float(n.max())), tuple(float(x) for x in np.unique(n)), len(cells), len(df))
 
 
-def leave_one_out(per_seed: pd.DataFrame, fit: Callable = gap_model, keys: Sequence[str] = GAP_KEYS,
-                  value: str = "value", level: float = 0.95, seed: int = 0, **fit_kwargs) -> pd.DataFrame:
-    """One row per map point (distinct ``keys``): ``fit`` (:func:`gap_model` or
-    :func:`~.law_fit.role_law`) refitted on the others and the point predicted; ``inside``: its
-    measured mean (``n`` seeds) lies inside the prediction interval (the refit's replicates plus
-    the noise of a mean of ``n`` seeds at the others' pooled within-cell sd); ``extrapolated``;
-    ``not_identified`` (the refit's parameters the others do not pin down); ``note`` (why not)."""
+def leave_one_out(per_seed: pd.DataFrame, value: str = "value", level: float = 0.95, seed: int = 0,
+                  **fit_kwargs) -> pd.DataFrame:
+    """One row per map point: :func:`gap_model` refitted on the others and the point predicted;
+    ``inside``: its measured mean (``n`` seeds) lies inside the prediction interval (the refit's
+    replicates plus the noise of a mean of ``n`` seeds at the others' pooled within-cell sd);
+    ``extrapolated``; ``not_identified`` (the refit's terms the others do not pin down); ``note``
+    (why not). (A law's held-out points: :func:`~studylib.study.analysis.law.checks.predict_held_out`.)"""
+    keys = GAP_KEYS
     df = cell_frame(per_seed, keys, value, "leave_one_out")
     rng = np.random.default_rng(seed)
     rows = []
@@ -175,7 +160,7 @@ def leave_one_out(per_seed: pd.DataFrame, fit: Callable = gap_model, keys: Seque
                "pi_low": math.nan, "pi_high": math.nan, "inside": False, "extrapolated": True, "not_identified": "",
                "note": ""}
         try:
-            m = fit(rest.drop(columns="cell"), value=value, level=level, seed=seed, **fit_kwargs)
+            m = gap_model(rest.drop(columns="cell"), value=value, level=level, seed=seed, **fit_kwargs)
         except ValueError as e:
             rows.append({**row, "note": str(e)})
             continue
@@ -210,7 +195,7 @@ def gap_models(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> dic
     return {g: gap_model(d, value=_unit(per_seed), n_boot=n_boot, seed=seed) for g, d in rows.items() if len(d)}
 
 
-def coefficient_table(models: Mapping[str, GapModel], alpha: float = ALPHA) -> pd.DataFrame:
+def coefficient_table(models: Mapping[str, GapModel], alpha: float = 0.05) -> pd.DataFrame:
     """One row per gap and term (intercept, tokens_per_param, size, interaction): estimate and
     bootstrap CI per decade, ``p_boot``, ``p_holm`` (over the gap's identified slope terms: its
     family) and ``verdict`` ("positive": more of it favours the MoE, "negative", "not resolved",
@@ -219,15 +204,11 @@ def coefficient_table(models: Mapping[str, GapModel], alpha: float = ALPHA) -> p
     rows = []
     for gap, m in models.items():
         t = m.table()
-        p = {term: p_boot(m.fit.draws[:, m.terms.index(term)]) for term in m.terms if term != "intercept"}
-        p = {term: v for term, v in p.items() if not math.isnan(v)}
-        adj = dict(zip(p, holm(list(p.values())))) if p else {}
+        p, adj = holm_p({term: m.fit.draws[:, m.terms.index(term)] for term in m.terms if term != "intercept"})
         for term, r in t.iterrows():
             ok = bool(r["identified"])
             q = adj.get(term, math.nan)
-            verdict = ("not identified" if not ok else "" if term == "intercept" else
-                       "no interval" if term not in p else
-                       ("positive" if r["estimate"] > 0 else "negative") if q < alpha else "not resolved")
+            verdict = "" if ok and term == "intercept" else m.coefs[term].verdict_at(q, alpha)
             rows.append({"gap": gap, "term": term, "estimate": r["estimate"], "ci_low": r["ci_low"],
                          "ci_high": r["ci_high"], "identified": ok, "p_boot": p.get(term, math.nan), "p_holm": q,
                          "verdict": verdict, "reason": r["reason"], "centre_tokens_per_param": 10 ** m.centre[0],
@@ -336,5 +317,5 @@ def plane_sentences(coefs: pd.DataFrame, crossing: pd.DataFrame, loo: pd.DataFra
     return out
 
 
-__all__ = ["GAP_KEYS", "TERMS", "pooled_sd", "GapModel", "gap_model", "leave_one_out", "gap_models", "coefficient_table",
+__all__ = ["GAP_KEYS", "TERMS", "GapModel", "gap_model", "leave_one_out", "gap_models", "coefficient_table",
            "what_moves", "crossing_table", "loo_table", "plane_sentences"]

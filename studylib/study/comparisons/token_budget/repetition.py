@@ -11,13 +11,12 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from studylib.study.analysis.stats import holm, paired
+from studylib.study.analysis.stats import paired
 from studylib.study.analysis.tables import power_rows
-from studylib.study.analysis.bootstrap import Coef, linear_fit, no_interval, p_boot
+from studylib.study.analysis.bootstrap import Coef, holm_p, linear_fit, no_interval
 from studylib.study.comparisons.token_budget.gaps import CELL, GAPS, PAPER_POINT, size_label
 from studylib.study.comparisons.token_budget.knobs import TrioConfig
 
-ALPHA = 0.05
 
 
 def memorisation_table(trios: Sequence[TrioConfig], summaries: pd.DataFrame, metrics: Mapping) -> pd.DataFrame:
@@ -109,26 +108,21 @@ def repetition_fit(per_seed: pd.DataFrame, n_boot: int = 2000, seed: int = 0) ->
         slopes["role", role] = _slope(ps[ps["gap"] == gap].assign(loss=lambda x, c=col: x[c]), "loss", n_boot, seed)
     t = pd.DataFrame([{"family": k[0], "what": k[1], "estimate": c.estimate, "ci_low": c.ci_low, "ci_high": c.ci_high,
                        "identified": c.identified, "reason": c.reason} for k, (c, _) in slopes.items()])
-    draws = {k[1]: d for k, (_, d) in slopes.items() if k[0] == "gap"}
-    p = {g: p_boot(d) for g, d in draws.items() if d is not None}
-    adj = dict(zip(p, holm(list(p.values())))) if p else {}
+    p, adj = holm_p({k[1]: d for k, (_, d) in slopes.items() if k[0] == "gap"})
     t["p_boot"] = t["what"].map(p).where(t["family"] == "gap")
     t["p_holm"] = t["what"].map(adj).where(t["family"] == "gap")
-    t["verdict"] = [_verdict(r) for r in t.itertuples()]
+    t["verdict"] = [_WORDS[f].get(v, v) for f, v in
+                    ((k[0], c.verdict_at(adj.get(k[1], math.nan) if k[0] == "gap" else None))
+                     for k, (c, _) in slopes.items())]
     t["cells"] = ps.groupby(CELL).ngroups
     return t
 
 
-def _verdict(r) -> str:
-    if not r.identified:
-        return "not identified"
-    if r.ci_low != r.ci_low:
-        return "no interval"
-    if r.family == "role":
-        return ("rises" if r.ci_low > 0 else "falls" if r.ci_high < 0 else "not resolved") + " with the passes"
-    if not r.p_holm < ALPHA:
-        return "not resolved"
-    return "the MoE gains with repetition" if r.estimate > 0 else "the dense model gains with repetition"
+#: a slope's verdict (:meth:`~studylib.study.analysis.bootstrap.Coef.verdict_at`) in words: a gap's
+#: (Holm over the two gaps) and a role's loss (its own interval)
+_WORDS = {"gap": {"positive": "the MoE gains with repetition", "negative": "the dense model gains with repetition"},
+          "role": {"positive": "rises with the passes", "negative": "falls with the passes",
+                   "not resolved": "not resolved with the passes"}}
 
 
 def repetition_sentences(fit: pd.DataFrame, table: pd.DataFrame) -> list[str]:

@@ -4,6 +4,7 @@ the router measurements on a trained tiny run (the initial router rebuilt exactl
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -25,36 +26,87 @@ MOE = {"kind": "moe", "hidden": 32, "num_experts": 4, "top_k": 2}
 MODELS = {"hash": {"ffn": {**MOE, "router": "hash"}},
           "frozen": {"ffn": {**MOE, "balance_coef": 0.01, "z_coef": 0.001, "router": "frozen"}},
           "one": {"ffn": {"kind": "moe", "hidden": 32, "num_experts": 1, "top_k": 1, "balance_coef": 0.01}},
-          "twin": {"ffn": {"kind": "dense", "hidden": 32}}}
-CELL = {"trio": ["dense", "moe", "dense"], "hash": "hash", "frozen": "frozen", "one_expert": "one",
+          "twin": {"ffn": {"kind": "dense", "hidden": 32}},
+          "da": {"derive": "matched_active", "from": "moe"}, "dt": {"derive": "matched_total", "from": "moe"}}
+CELL = {"trio": ["da", "moe", "dt"], "hash": "hash", "frozen": "frozen", "one_expert": "one",
         "dense_twin": "twin", "epochs": 1.0}
 
 
-def _ctx():
-    return Context.of(tiny_preset(models={**tiny_preset().models, **MODELS}))
+def _ctx(**models):
+    return Context.of(tiny_preset(models={**tiny_preset().models, **MODELS, **models}))
 
 
 def test_a_cell_is_parsed_with_its_roles_in_order():
     (c,) = parse_cells([CELL], "study.controls", _ctx())
     assert c.controls == (("hash", "hash"), ("frozen", "frozen"), ("one_expert", "one"), ("dense_twin", "twin"))
-    assert c.models == ["dense", "moe", "hash", "frozen", "one", "twin"] and c.epochs == 1.0
+    assert c.models == ["da", "moe", "dt", "hash", "frozen", "one", "twin"] and c.epochs == 1.0
 
 
 @pytest.mark.parametrize("change,match", [
     ({"hash": "frozen"}, r"study.controls\[0\].hash: 'frozen' must be a routed MoE with ffn.router: hash"),
-    ({"frozen": "moe"}, r"study.controls\[0\].frozen: 'moe' must be a routed MoE with ffn.router: frozen"),
-    ({"one_expert": "moe"}, r"study.controls\[0\].one_expert: 'moe' must be a routed MoE with num_experts 1"),
-    ({"dense_twin": "dense"}, r"study.controls\[0\].dense_twin: 'dense' must be a dense model whose FFN hidden"),
+    ({"frozen": "hash"}, r"study.controls\[0\].frozen: 'hash' must be a routed MoE with ffn.router: frozen"),
+    ({"one_expert": "frozen"}, r"study.controls\[0\].one_expert: 'frozen' must be a routed MoE with num_experts 1"),
+    ({"frozen": "moe"}, r"study.controls\[0\].frozen: 'moe' is the trio's MoE, the reference; expected another"),
+    ({"dense_twin": "one"}, r"study.controls\[0\].dense_twin: 'one' must be a dense model"),
     ({"tokens_per_param": 3.0}, r"study.controls\[0\]: give exactly one budget"),
     ({"epochs": None}, r"study.controls\[0\]: give exactly one budget"),
     ({"epochs": -1.0}, r"study.controls\[0\].epochs: expected a positive number"),
     ({"hash": "nope"}, r"study.controls\[0\].hash: expected a model name of the preset"),
     ({"seeds": 3}, r"study.controls\[0\]: unknown key\(s\) \['seeds'\]"),
-    ({"trio": ["dense", "moe"]}, r"study.controls\[0\].trio: expected \[dense_active, moe, dense_total\]"),
+    ({"trio": ["da", "moe"]}, r"study.controls\[0\].trio: expected \[dense_active, moe, dense_total\]"),
 ])
 def test_a_bad_cell_is_one_line_naming_its_field(change, match):
     with pytest.raises(ConfigError, match=match):
         parse_cells([{**CELL, **change}], "study.controls", _ctx())
+
+
+SHARED = {"ffn": {**MODELS["one"]["ffn"], "n_shared": 1}}
+
+
+@pytest.mark.parametrize("models, change, match", [
+    # issue 57: each was accepted, the controls then compared the wrong pair
+    ({"wide": {"d_model": 48, "ffn": {"kind": "dense", "hidden": 32}}}, {"dense_twin": "wide"},
+     r"^study.controls\[0\].dense_twin: 'wide' is not the dense twin of the one-expert MoE 'one': d_model 48 against "
+     r"32; [\d,]+ active parameters against [\d,]+ \(the one expert's [\d,]+ less its router's 64\)$"),
+    ({"wider": {"ffn": {"kind": "dense", "hidden": 64}}}, {"dense_twin": "wider"},
+     r"^study.controls\[0\].dense_twin: 'wider' is not the dense twin .*: ffn.hidden 64 against 32; "),
+    ({"shared": SHARED}, {"one_expert": "shared"},
+     r"^study.controls\[0\].one_expert: 'shared' must be a routed MoE with num_experts 1, top_k 1 and no shared"),
+    ({}, {"trio": ["dt", "moe", "da"]},
+     r"^study.controls\[0\].trio\[0\]: 'dt' has [\d,]+ active parameters against the [\d,]+ of the MoE 'moe' "
+     r"\(\+\d+\.\d\d%\): not its active match \(expected \[dense_active, moe, dense_total\], this one within 1.0%"),
+    ({}, {"trio": ["da", "moe", "dense"]}, r"^study.controls\[0\].trio\[2\]: 'dense' has [\d,]+ total parameters"),
+    ({}, {"trio": ["da", "hash", "dt"]},
+     r"^study.controls\[0\].trio\[1\]: the reference MoE 'hash' has ffn.router: hash; expected a learned router"),
+    ({}, {"trio": ["da", "frozen", "dt"]},
+     r"^study.controls\[0\].trio\[1\]: the reference MoE 'frozen' has ffn.router: frozen; expected a learned"),
+    ({"da1": {"derive": "matched_active", "from": "one"}, "dt1": {"derive": "matched_total", "from": "one"}},
+     {"trio": ["da1", "one", "dt1"]}, r"^study.controls\[0\].one_expert: 'one' is the trio's MoE, the reference"),
+])
+def test_a_cell_comparing_the_wrong_pair_is_one_line_with_both_models_numbers(models, change, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_cells([{**CELL, **change}], "study.controls", _ctx(**models))
+
+
+def test_a_typed_in_match_is_the_trios_within_the_tolerance_and_a_derived_one_as_the_solver_left_it():
+    ctx = _ctx()
+    da, dt = ctx.config("da"), ctx.config("dt")
+    typed = {"d_model": da.d_model, "n_heads": da.n_heads, "ffn": {"kind": "dense", "hidden": da.ffn.hidden}}
+    (c,) = parse_cells([{**CELL, "trio": ["da_typed", "moe", "dt"]}], "study.controls", _ctx(da_typed=typed))
+    assert c.trio == ("da_typed", "moe", "dt")
+    # the solver's closest total match at this size is just outside 0.1%: derived, it stands; typed in, it does not
+    assert abs(dt.num_params.total / ctx.config("moe").num_params.total - 1) > 0.001
+    typed = {"d_model": dt.d_model, "n_heads": dt.n_heads, "ffn": {"kind": "dense", "hidden": dt.ffn.hidden}}
+    with pytest.raises(ConfigError, match=r"trio\[2\]: 'dt_typed' has [\d,]+ total parameters .*\(-0.10%\)"):
+        parse_cells([{**CELL, "trio": ["da", "moe", "dt_typed"]}], "study.controls", _ctx(dt_typed=typed))
+
+
+def test_the_controls_seeds_are_at_most_the_presets():
+    p = tiny_preset(models={**tiny_preset().models, **MODELS}, study={"controls": [CELL], "controls_seeds": 3})
+    with pytest.raises(ConfigError, match=r"^study.controls_seeds: 3 seeds asked for, but the preset has 2 "
+                                          r"\(\[1, 2\]\); expected at most 2$"):
+        study_of(p)
+    assert study_of(tiny_preset(models=p.models, study={"controls": [CELL], "controls_seeds": 2}))["controls"].seeds == 2
 
 
 def test_the_cells_plan_the_headline_runs_and_the_maps_runs_of_the_small_cell():
@@ -238,4 +290,64 @@ def test_the_first_screen_sentence_words_each_controls_verdict_and_places_the_mo
     h2 = paired(s2[s2["model"] == "hash"]["best_val_loss"].to_numpy(), LOSS["moe"])
     assert f"a hash router beats the learned one by {-h2.mean:.3f} [{-h2.ci_high:.3f}, {-h2.ci_low:.3f}]," in \
         A.lead_sentence(t2["positions"], t2["gaps"], t2["twin"], None)
-    assert A.lead_sentence(pos.iloc[0:0], g, tw, None) == ""
+
+
+def _tables(out, positions=None, gaps=None, twin=None):
+    """Notebook 13's tables of TCELL as it writes them under ``out`` (each frame replaceable)."""
+    from studylib.study.analysis.plots import save_table
+    from studylib.study.comparisons import controls as C
+
+    t = A.cell_tables([_summaries()], [TCELL], 0.03)
+    save_table(t["positions"] if positions is None else positions(t["positions"]), C.POSITIONS, out, index=False)
+    save_table(t["gaps"] if gaps is None else gaps(t["gaps"]), C.GAPS, out, index=False)
+    if twin is not False:
+        save_table(t["twin"], C.TWIN, out, index=False)
+    return out / "tables"
+
+
+@pytest.mark.parametrize("name", ["controls_positions", "controls_gaps"])
+def test_a_table_cut_mid_row_is_one_line_naming_it(tmp_path, name):
+    """issue 57: a torn table read as rows of NaN: the frozen router dropped from the answer, or a traceback."""
+    from studylib.study.comparisons import controls as C
+
+    path = _tables(tmp_path) / f"{name}.csv"
+    text = path.read_text()
+    path.write_text(text[: text.index("frozen", text.index("\n")) + 3])
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: cut mid-row \(its last line is unfinished"):
+        C.answer(tmp_path)
+
+
+@pytest.mark.parametrize("damage, said", [
+    (dict(gaps=lambda g: g[g["a"] != "frozen"]),
+     "Controls at that budget (nats; incomplete tables, run notebook 13 again: controls_gaps.csv lacks the frozen "
+     "router `frozen`): a hash router trails the learned one by"),
+    (dict(positions=lambda p: p[~p["model"].isin(["hash", "frozen"])]),
+     "Controls at that budget (nats; incomplete tables, run notebook 13 again: controls_positions.csv lacks `hash` "
+     "and `frozen`): one expert is equivalent to its dense twin (±0.03)."),
+    (dict(gaps=lambda g: g[~g["a"].isin(["hash", "frozen"])], twin=False),
+     "Controls at that budget: not stated (incomplete tables, run notebook 13 again: controls_gaps.csv lacks the "
+     "hash router `hash` and the frozen router `frozen`; controls_twin.csv lacks `one` − `twin`)."),
+    (dict(positions=lambda p: p.iloc[:1], gaps=lambda g: g.iloc[:0], twin=False),
+     "Controls at that budget: not stated (incomplete tables, run notebook 13 again: controls_positions.csv lacks "
+     "the cell's controls)."),
+    (dict(positions=lambda p: p.iloc[:0]),
+     "Controls: not stated (incomplete tables, run notebook 13 again: controls_positions.csv has no rows)."),
+])
+def test_a_table_without_rows_the_sentence_reads_names_them_and_never_prints_an_empty_list(tmp_path, damage, said):
+    """issue 57: rows missing from notebook 13's tables were dropped from the sentence in silence,
+    or left "Controls at that budget (nats): ." on the first screen."""
+    from studylib.study.comparisons import controls as C
+
+    _tables(tmp_path, **damage)
+    a = C.answer(tmp_path)
+    assert a.lead == (a.lead[0],) and a.lead[0].startswith(said) and "(nats): ." not in a.lead[0]
+    assert said in a.markdown
+
+
+def test_a_first_cell_without_a_control_the_sentence_words_says_so_below_the_first_screen(tmp_path):
+    from studylib.study.comparisons import controls as C
+
+    only = lambda t, col: t[t[col].isin(["moe", "one"])]  # noqa: E731  the reference and one expert, no twin
+    _tables(tmp_path, positions=lambda p: only(p, "model"), gaps=lambda g: only(g, "a"), twin=False)
+    a = C.answer(tmp_path)
+    assert a.lead == () and "No sentence on the first screen: its first cell has no hash or frozen" in a.markdown

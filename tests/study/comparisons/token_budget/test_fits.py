@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from studylib.study.comparisons.token_budget import plane as F
-from studylib.study.comparisons.token_budget.law_fit import role_law
+from studylib.study.analysis.law.fit import role_law
 
 SIZES, TPP = (1e6, 3e6, 1e7), (1.0, 3.5, 10.0, 28.9)
 

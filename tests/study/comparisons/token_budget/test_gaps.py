@@ -15,7 +15,7 @@ import yaml
 from _tiny import tiny_preset, tiny_raw
 from studylib.config import ConfigError, run_document
 from studylib.run.rundir import RunDir
-from studylib.run.spec import RunSpec, tokens_per_step
+from studylib.run.spec import RunSpec, cell_overrides, tokens_per_step
 from studylib.study.analysis import paper
 from studylib.study.comparisons import comparison, study_of, token_budget
 from studylib.study.comparisons.token_budget import budgets, gaps as bm, repetition as budget_checks
@@ -24,7 +24,7 @@ from studylib.study.orchestration.plan import plan_runs
 
 T975_2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2): the 95% paired-t factor for n = 3
 
-MODELS = {"dense2": {"ffn": {"kind": "dense", "hidden": 96}}}
+MODELS = {"dense2": {"derive": "matched_total", "from": "moe"}}  # the MoE's total match
 TB = {"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [0.5, 1.0, 2.0]}]}
 
 
@@ -56,7 +56,7 @@ def test_budget_trios_reads_the_knob_in_order():
     ({"trios": [{"models": ["dense", "mo", "dense2"], "epochs": [1.0]}]},
      "study.token_budget.trios[0].models[1]: no model named 'mo'"),
     ({"trios": [{"models": ["moe", "dense", "dense2"], "epochs": [1.0]}]},
-     "study.token_budget.trios[0].models[1]: the reference MoE 'dense' has a dense FFN"),
+     "study.token_budget.trios[0].models[1]: 'dense' has a dense FFN"),
     ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0, -0.5]}]},
      "study.token_budget.trios[0].epochs: expected a list of different positive numbers"),
     ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [True]}]}, "study.token_budget.trios[0].epochs"),
@@ -106,7 +106,7 @@ def _specs(preset, trios, seeds):
 
 def _budget_map(preset, trios) -> dict:
     """``{epochs: overrides}`` of the trios' cells from all the stories (the tiny preset's vocabulary)."""
-    return {e: budgets.cell_overrides(preset, t, e, 1.0, preset.train.max_steps) for t in trios for e in t.epochs}
+    return {e: cell_overrides(preset, t.moe, e, 1.0, preset.train.max_steps) for t in trios for e in t.epochs}
 
 
 def test_run_plan_reuses_the_presets_own_runs_and_trains_the_other_budgets(tmp_path, monkeypatch):

@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from studylib.config import ConfigError, load_preset, preset_from_dict
-from studylib.run.spec import RunSpec
+from studylib.run.spec import RunSpec, cell_overrides
 from studylib.study.analysis.paper import PAPER_POSITION
 from studylib.study.analysis.position import position_row
 from studylib.study.comparisons import study_of
-from studylib.study.comparisons.budget_matching.shape import paper_shape, shape
+from studylib.study.analysis.shape import paper_shape, shape
 from studylib.study.comparisons.token_budget import budgets, gaps, repetition as checks
 from studylib.study.comparisons.token_budget.knobs import FFN_RANGE, SHARE_TOL
 
@@ -77,10 +77,10 @@ def test_a_trios_runs_use_its_moes_vocabulary_and_a_repeated_cell_fewer_stories(
     p = load_preset(ROOT / "params" / "cpu.yaml")
     s = study_of(p)
     (head, small) = s["token_budget"].trios
-    assert budgets.cell_overrides(p, head, 1.0, 1.0, 805) == {}  # the headline runs, reused
-    ov = budgets.cell_overrides(p, small, 1.0, 1.0, 805)
+    assert cell_overrides(p, head.moe, 1.0, 1.0, 805) == {}  # the headline runs, reused
+    ov = cell_overrides(p, small.moe, 1.0, 1.0, 805)
     assert ov == {"data.vocab_size": 1875, "train.max_steps": 805}  # other data: its steps always set
-    rep = budgets.cell_overrides(p, small, 2.0, 0.25, 805)
+    rep = cell_overrides(p, small.moe, 2.0, 0.25, 805)
     assert rep == {"train.max_steps": 1610, "data.vocab_size": 1875, "data.train_fraction": 0.25}
     spec = RunSpec.resolve(p, "dense_active_s", 1337, rep)
     assert spec.preset.data.vocab_size == spec.preset.model_config("dense_active_s").vocab_size == 1875

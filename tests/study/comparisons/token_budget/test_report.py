@@ -1,4 +1,4 @@
-"""The fits over the token-budget map as notebook 09 shows them (token_budget.plane, law_checks, law_words):
+"""The fits over the token-budget map as notebook 09 shows them (token_budget.plane, law_roles):
 coefficients recovered from a known plane with Holm over each gap's slopes (against statsmodels),
 what moves a gap, a size the grid cannot identify, the crossing line at the measured sizes, the
 loss frame's roles, and the extrapolation's sign comparison."""
@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studylib.study.comparisons.token_budget import law_checks, law_roles, law_words, plane
-from studylib.study.comparisons.token_budget.law_fit import loss_frame, role_law
+from studylib.study.analysis.law.fit import role_law
+from studylib.study.comparisons.token_budget import law_roles, plane
+from studylib.study.comparisons.token_budget.budgets import loss_frame
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_TOKENS_PER_PARAM
 
 SIZES = {"s": 1e4, "m": 3e4, "l": 1e5}
@@ -19,8 +20,8 @@ SIZES = {"s": 1e4, "m": 3e4, "l": 1e5}
 
 def _fit_words(coefs, crossing, loo, laws, extrapolation, loss_loo=None) -> list[str]:
     """The fits' words in the notebook's order: the gap plane, the role laws, the paper's point."""
-    return (plane.plane_sentences(coefs, crossing, loo) + law_words.role_law_sentences(laws, loss_loo)
-            + law_words.extrapolation_sentences(extrapolation))
+    return (plane.plane_sentences(coefs, crossing, loo) + law_roles.role_law_sentences(laws, loss_loo)
+            + law_roles.extrapolation_sentences(extrapolation))
 
 
 def _per_seed(b_tok: float, b_size: float, b0: float = 0.01, sizes=SIZES, tpps=(1.0, 3.0, 10.0), seeds=4,
@@ -87,7 +88,7 @@ def test_the_gap_plane_is_compared_with_the_paper_only_inside_its_grid():
     g = ex.set_index("what")
     assert (ex["kind"] == "gap").all() and g["extrapolated"].all() and g["predicted"].isna().all()
     assert (g["params"] == PAPER_ACTIVE_PARAMS).all() and not g["identified"].any()
-    words = law_words.extrapolation_sentences(ex)
+    words = law_roles.extrapolation_sentences(ex)
     assert words[0] == ("The gap model's matched-active gap is not carried to the paper's point: the gap plane "
                         "describes the grid only and the paper's point lies outside it.")
     # a grid that spans the paper's point (the paper preset's map) is compared in sign
@@ -165,7 +166,7 @@ def test_a_map_of_one_size_is_never_carried_to_the_papers_point():
     ex = law_roles.extrapolation_table(models, {}).set_index("what")
     assert not ex["identified"].any() and ex["predicted"].isna().all() and ex["ci_low"].isna().all()
     assert ex.loc["active", "reason"] == "size not identified by this grid"
-    words = law_words.extrapolation_sentences(ex.reset_index())
+    words = law_roles.extrapolation_sentences(ex.reset_index())
     assert words[0].startswith("The gap model's matched-active gap is not carried to the paper's point: size not "
                                "identified")
 

@@ -12,14 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studylib.study.analysis.paper import PAPER_POSITION, PAPER_TABLE6
-from studylib.study.analysis.position import position
-from studylib.study.comparisons.token_budget import gaps as G
-from studylib.study.comparisons.token_budget import law_fit as J
-from studylib.study.comparisons.token_budget import law_form as F
-from studylib.study.comparisons.token_budget.knobs import ROLES
-from studylib.study.comparisons.token_budget import law_checks as C
-from studylib.study.comparisons.token_budget import law_words as W
+from studylib.study.analysis.law import checks as C
+from studylib.study.analysis.law import fit as J
+from studylib.study.analysis.law import form as F
+from studylib.study.analysis.law import words as W
+from studylib.study.analysis.paper import PAPER_MODELS, PAPER_POSITION, PAPER_TABLE6
+from studylib.study.analysis.position import ROLES, position
 from studylib.study.comparisons.token_budget.glance import map_glance
 
 TRUE = {"E": 0.8, "A": 34.0, "alpha": 0.35, "B": 32.0, "beta": 0.3, "lambda": 0.6, "R*": 5.0}
@@ -277,7 +275,7 @@ def test_paper_point_contains_the_generating_position(law):
 def test_the_papers_position_agrees_between_its_tables():
     """Table 2's gaps (PAPER_POSITION) and Table 6's per-seed losses give one position."""
     m = PAPER_TABLE6.mean()
-    assert position(*(m[G.PAPER_MODELS[r]] for r in ROLES)) == pytest.approx(PAPER_POSITION, abs=2e-3)
+    assert position(*(m[PAPER_MODELS[r]] for r in ROLES)) == pytest.approx(PAPER_POSITION, abs=2e-3)
     assert PAPER_POSITION == pytest.approx(0.0758 / (0.0758 + 0.0180))
 
 

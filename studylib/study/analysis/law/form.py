@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from studylib.study.comparisons.token_budget.knobs import ROLES
+from studylib.study.analysis.position import ROLES
 
 FREE = (-math.inf, math.inf)
 EXPONENT_BOUNDS = (0.0, 4.0)
@@ -75,13 +75,15 @@ SIZE_FORM = "lambda_size"
 N_FORMS = ("n_lambda", "n_lambda_size")
 
 
-def lambda_at(theta, form: str, n_active) -> np.ndarray:
+def lambda_at(theta, form: str, n_active, clip: bool = True) -> np.ndarray:
     """The MoE's lambda at ``n_active`` (``(..., n)`` over theta's leading axes): lambda_0 +
-    lambda_1 log10(N / N_ref) kept in [0, 1] for a size form, lambda for the others."""
+    lambda_1 log10(N / N_ref) kept in [0, 1] for a size form (unless ``clip`` is False: the line
+    itself), lambda for the others."""
     p = unpack(theta, form)
     lam = p.lam
     if "lam1" in p._fields:
-        lam = np.clip(lam + p.lam1 * (np.log10(np.asarray(n_active, float)) - math.log10(type(p).N_REF)), 0.0, 1.0)
+        lam = lam + p.lam1 * (np.log10(np.asarray(n_active, float)) - math.log10(type(p).N_REF))
+        lam = np.clip(lam, 0.0, 1.0) if clip else lam
     return np.broadcast_to(lam, np.broadcast_shapes(lam.shape, np.shape(np.atleast_1d(n_active))))
 
 

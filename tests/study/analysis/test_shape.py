@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from studylib.config import load_preset
-from studylib.study.comparisons.budget_matching import shape
+from studylib.study.analysis import shape
 from studylib.study.analysis.paper import PAPER_TABLE5
 
-PARAMS = Path(__file__).resolve().parents[4] / "params"
+PARAMS = Path(__file__).resolve().parents[3] / "params"
 
 
 def _m(s: str) -> float:

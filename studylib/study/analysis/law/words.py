@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from studylib.study.analysis.paper import PAPER_HEADLINE_TOKENS, PAPER_TOKENS_PER_PARAM
-from studylib.study.comparisons.glance import ci_text
-from studylib.study.comparisons.token_budget.gaps import GAPS
-from studylib.study.comparisons.token_budget.knobs import ROLES
-from studylib.study.comparisons.token_budget.law_fit import JointLaw
-from studylib.study.comparisons.token_budget.law_checks import RESIDUAL_LIMIT, choice_sentence, held_out_verdict
+from studylib.study.analysis.paper import PAPER_HEADLINE_TOKENS
+from studylib.study.analysis.position import ROLES, p_text
+from studylib.study.analysis.text import ci_text
+from studylib.study.analysis.law.fit import JointLaw
+from studylib.study.analysis.law.checks import RESIDUAL_LIMIT, choice_sentence, held_out_verdict
 
 
 def law_table(law: JointLaw) -> pd.DataFrame:
@@ -62,7 +61,8 @@ def paper_sentences(table: pd.DataFrame) -> list:
     inside = (f", {'inside' if p['paper_inside'] in (True, 'True') else 'outside'} the interval"
               if p["ci_low"] == p["ci_low"] else f" ({p['reason']})" if p["reason"] else
               " (the law's p carries no interval)")
-    out = [f"Extrapolated {where}, the joint law places the MoE at p = {_ci(p, '.2f')} of the way from its active "
+    at = p_text(p["estimate"], p["ci_low"], p["ci_high"])
+    out = [f"Extrapolated {where}, the joint law places the MoE at p = {at} of the way from its active "
            f"match (0) to its total match (1); the paper measured {p['paper']:.2f}{inside}."]
     m = t.loc[mix]
     s = (f"{mix} = {_ci(m, '.3f')}" if m["identified"] else
@@ -122,70 +122,6 @@ def influence_sentence(runs: pd.DataFrame, paper: pd.DataFrame) -> str:
             f"from {p['estimate']:.3f} to {p1:.3f} ({p1 - p['estimate']:+.2g}), {verdict}.")
 
 
-#: what each role's N is
-N_OF_ROLE = "active parameters (the MoE's active, the dense models' all)"
 
 
-def _loss_loo_words(loo: pd.DataFrame, role: str) -> str:
-    t = loo[loo["role"] == role]
-    ok = t[t["checked"]]
-    if not len(ok):
-        why = t["note"].iloc[0] if t["note"].iloc[0] else "every refit leaves a parameter not identified"
-        return f" Left out one at a time: no point can be checked ({why})."
-    return (f" Left out one at a time, {int(ok['inside'].sum())} of {len(ok)} checked points lie inside their "
-            f"predicted 95% interval" + (f" ({len(t) - len(ok)} of {len(t)} not checked: without them a parameter "
-                                         f"is not identified)" if len(ok) < len(t) else "") + ".")
-
-
-def role_law_sentences(laws: pd.DataFrame, loss_loo: pd.DataFrame | None = None) -> list[str]:
-    """Each role's law (:func:`~.law_roles.role_law_table`) in words: its identified parameters
-    and (``loss_loo``: :func:`~.law_roles.role_loo_table`) its left-out points."""
-    out = []
-    for role in dict.fromkeys(laws["role"]) if len(laws) else ():
-        r = laws[laws["role"] == role].set_index("parameter")
-        parts = [f"{k} not identified ({x['reason']})" if not x["identified"] else f"{k} = {_ci(x, '.4g')}"
-                 + (f", {x['reason']}" if x["ci_low"] != x["ci_low"] else "") for k, x in r.iterrows()]
-        out.append(f"Loss law of {role} (N: {N_OF_ROLE}; {int(r['cells'].iloc[0])} points): " + "; ".join(parts) + "."
-                   + (_loss_loo_words(loss_loo, role) if loss_loo is not None and len(loss_loo) else ""))
-    return out
-
-
-def extrapolation_sentences(ex: pd.DataFrame) -> list[str]:
-    """:func:`~.law_roles.extrapolation_table` in words: each gap in sign, the role laws' ordering."""
-    out = []
-    why = ("compared in sign and ordering only: absolute losses differ (vocabulary 30,008 vs 3,750, another "
-           "corpus size and context), and nothing between the sizes here and the paper's was measured")
-    for r in ex[ex["kind"] == "gap"].itertuples():
-        label = GAPS[r.what][1].split(" (")[0]
-        if not r.identified:
-            out.append(f"The gap model's {label} is not carried to the paper's point: {r.reason}.")
-            continue
-        if r.ci_low != r.ci_low:
-            out.append(f"Extrapolated to the paper's point, the gap model's {label} is {r.predicted:+.3f} with no "
-                       f"interval (a map point needs at least two seeds): no sign is predicted.")
-            continue
-        same = (r.ci_low > 0 and r.paper > 0) or (r.ci_high < 0 and r.paper < 0)
-        unclear = r.ci_low <= 0 <= r.ci_high
-        verdict = ("its interval includes zero, so no sign is predicted" if unclear else
-                   "the same sign as the paper's" if same else "the opposite sign to the paper's")
-        out.append(f"Extrapolated{' far' if r.extrapolated else ''} to the paper's {r.params / 1e6:.2f}M active "
-                   f"parameters at {PAPER_TOKENS_PER_PARAM:.1f} tokens/param, the gap model's {label} is "
-                   f"{r.predicted:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] ({'the MoE' if r.predicted > 0 else 'the dense model'} better); the paper "
-                   f"measured {r.paper:+.4f}: {verdict} ({why}).")
-    loss = ex[ex["kind"] == "loss"]
-    if len(loss):
-        if not loss["identified"].all():
-            miss = ", ".join(loss.loc[~loss["identified"], "what"])
-            out.append(f"The loss laws predict no losses at the paper's N and D: a parameter is not identified by "
-                       f"this grid in the law of {miss}.")
-        else:
-            pred = " < ".join(loss.sort_values("predicted")["what"])
-            paper = " < ".join(loss.sort_values("paper")["what"])
-            out.append(f"Extrapolated to the paper's N and {PAPER_HEADLINE_TOKENS / 1e6:.1f}M tokens, the loss laws "
-                       f"order the models {pred}; the paper measured {paper}: "
-                       f"{'the same ordering' if pred == paper else 'another ordering'} ({why}).")
-    return out
-
-
-__all__ = ["law_table", "parameter_sentence", "paper_sentences", "law_sentences", "influence_sentence", "role_law_sentences",
-           "extrapolation_sentences"]
+__all__ = ["law_table", "parameter_sentence", "paper_sentences", "law_sentences", "influence_sentence"]

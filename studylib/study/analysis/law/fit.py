@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 from scipy.special import huber
 
-from studylib.study.analysis.bootstrap import Bootstrap, Coef, bootstrap_values, cell_frame, coef_table, no_interval
-from studylib.config import Preset
-from studylib.study.comparisons.token_budget.knobs import ROLES, TrioConfig
-from studylib.study.comparisons.token_budget.law_form import (Chinchilla, bounds, design, form_of,
+from studylib.study.analysis.bootstrap import (Bootstrap, Coef, bootstrap_values, cell_frame, coef_table, no_interval,
+                                               outside)
+from studylib.study.analysis.position import ROLES
+from studylib.study.analysis.law.form import (Chinchilla, bounds, design, form_of,
                                                               log_loss, log_loss_jacobian, natural, pack,
                                                               param_names, take, unpack)
-from studylib.study.comparisons.token_budget.plane import outside
 
 COLUMNS = ("role", "size", "seed", "active", "total", "tokens", "unique", "value")
 #: a map cell: one trio trained on one budget drawn from one number of unique tokens
@@ -322,31 +320,24 @@ def fit_law(runs: pd.DataFrame, form: str = "lambda", per_role_rstar: bool = Fal
                     level, {k: float(bound[k]) for k in names if k in bound})
 
 
-def loss_frame(preset: Preset, trios: Sequence[TrioConfig], summaries: pd.DataFrame,
-               value: str = "best_val_bpb") -> pd.DataFrame:
-    """One row per run of the map: ``role``, ``model``, ``size``, ``seed``, ``params`` (N, active),
-    ``total``, ``tokens`` (D), ``unique``, ``stories``, ``passes`` and ``value`` (default: the best
-    validation loss in bits per byte, one scale across the trios' tokenizers)."""
-    role_of = {m: t.role(m) for t in trios for m in t.models}
-    counts = {m: preset.model_config(m).num_params for m in role_of}
-    return pd.DataFrame([{"role": role_of[r.model], "model": r.model, "size": r.size, "seed": int(r.seed),
-                          "params": int(counts[r.model].active), "total": int(counts[r.model].total),
-                          "tokens": float(r.tokens), "unique": float(r.unique), "stories": float(r.stories),
-                          "passes": float(r.passes), "value": float(getattr(r, value))}
-                         for r in summaries.itertuples(index=False)])
+def role_runs(per_seed: pd.DataFrame, value: str = "value") -> pd.DataFrame:
+    """One family's per-seed losses (``params``: N, ``tokens``: D, ``seed``, ``value``) as the law's
+    runs (:data:`COLUMNS`), one family of the "chinchilla" form: every run a ``dense_active``."""
+    df = cell_frame(per_seed, ROLE_KEYS, value, "role law")
+    return pd.DataFrame({"role": ROLES[0], "size": df["params"], "seed": df["seed"] if "seed" in df else df.index,
+                         "active": df["params"], "total": df["params"], "tokens": df["tokens"],
+                         "unique": df["tokens"], "value": df[value]})
+
+
+#: what :func:`role_law` and its checks say of their fits: a map point is a cell (one size, one budget)
+ROLE_FIT = {"who": "role law", "cells": "map points"}
 
 
 def role_law(per_seed: pd.DataFrame, value: str = "value", n_boot: int = 200, level: float = 0.95, seed: int = 0,
              huber_delta: float = HUBER_DELTA, start=None) -> JointLaw:
-    """The "chinchilla" form's :class:`JointLaw` of one family's per-seed losses (``params``: N,
-    ``tokens``: D, ``seed``, ``value``), as :func:`~.plane.leave_one_out` reads a fit."""
-    df = cell_frame(per_seed, ROLE_KEYS, value, "role law")
-    runs = pd.DataFrame({"role": ROLES[0], "size": df["params"], "seed": df["seed"] if "seed" in df else df.index,
-                         "active": df["params"], "total": df["params"], "tokens": df["tokens"],
-                         "unique": df["tokens"], "value": df[value]})
-    return fit_law(runs, "chinchilla", n_boot=n_boot, n_boot_cell=0, level=level, seed=seed,
-                   huber_delta=huber_delta, start=start, who="role law", cells="map points")
-
+    """The "chinchilla" form's :class:`JointLaw` of one family's per-seed losses (:func:`role_runs`)."""
+    return fit_law(role_runs(per_seed, value), "chinchilla", n_boot=n_boot, n_boot_cell=0, level=level, seed=seed,
+                   huber_delta=huber_delta, start=start, **ROLE_FIT)
 
 __all__ = ["COLUMNS", "MAP_KEYS", "ROLE_KEYS", "HUBER_DELTA", "STARTS", "IDENTIFIED_TOL", "CELL_NAN_SHARE",
-           "runs_frame", "per_role_start", "loss_frame", "JointLaw", "fit_law", "role_law"]
+           "runs_frame", "per_role_start", "JointLaw", "fit_law", "role_runs", "ROLE_FIT", "role_law"]

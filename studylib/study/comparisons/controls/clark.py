@@ -1,7 +1,10 @@
 """Clark et al. 2022's public loss curves beside this study's MoE: where a routed model sits
 between its two dense matches, per router, number of experts E and size; the trend of that
-position in log10 N; one table and one figure "position against size"; and Clark's runs in the
-form a joint law fit takes.
+position in log10 N (:mod:`.clark_tables`, with the table and figure "position against size" and
+the study's law fitted on their runs). Everything notebook 13 reads of Clark's curves is read and
+converted here, once: :func:`positions` (p per router, E and size), :func:`law_frame` (the one
+adapter to the law's input, :data:`~studylib.study.analysis.law.fit.COLUMNS`) and
+:func:`position_against_size` (this study's cells, Clark's and the paper's in one table).
 
 **The data.** ``curves.csv.gz`` of ``google-deepmind/scaling_laws_for_routing`` (*Unified Scaling
 Laws for Routed Language Models*, Clark et al., ICML 2022; CC-BY 4.0, cite the paper), found at
@@ -35,14 +38,14 @@ commit and checksum). It is never committed here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from studylib.config.schema import ConfigError
+from studylib.study.analysis.law.fit import COLUMNS as LAW_COLUMNS
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_POSITION
 from studylib.study.analysis.position import position
 
@@ -59,8 +62,16 @@ COLUMNS = ("hyper_id", "step", "router_type", "num_experts", "k", "routing_frequ
 _TEXT = ("router_type", "model_size_label")
 #: the law frame's split (:func:`law_frame`): fit on 15-55M, hold the 130M runs out
 FIT_SIZES, HELD_OUT_SIZES = ("15M", "25M", "55M"), ("130M",)
+#: the plain dense sizes of the complete file, in increasing N: the dense loss is interpolated
+#: between them, never across or beyond a missing one (:func:`positions`)
+DENSE_SIZES = ("15M", "25M", "55M", "130M", "370M", "1.3B")
+#: the router types the method reads (the plain dense baselines and :data:`ROUTERS`)
+ROUTER_TYPES = ("Dense", *ROUTERS)
 #: the columns :func:`position_against_size` takes for this study's cells
 STUDY_COLUMNS = ("n_active", "p", "p_lo", "p_hi", "source")
+
+#: a placeholder token count: every Clark run saw the same tokens, and the N-only forms read none
+SAME_TOKENS = 1.0
 
 
 class ClarkDataError(ConfigError):
@@ -70,14 +81,17 @@ class ClarkDataError(ConfigError):
 def clark_file(root: Optional[Path] = None) -> Path:
     """``<root>/../shared/data/clark2022/curves.csv.gz``; ``root``: the repository (default: the
     one this package lies in)."""
-    root = Path(root) if root is not None else Path(__file__).resolve().parents[3]
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[4]
     return (root / CLARK_DIR / CLARK_FILE).resolve()
 
 
 def load_curves(path: Optional[Path] = None, loss: str = LOSS) -> pd.DataFrame:
     """Every evaluation of every run in ``path`` (default :func:`clark_file`), checked: the file
     exists and parses, holds :data:`COLUMNS` and ``loss``, numeric where numbers are expected,
-    and at least one row. Any failure: one :class:`ClarkDataError` line naming the file."""
+    at least one row, rows of each of :data:`ROUTER_TYPES`, and finite numbers where the method
+    reads them (``hyper_id`` and ``step`` in every row, the rest at each run's last evaluation;
+    the file has NaN losses one step before it). Any failure: one :class:`ClarkDataError` line
+    naming the file (and the rows)."""
     path = Path(path) if path is not None else clark_file()
     if not path.is_file():
         raise ClarkDataError(f"{path}: Clark et al. 2022's curves are missing (curves.csv.gz of "
@@ -95,6 +109,22 @@ def load_curves(path: Optional[Path] = None, loss: str = LOSS) -> pd.DataFrame:
         raise ClarkDataError(f"{path}: column(s) {wrong} are not numeric")
     if df.empty:
         raise ClarkDataError(f"{path}: no rows")
+    absent = [r for r in ROUTER_TYPES if not (df["router_type"] == r).any()]
+    if absent:
+        raise ClarkDataError(f"{path}: no rows with router_type {', '.join(absent)} (the method reads "
+                             f"{', '.join(ROUTER_TYPES)})")
+    keys = ["hyper_id", "step"]  # which row is a run's last evaluation: finite in every row
+    last = df.sort_values(keys).groupby("hyper_id").tail(1).index
+    rest = [c for c in need if c not in _TEXT and c not in keys]
+    for cols, rows, where in ((keys, df.index, ""), (rest, last, " at the last evaluation of its run")):
+        ok = np.isfinite(df.loc[rows, cols].to_numpy(float))
+        bad = rows[~ok.all(axis=1)]
+        if len(bad):
+            which = ", ".join(c for c, good in zip(cols, ok.all(axis=0)) if not good)
+            lines = ", ".join(f"line {i + 2} (hyper_id {df.at[i, 'hyper_id']:g}, step {df.at[i, 'step']:g})"
+                              for i in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            raise ClarkDataError(f"{path}: NaN or infinite {which}{where} in {len(bad)} row(s): {lines}; expected a "
+                                 f"finite number")
     return df
 
 
@@ -130,6 +160,18 @@ def dense_loss_at(dense: pd.DataFrame, n_params) -> np.ndarray:
                      left=math.nan, right=math.nan)
 
 
+def _missing_dense(dense: pd.DataFrame, n: float) -> list:
+    """The sizes of :data:`DENSE_SIZES` missing from ``dense`` (:func:`dense_sizes`) that the dense
+    loss at ``n`` would be interpolated across, or that lie beyond the present sizes on ``n``'s side."""
+    have = [(x, lab) for x, lab in zip(dense["n_params"], dense["size_label"]) if lab in DENSE_SIZES]
+    if not have or any(x == n for x, _ in have):
+        return []
+    below = [DENSE_SIZES.index(lab) for x, lab in have if x < n]
+    above = [DENSE_SIZES.index(lab) for x, lab in have if x > n]
+    span = DENSE_SIZES[(max(below) + 1 if below else 0):(min(above) if above else len(DENSE_SIZES))]
+    return [s for s in span if s not in set(dense["size_label"])]
+
+
 def positions(last: pd.DataFrame, routers: Sequence[str] = ROUTERS, experts: Sequence[int] = EXPERTS,
               loss: str = LOSS) -> pd.DataFrame:
     """Where each routed config sits between its dense matches, one row per router, E and size
@@ -137,7 +179,8 @@ def positions(last: pd.DataFrame, routers: Sequence[str] = ROUTERS, experts: Seq
     ``size_label``, ``n_active`` (``dense_parameter_count``), ``n_total``, ``n`` (runs
     averaged), ``loss`` (their mean), ``l_dense_active`` and ``l_dense_total`` (interpolated,
     :func:`dense_loss_at`), ``p`` and ``note`` (why p is missing: a total N outside the plain
-    dense sizes). Sorted by router (in ``routers``' order), E and size."""
+    dense sizes, or a size of :data:`DENSE_SIZES` missing where the dense loss would be read: no
+    dense loss is interpolated across a hole). Sorted by router (in ``routers``' order), E and size."""
     dense = dense_sizes(last, loss)
     r = last[last["router_type"].isin(routers) & last["num_experts"].isin(experts) & _main_setting(last)]
     out = (r.groupby(["router_type", "num_experts", "model_size_label"])
@@ -145,89 +188,27 @@ def positions(last: pd.DataFrame, routers: Sequence[str] = ROUTERS, experts: Seq
                 n=(loss, "size"), loss=(loss, "mean"))
            .reset_index().rename(columns={"router_type": "router", "num_experts": "experts",
                                           "model_size_label": "size_label"}))
-    out["l_dense_active"] = dense_loss_at(dense, out["n_active"])
-    out["l_dense_total"] = dense_loss_at(dense, out["n_total"])
+    gone = {c: [_missing_dense(dense, x) for x in out[c]] for c in ("n_active", "n_total")}
+    for col, c in (("l_dense_active", "n_active"), ("l_dense_total", "n_total")):
+        out[col] = np.where([bool(m) for m in gone[c]], math.nan, dense_loss_at(dense, out[c]))
     out["p"] = position(out["l_dense_active"], out["loss"], out["l_dense_total"])
     lo, hi = dense["n_params"].min(), dense["n_params"].max()
 
-    def note(row) -> str:
-        outside = [f"{k} N {row[c] / 1e6:,.0f}M" for k, c in (("active", "n_active"), ("total", "n_total"))
-                   if not lo <= row[c] <= hi]
+    def note(i, row) -> str:
+        sides = (("active", "n_active"), ("total", "n_total"))
+        missing = list(dict.fromkeys(s for _, c in sides for s in gone[c][i]))
+        if missing:
+            at = " and ".join(f"{k} N {row[c] / 1e6:,.0f}M" for k, c in sides if gone[c][i])
+            return (f"the plain dense {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing from Clark's "
+                    f"curves and the dense loss at {at} rests on {'it' if len(missing) == 1 else 'them'}: no position")
+        outside = [f"{k} N {row[c] / 1e6:,.0f}M" for k, c in sides if not lo <= row[c] <= hi]
         return (f"{' and '.join(outside)} outside the plain dense sizes ({lo / 1e6:,.1f}M-{hi / 1e6:,.0f}M): "
                 "not extrapolated, no position") if outside else ""
 
-    out["note"] = out.apply(note, axis=1) if len(out) else pd.Series(dtype=str)
+    out["note"] = [note(i, row) for i, row in out.iterrows()] if len(out) else pd.Series(dtype=str)
     order = {k: i for i, k in enumerate(routers)}
     return (out.assign(_o=out["router"].map(order)).sort_values(["_o", "experts", "n_active"])
             .drop(columns="_o").reset_index(drop=True))
-
-
-@dataclass(frozen=True)
-class Trend:
-    """``p = intercept + slope log10(N_active)`` fitted by OLS over ``n`` sizes of one router and E
-    (:func:`trends`), with the slope's 95% CI; ``n_min`` / ``n_max``: the sizes it rests on."""
-
-    router: str
-    experts: int
-    n: int
-    slope: float
-    slope_lo: float
-    slope_hi: float
-    intercept: float
-    n_min: float
-    n_max: float
-    result: Any = field(repr=False, compare=False)  # statsmodels' RegressionResults
-
-    def at(self, n_active, level: float = 0.95) -> pd.DataFrame:
-        """The line at ``n_active``: ``p``, its CI (``ci_lo``, ``ci_hi``), the prediction interval
-        of one new size (``pi_lo``, ``pi_hi``) and ``decades_out`` (log10 distance outside
-        ``[n_min, n_max]``; 0 inside): any readout with ``decades_out > 0`` is an extrapolation."""
-        n = np.atleast_1d(np.asarray(n_active, float))
-        x = np.log10(n)
-        sf = self.result.get_prediction(np.column_stack([np.ones_like(x), x])).summary_frame(alpha=1 - level)
-        out = np.maximum(np.log10(self.n_min) - x, 0) + np.maximum(x - np.log10(self.n_max), 0)
-        return pd.DataFrame({"n_active": n, "p": sf["mean"].to_numpy(), "ci_lo": sf["mean_ci_lower"].to_numpy(),
-                             "ci_hi": sf["mean_ci_upper"].to_numpy(), "pi_lo": sf["obs_ci_lower"].to_numpy(),
-                             "pi_hi": sf["obs_ci_upper"].to_numpy(), "decades_out": out})
-
-
-def trends(pos: pd.DataFrame, level: float = 0.95) -> dict:
-    """``{(router, E): Trend}`` over :func:`positions`' rows where p is defined; a router and E
-    with fewer than 3 such sizes (no interval) is left out. To fit over fewer sizes, pass fewer rows
-    (e.g. without the 370M, which sits below the 15-130M line for every router)."""
-    import statsmodels.api as sm
-
-    fits = {}
-    for (router, e), g in pos.dropna(subset=["p"]).groupby(["router", "experts"], sort=False):
-        if len(g) < 3:
-            continue
-        x = np.log10(g["n_active"].to_numpy(float))
-        res = sm.OLS(g["p"].to_numpy(float), sm.add_constant(x, has_constant="add")).fit()
-        b_lo, b_hi = np.asarray(res.conf_int(alpha=1 - level))[1]
-        fits[(router, int(e))] = Trend(router, int(e), len(g), float(res.params[1]), float(b_lo), float(b_hi),
-                                       float(res.params[0]), float(g["n_active"].min()),
-                                       float(g["n_active"].max()), res)
-    return fits
-
-
-def trend_table(fits: dict, sizes: dict) -> pd.DataFrame:
-    """Every trend read at ``sizes`` (``{label: N_active}``, e.g. this study's MoEs and the
-    paper's 14.77M): one row per router, E and size with the slope (and its CI) beside
-    :meth:`Trend.at`'s columns and ``readout`` ("inside Clark's sizes" or "extrapolated, x.xx
-    decades below / above Clark's sizes")."""
-    rows = []
-    for t in fits.values():
-        at = t.at(list(sizes.values())).assign(size=list(sizes))
-        at.insert(0, "router", t.router)
-        at.insert(1, "experts", t.experts)
-        at["slope"], at["slope_lo"], at["slope_hi"], at["fit_sizes"] = t.slope, t.slope_lo, t.slope_hi, t.n
-        at["readout"] = [("inside Clark's sizes" if d == 0 else
-                          f"extrapolated, {d:.2f} decades {'below' if n < t.n_min else 'above'} Clark's sizes")
-                         for n, d in zip(at["n_active"], at["decades_out"])]
-        rows.append(at)
-    cols = ["router", "experts", "size", "n_active", "p", "ci_lo", "ci_hi", "pi_lo", "pi_hi", "decades_out",
-            "readout", "slope", "slope_lo", "slope_hi", "fit_sizes"]
-    return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)
 
 
 def cells_from_gap_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -272,60 +253,6 @@ def position_against_size(study_cells: pd.DataFrame, pos: pd.DataFrame, routers:
     return pd.concat([study[cols], clark[cols], paper[cols]], ignore_index=True)
 
 
-def position_against_size_figure(table: pd.DataFrame, fits: dict, outdir=None,
-                                 name: str = "position_against_size"):
-    """p against active N (log x) from :func:`position_against_size`'s table: this study's cells
-    with their 95% CIs (black), Clark et al.'s points (colour: router; marker: E) with each trend
-    of ``fits`` (:func:`trends`) whose router and E the table shows, drawn over the whole x range
-    (dashed where extrapolated) with the 95% CI of the line as a band, the paper's point (star),
-    and lines at 0 (the active match) and 1 (the total match)."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    from studylib.study.analysis.plots import save_figure
-
-    fig, ax = plt.subplots(figsize=(8.5, 5.2))
-    clark = table[(table["kind"] == "Clark et al. 2022") & table["p"].notna()]
-    routers = list(dict.fromkeys(clark["router"]))
-    colours = dict(zip(routers, sns.color_palette("colorblind", len(routers))))
-    markers = {4: "o", 8: "s"}
-    if len(clark):
-        sns.scatterplot(data=clark.assign(E=clark["experts"].astype(int)), x="n_active", y="p", hue="router",
-                        hue_order=routers, palette=colours, style="E", markers=markers, s=60, ax=ax, zorder=3)
-    x = table.loc[table["p"].notna(), "n_active"].astype(float)
-    grid = np.logspace(np.log10(x.min()) - 0.2, np.log10(x.max()) + 0.2, 200)
-    shown = set(zip(clark["router"], clark["experts"].astype(int)))
-    for (router, e), t in fits.items():
-        if (router, e) not in shown:
-            continue
-        at = t.at(grid)
-        ls = "-" if e == 4 else "--"
-        inside = at["decades_out"] == 0
-        ax.plot(grid[inside], at["p"][inside], color=colours[router], ls=ls, lw=1.5)
-        ax.plot(grid, at["p"], color=colours[router], ls=ls, lw=0.8, alpha=0.6)
-        ax.fill_between(grid, at["ci_lo"], at["ci_hi"], color=colours[router], alpha=0.08 if e == 8 else 0.12, lw=0)
-    study = table[(table["kind"] == "this study") & table["p"].notna()]
-    if len(study):
-        yerr = np.vstack([study["p"] - study["p_lo"], study["p_hi"] - study["p"]]).clip(min=0)
-        ax.errorbar(study["n_active"], study["p"], yerr=np.nan_to_num(yerr), fmt="o", color="black", capsize=3,
-                    label="this study (95% CI)", zorder=4)
-    paper = table[table["kind"] == "the paper"]
-    ax.scatter(paper["n_active"], paper["p"], marker="*", s=220, color="crimson", edgecolor="black",
-               label=f"the paper ({PAPER_POSITION:.2f})", zorder=5)
-    for y, words in ((0.0, "active match"), (1.0, "total match")):
-        ax.axhline(y, color="grey", ls=":", lw=1)
-        ax.text(grid[0], y, f" {words}", va="bottom", ha="left", fontsize=8, color="grey")
-    ax.set_xscale("log")
-    ax.set_xlabel("active parameters N (log scale)")
-    ax.set_ylabel("position p between the dense matches")
-    ax.set_title("Position against size. Clark et al.'s trends: E = 4 solid, E = 8 dashed; band: 95% CI of the "
-                 "line; thin: extrapolated", fontsize=9)
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    save_figure(fig, name, outdir)
-    return fig
-
-
 def law_frame(last: pd.DataFrame, experts: Sequence[int] = EXPERTS, fit_sizes: Sequence[str] = FIT_SIZES,
               held_out: Sequence[str] = HELD_OUT_SIZES, loss: str = LOSS) -> pd.DataFrame:
     """Clark et al.'s plain dense runs and S-Base runs with ``experts`` experts (main setting: k 1,
@@ -343,21 +270,43 @@ def law_frame(last: pd.DataFrame, experts: Sequence[int] = EXPERTS, fit_sizes: S
     Tokens seen: every run trained the same number of steps, but the file gives neither the batch
     nor the tokens per step (``flops_per_step`` is a forward-FLOPs estimate whose ratio to 2N
     varies with size, so no token count follows from it): the frame has no token column, and only
-    the N part of a law can be fitted on it."""
+    the N part of a law can be fitted on it.
+
+    A size of ``fit_sizes`` or ``held_out`` without its plain dense runs or its S-Base runs at each
+    E of ``experts``: one :class:`ClarkDataError` line naming them (the law is not fitted around a hole)."""
     sizes = {**{s: "fit" for s in fit_sizes}, **{s: "held_out" for s in held_out}}
     dense = _plain_dense(last)
     moe = last[(last["router_type"] == "S-Base") & last["num_experts"].isin(experts) & _main_setting(last)]
+    lacking = [f"dense {s}" for s in sizes if not (dense["model_size_label"] == s).any()] + [
+        f"S-Base E = {e} at {s}" for s in sizes for e in experts
+        if not ((moe["model_size_label"] == s) & (moe["num_experts"] == e)).any()]
+    if lacking:
+        raise ClarkDataError(f"Clark et al.'s curves lack the law's runs: {', '.join(lacking)} (the fit on "
+                             f"{', '.join(fit_sizes)} and the held-out {', '.join(held_out)} need plain dense and "
+                             f"S-Base E = {', '.join(map(str, experts))} runs at each size): the law is not fitted")
     both = pd.concat([dense.assign(role="dense"), moe.assign(role="moe")])
     both = both[both["model_size_label"].isin(sizes)]
-    out = pd.DataFrame({"run": both["hyper_id"], "role": both["role"], "router": both["router_type"],
-                        "experts": both["num_experts"].astype(int), "size_label": both["model_size_label"],
-                        "seed": both["seed"], "n_active": both["dense_parameter_count"],
-                        "n_total": both["total_parameter_count"], "loss": both[loss], "step": both["step"],
-                        "split": both["model_size_label"].map(sizes)})
-    return out.sort_values(["role", "experts", "n_active", "seed"]).reset_index(drop=True)
+    out = pd.DataFrame({"role": np.where(both["role"] == "dense", "dense_active", "moe"),
+                        "size": both["model_size_label"], "seed": both["seed"].astype(int),
+                        "active": both["dense_parameter_count"].astype(float),
+                        "total": both["total_parameter_count"].astype(float), "tokens": SAME_TOKENS,
+                        "unique": SAME_TOKENS, "value": both[loss].astype(float),
+                        "split": both["model_size_label"].map(sizes), "experts": both["num_experts"].astype(int),
+                        "router": both["router_type"], "run": both["hyper_id"], "step": both["step"]})
+    return out.sort_values(["role", "experts", "active", "seed"]).reset_index(drop=True)
 
 
-__all__ = ["CLARK_DIR", "COLUMNS", "ClarkDataError", "EXPERTS", "FIT_SIZES", "HELD_OUT_SIZES", "LOSS", "ROUTERS",
-           "STUDY_COLUMNS", "Trend", "cells_from_gap_table", "clark_file", "dense_loss_at", "dense_sizes",
-           "last_evaluations", "law_frame", "load_curves", "position_against_size", "position_against_size_figure",
-           "positions", "trend_table", "trends"]
+def clark_runs(frame: pd.DataFrame, experts: int) -> pd.DataFrame:
+    """:func:`law_frame`'s dense runs and its S-Base runs with ``experts`` experts: the law's
+    :data:`~studylib.study.analysis.law.fit.COLUMNS` and ``split``."""
+    f = frame[(frame["role"] != "moe") | (frame["experts"] == experts)]
+    if not (f["role"] == "moe").any():
+        raise ValueError(f"clark law: no S-Base run with E = {experts} in the frame (E: "
+                         f"{sorted(frame.loc[frame['role'] == 'moe', 'experts'].unique())})")
+    return f[[*LAW_COLUMNS, "split"]].reset_index(drop=True)
+
+
+__all__ = ["CLARK_DIR", "COLUMNS", "ClarkDataError", "DENSE_SIZES", "EXPERTS", "FIT_SIZES", "HELD_OUT_SIZES", "LOSS",
+           "ROUTERS", "ROUTER_TYPES", "SAME_TOKENS", "STUDY_COLUMNS", "cells_from_gap_table", "clark_file",
+           "clark_runs", "dense_loss_at", "dense_sizes", "last_evaluations", "law_frame", "load_curves",
+           "position_against_size", "positions"]

@@ -1,9 +1,7 @@
-"""Checks of the joint law (issue #40, :mod:`.law_fit`): :func:`choose` (the form and R* shared or
-per role, by leaving each map cell out), :func:`held_out` (refitted without the largest size or
-each budget, the left-out cells' losses, gaps and position predicted) and :func:`paper_point` (the
-law at the paper's N and D, an extrapolation) and :func:`influence` (the runs that move it). The per-role laws are :mod:`.law_roles`'; the
-words :mod:`.law_words`'.
-"""
+"""Checks of the joint law (:mod:`.fit`), each refit through :func:`predict_held_out` (the one
+refit without some runs, and prediction of them): :func:`choose` (the form and R*, by leaving each map
+cell out), :func:`held_out` (without the largest size or each budget), :func:`paper_point` (the law
+at the paper's N and D, an extrapolation) and :func:`influence` (the runs that move it)."""
 from __future__ import annotations
 
 import math
@@ -12,15 +10,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from studylib.study.analysis.paper import PAPER_HEADLINE_TOKENS, PAPER_POSITION, PAPER_TABLE6
-from studylib.study.analysis.bootstrap import percentile_ci
-from studylib.study.analysis.position import position, position_row
-from studylib.study.comparisons.token_budget.gaps import PAPER_MODELS, close_groups, paper_params
-from studylib.study.comparisons.token_budget.knobs import ROLES
-from studylib.study.comparisons.token_budget.law_fit import (COLUMNS, HUBER_DELTA, JointLaw, fit_law, per_role_start,
+from studylib.study.analysis.bootstrap import percentile_ci, pooled_sd
+from studylib.study.analysis.paper import (PAPER_HEADLINE_TOKENS, PAPER_MODELS, PAPER_POSITION, PAPER_TABLE6,
+                                           paper_params)
+from studylib.study.analysis.position import ROLES, position, position_row
+from studylib.study.analysis.law.fit import (COLUMNS, HUBER_DELTA, JointLaw, fit_law, per_role_start,
                                                              runs_frame)
-from studylib.study.comparisons.token_budget.law_form import JOINT_FORMS, SIZE_FORM
-from studylib.study.comparisons.token_budget.plane import pooled_sd
+from studylib.study.analysis.law.bound import ON_BOUND, ON_WORTH, bound_note, paper_clip
+from studylib.study.analysis.law.form import JOINT_FORMS, SIZE_FORM
 
 #: what a held-out cell predicts, in this order
 QUANTITIES = ("loss_dense_active", "loss_moe", "loss_dense_total", "gap_active", "gap_total", "position")
@@ -69,28 +66,85 @@ def _rests_on(law: JointLaw, quantity: str, repeats: bool) -> tuple[list, list]:
     return [k for k in out if k not in law.on_bound], [k for k in out if k in law.on_bound]
 
 
-#: what a prediction resting on a parameter held on its bound carries instead of an interval (every
-#: replicate holds it there too: the width left is the other parameters', not the law's)
-ON_BOUND = ": on the bound, no interval"
-
-
-def bound_note(law: JointLaw, names) -> str:
-    """"lambda held at its bound 0 by the fit" for ``names`` in ``law.on_bound`` ('' for none)."""
-    return "; ".join(f"{k} held at its bound {law.on_bound[k]:g} by the fit" for k in names)
-
-
-def _trio_draws(law: JointLaw, trio: pd.DataFrame, tokens: float, unique: float):
-    """(the three roles' fitted losses, their seed-bootstrap replicates n_boot x 3) at one cell;
-    ``trio``: ``active``, ``total`` indexed by role."""
-    t = trio.reindex(list(ROLES))
-    b = law.at(list(ROLES), t["active"], t["total"], [tokens] * 3, [unique] * 3)
-    return b.point, b.draws
-
-
 def _per_size_active(df: pd.DataFrame) -> pd.Series:
     """Each size's N_active: its MoE's (its dense active-match's where it has no MoE)."""
     order = df["role"].map({"moe": 0, "dense_active": 1, "dense_total": 2})
     return df.assign(o=order).sort_values("o", kind="stable").groupby("size")["active"].first()
+
+
+def close_groups(values, rel: float = 0.02) -> list[list[float]]:
+    """The distinct ``values``, ascending, in groups: each within ``rel`` (relative) of its group's first."""
+    groups: list[list[float]] = []
+    for x in np.unique(np.asarray(values, dtype=float)):
+        if groups and x <= groups[-1][0] * (1 + rel):
+            groups[-1].append(x)
+        else:
+            groups.append([x])
+    return groups
+
+
+# the one held-out prediction
+def _budgets(df: pd.DataFrame) -> list:
+    """[(label, mask of the rows)] per budget: the rows' tokens per active parameter of their size,
+    within 2% of each other one budget (a repeated cell's steps round apart), named by the largest
+    (the full-data budget)."""
+    tpp = df["tokens"] / df["size"].map(_per_size_active(df))
+    return [(f"{g[-1]:.3g} tokens/param", tpp.isin(g).to_numpy()) for g in close_groups(tpp)]
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """:func:`predict_held_out`'s answer: ``law`` refitted without the held-out runs; ``cells``, one
+    row per held-out map cell and role present there (``map_cell``, ``size``, ``role``, ``active``,
+    ``total``, ``tokens``, ``unique``, ``n`` runs, ``measured``: their mean loss, ``log_measured``:
+    their mean log loss, ``sd``: the noise's sd); ``point``: the refit's loss there; ``draws``: its seed
+    replicates plus the noise of a mean of ``n`` runs at ``sd`` (n_boot x rows)."""
+
+    law: JointLaw
+    cells: pd.DataFrame
+    point: np.ndarray
+    draws: np.ndarray
+
+
+def predict_held_out(df: pd.DataFrame, held, form: str, per_role_rstar: bool = False, n_boot: int = 0,
+                     level: float = 0.95, seed: int = 0, start=None, rng=None, **fit_kwargs) -> HeldOut:
+    """The law refitted on the runs of ``df`` (:func:`~.fit.runs_frame`) outside the mask ``held``
+    (``n_boot`` seed replicates; from ``start``, an optimum, where given; ``fit_kwargs``: the rest of
+    :func:`~.fit.fit_law`'s) and each held-out map cell's roles predicted. The one noise model: a
+    role's measured mean is a mean of its ``n`` runs, whose spread is the refit runs' pooled
+    within-cell sd at that cell's budget (all the refit runs where that budget has none: the spread
+    is budget-dependent, up to 0.13 bits per byte where a run stalls); drawn from ``rng`` per cell
+    (none without replicates). A refit that fails raises its ValueError."""
+    held, budgets = np.asarray(held, dtype=bool), _budgets(df)
+    df = df.assign(budget=np.select([m for _, m in budgets], list(range(len(budgets)))))
+    train, test = df[~held], df[held]
+    law = fit_law(train[list(COLUMNS)], form, per_role_rstar, n_boot=n_boot, n_boot_cell=0, level=level, seed=seed,
+                  start=start, **fit_kwargs)
+    every = pooled_sd(train)
+    cells, points, draws = [], [], []
+    for c, cell in test.groupby("map_cell"):
+        g = cell.groupby("role")
+        roles = [r for r in ROLES if r in g.groups]
+        trio, n = g[["active", "total"]].first().reindex(roles), g.size().reindex(roles).to_numpy(float)
+        d, u = float(cell["tokens"].iloc[0]), float(cell["unique"].iloc[0])
+        same = pooled_sd(train[train["budget"] == cell["budget"].iloc[0]])
+        sd = every if math.isnan(same) else same
+        b = law.at(roles, trio["active"], trio["total"], [d] * len(roles), [u] * len(roles))
+        reps = b.draws if not len(b.draws) or rng is None else \
+            b.draws + rng.normal(0.0, 1.0, b.draws.shape) * sd / np.sqrt(n)
+        cells.append(pd.DataFrame({"map_cell": c, "size": cell["size"].iloc[0], "role": roles,
+                                   "active": trio["active"].to_numpy(), "total": trio["total"].to_numpy(),
+                                   "tokens": d, "unique": u, "n": n.astype(int),
+                                   "measured": g["value"].mean().reindex(roles).to_numpy(),
+                                   "log_measured": np.log(cell["value"]).groupby(cell["role"]).mean()
+                                   .reindex(roles).to_numpy(), "sd": sd}))
+        points.append(b.point)
+        draws.append(reps)
+    empty = pd.DataFrame(columns=["map_cell", "size", "role", "active", "total", "tokens", "unique", "n", "measured",
+                                  "log_measured", "sd"])
+    return HeldOut(law, pd.concat(cells, ignore_index=True) if cells else empty,
+                   np.concatenate(points) if points else np.zeros(0),
+                   np.concatenate(draws, axis=1) if draws else np.zeros((n_boot, 0)))
 
 
 # the form and R*, by leaving each map cell out
@@ -127,16 +181,12 @@ def choice_sentence(errors: pd.DataFrame) -> str:
 
 def _loo_mse(df: pd.DataFrame, full: JointLaw, delta: float) -> float:
     """The mean squared error of each map cell's roles' mean log L, refitted without the cell from
-    ``full``'s optimum."""
+    ``full``'s optimum (:func:`predict_held_out`)."""
     err = []
     for c in np.unique(df["map_cell"]):
-        left = df[df["map_cell"] == c]
-        law = fit_law(df.loc[df["map_cell"] != c, list(COLUMNS)], full.form, full.per_role_rstar, n_boot=0,
-                      n_boot_cell=0, huber_delta=delta, start=full.theta)
-        g = left.groupby("role")
-        point = law.at(list(g.groups), g["active"].first(), g["total"].first(), left["tokens"].iloc[0],
-                       left["unique"].iloc[0]).point
-        err += list((np.log(left["value"]).groupby(left["role"]).mean().to_numpy() - np.log(point)) ** 2)
+        h = predict_held_out(df, df["map_cell"] == c, full.form, full.per_role_rstar, start=full.theta,
+                             huber_delta=delta)
+        err += list((h.cells["log_measured"].to_numpy() - np.log(h.point)) ** 2)
     return float(np.mean(err))
 
 
@@ -189,35 +239,34 @@ def held_out_verdict(table: pd.DataFrame, by: str, level: float = 0.95) -> str:
 
 
 def _groups(df: pd.DataFrame, by: str) -> list:
-    """[(label, mask of the held-out rows)]: the largest size, or each budget: the rows' tokens per
-    active parameter of their size, within 2% of each other one budget (a repeated cell's steps
-    round apart), named by the largest (the full-data budget)."""
-    act = _per_size_active(df)
+    """[(label, mask of the held-out rows)]: the largest size, or each budget (:func:`_budgets`)."""
     if by == "budget":
-        tpp = df["tokens"] / df["size"].map(act)
-        return [(f"{g[-1]:.3g} tokens/param", tpp.isin(g).to_numpy()) for g in close_groups(tpp)]
+        return _budgets(df)
     if by != "size":
         raise ValueError(f"held_out: by must be 'size' or 'budget', not {by!r}")
+    act = _per_size_active(df)
     big = act.idxmax()
     return [(f"size {big} (N_active {act[big]:.3g})", (df["size"] == big).to_numpy())] if len(act) > 1 else []
 
 
-def _cell_rows(law, cell, s, label, level, rng):
-    """The rows of one held-out map cell (all three roles' seeds) predicted by ``law``."""
-    g = cell.groupby("role")
-    trio, n = g[["active", "total"]].first(), g.size().reindex(list(ROLES))
-    meas = g["value"].mean().reindex(list(ROLES)).to_numpy()
+def _cell_rows(h: HeldOut, cell: pd.DataFrame, label: str, level: float) -> list:
+    """The rows of one held-out map cell (all three roles' seeds) from its :func:`predict_held_out`."""
+    k = (h.cells["map_cell"] == cell["map_cell"].iloc[0]).to_numpy()
+    c = h.cells[k].set_index("role")
+    pick = [list(c.index).index(r) if r in c.index else None for r in ROLES]
+    col = lambda x: np.stack([x[..., i] if i is not None else np.full(x.shape[:-1], math.nan)  # noqa: E731
+                              for i in pick], axis=-1)
+    point, sims = col(h.point[k]), col(h.draws[:, k])
+    n, meas = c["n"].reindex(list(ROLES)), c["measured"].reindex(list(ROLES)).to_numpy()
     d, u = float(cell["tokens"].iloc[0]), float(cell["unique"].iloc[0])
     base = {"held_out": label, "size": cell["size"].iloc[0], "tokens": d, "unique": u, "passes": d / u,
             "tokens_per_param": float(cell["tpp"].iloc[0])}
-    point, reps = _trio_draws(law, trio, d, u)
-    sims = reps + rng.normal(0.0, 1.0, reps.shape) * s / np.sqrt(n.to_numpy(float))
     pq, sq, mq = _quantities(point), _quantities(sims), _quantities(meas)
     pos = cell_position(cell, level=level)
     rows = []
     for q in QUANTITIES:
         lo, hi = percentile_ci(sq[q][:, None], level)
-        miss, held = _rests_on(law, q, d > u)
+        miss, held = _rests_on(h.law, q, d > u)
         note = (f"not identified without these cells: {', '.join(miss)}" if miss else
                 "a role has no run here" if not np.isfinite(mq[q]) and q != "position" else
                 pos["position_reason"] if q == "position" and not pos["position_defined"] else
@@ -227,7 +276,7 @@ def _cell_rows(law, cell, s, label, level, rng):
                      "predicted": float(pq[q]) if not miss else math.nan, "pi_low": float(lo[0]) if ok else math.nan,
                      "pi_high": float(hi[0]) if ok else math.nan,
                      "inside": bool(ok and lo[0] <= mq[q] <= hi[0]), "checked": ok,
-                     "note": note or bound_note(law, held)})
+                     "note": note or bound_note(h.law, held)})
     return rows
 
 
@@ -236,13 +285,10 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
     """One row per held-out cell and quantity (measured, predicted, pi_low, pi_high, inside,
     ``checked``: the refit identifies what it rests on or holds it on a bound; note; by): the law
     refitted without the largest size (``by="size"``) or each budget in turn (``"budget"``, its
-    repeated cells too), the interval its seed bootstrap plus the noise of a mean of the cell's
-    seeds per role at the refit data's pooled within-cell sd at that budget (all its cells where
-    none is: the spread is budget-dependent, up to 0.13 bits per byte where a run stalls)."""
+    repeated cells too) and each left-out cell predicted (:func:`predict_held_out`: its seed
+    bootstrap plus the noise of a mean of the cell's seeds)."""
     df = runs_frame(runs, "held_out")
     df["tpp"] = df["tokens"] / df["size"].map(_per_size_active(df))
-    budgets = [m for _, m in _groups(df, "budget")]
-    df["budget"] = np.select(budgets, list(range(len(budgets))))
     rng, rows = np.random.default_rng(seed), []
     groups = _groups(df, by)
     if len(groups) < (1 if by == "size" else 2):  # one size, or one budget: nothing left to fit on
@@ -250,18 +296,14 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
                 "note": f"the map has one {by}: nothing to hold out"}
         return pd.DataFrame([none]).assign(by=by)
     for label, mask in groups:
-        train = df[~mask]
         try:
-            law = fit_law(train[list(COLUMNS)], form, per_role_rstar, n_boot=n_boot, n_boot_cell=0, level=level,
-                          seed=seed)
+            h = predict_held_out(df, mask, form, per_role_rstar, n_boot=n_boot, level=level, seed=seed, rng=rng)
         except ValueError as e:
             rows += [{"held_out": label, "quantity": q, "checked": False, "inside": False, "note": str(e)}
                      for q in QUANTITIES]
             continue
-        pooled = pooled_sd(train)
         for _, cell in df[mask].groupby("map_cell"):
-            same = pooled_sd(train[train["budget"] == cell["budget"].iloc[0]])
-            rows += _cell_rows(law, cell, pooled if math.isnan(same) else same, label, level, rng)
+            rows += _cell_rows(h, cell, label, level)
     return pd.DataFrame(rows).assign(by=by)
 
 
@@ -269,33 +311,41 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
 def _at_paper(law: JointLaw) -> tuple[dict, dict]:
     """:data:`QUANTITIES` of ``law`` at the paper's three models (Table 5) and 426.3M fresh tokens, and
     of its seed replicates."""
-    trio = pd.DataFrame([paper_params(r) for r in ROLES], index=list(ROLES), columns=["active", "total"])
-    return tuple(_quantities(x) for x in _trio_draws(law, trio, PAPER_HEADLINE_TOKENS, PAPER_HEADLINE_TOKENS))
+    active, total = zip(*(paper_params(r) for r in ROLES))
+    b = law.at(list(ROLES), active, total, [PAPER_HEADLINE_TOKENS] * 3, [PAPER_HEADLINE_TOKENS] * 3)
+    return _quantities(b.point), _quantities(b.draws)
 
 
 def paper_point(law: JointLaw) -> pd.DataFrame:
     """``law`` at the paper's N (Table 5) and D (426.3M fresh tokens): one row per quantity (lambda
     or m, the losses, gaps, position, ordering, decades beyond the largest measured MoE) with the
-    seed-bootstrap interval, the paper's position (``paper``, ``paper_inside``), identified, reason."""
+    seed-bootstrap interval, the paper's position (``paper``, ``paper_inside``), identified, reason.
+    What rests on a bound (a parameter held on its bound; a size form's lambda(N) clipped there,
+    :func:`~.bound.paper_clip`) keeps its value with no interval, its reason ending :data:`ON_BOUND`."""
     pq, dq = _at_paper(law)
     decades = math.log10(paper_params("moe")[0] / law.largest_moe_active)
     mix = law.coefs[law.mix]
     rows = [{"quantity": mix.name, "estimate": law.on_bound.get(mix.name, mix.estimate), "ci_low": mix.ci_low,
              "ci_high": mix.ci_high, "identified": mix.identified, "reason": mix.reason}]
-    for q in QUANTITIES:  # one resting on a parameter held on its bound: the constrained fit's value, no interval
+    cover, clip = paper_clip(law)
+    for q in QUANTITIES:  # one resting on a bound (a parameter's, lambda(N)'s clip): its value, no interval
         miss, held = _rests_on(law, q, False)
-        lo, hi = (float(x[0]) if not (miss or held) else math.nan
+        bound = [bound_note(law, held)] * bool(held) + [clip] * bool(clip and q in ON_WORTH)
+        unknown = f"{', '.join(miss)} not identified by this map" if miss else cover if q in ON_WORTH else ""
+        lo, hi = (float(x[0]) if not (unknown or bound) else math.nan
                   for x in percentile_ci(dq[q][:, None], law.level))
-        rows.append({"quantity": q, "estimate": math.nan if miss else float(pq[q]), "ci_low": lo, "ci_high": hi,
-                     "identified": not miss, "reason": f"{', '.join(miss)} not identified by this map" if miss else
-                     bound_note(law, held) + (ON_BOUND if held else "")})
-    rows[-1].update(paper=PAPER_POSITION, paper_inside=bool(lo <= PAPER_POSITION <= hi) if lo == lo else None)
-    ok = all(r["identified"] for r in rows[1:4])
-    open_ = [r["quantity"] for r in rows[4:6] if r["ci_low"] != r["ci_low"]]
-    unresolved = [r["quantity"] for r in rows[4:6] if r["ci_low"] == r["ci_low"] and r["ci_low"] <= 0 <= r["ci_high"]]
+        rows.append({"quantity": q, "estimate": math.nan if unknown else float(pq[q]), "ci_low": lo, "ci_high": hi,
+                     "identified": not unknown, "reason": unknown or "; ".join(bound) + (ON_BOUND if bound else "")})
+    by = {r["quantity"]: r for r in rows}
+    by["position"].update(paper=PAPER_POSITION, paper_inside=bool(lo <= PAPER_POSITION <= hi) if lo == lo else None)
+    ok = all(by[f"loss_{r}"]["identified"] for r in ROLES)
+    gaps = [by[q] for q in ("gap_active", "gap_total")]
+    open_ = [r["quantity"] for r in gaps if r["ci_low"] != r["ci_low"]]
+    unresolved = [r["quantity"] for r in gaps if r["ci_low"] == r["ci_low"] and r["ci_low"] <= 0 <= r["ci_high"]]
     why = "; ".join([f"the {' and '.join(unresolved)} interval includes 0"] * bool(unresolved)
                     + [f"{' and '.join(open_)} {'carries' if len(open_) == 1 else 'carry'} no interval"] * bool(open_))
-    rows.append({"quantity": "ordering", "identified": ok, "reason": f"not resolved: {why}" if ok and why else "",
+    rows.append({"quantity": "ordering", "identified": ok, "reason": f"not resolved: {why}" if ok and why else
+                 "" if ok else cover,
                  "note": " < ".join(sorted(ROLES, key=lambda r: pq[f"loss_{r}"])) if ok else "",
                  "paper_note": " < ".join(sorted(ROLES, key=lambda r: PAPER_TABLE6[PAPER_MODELS[r]].mean()))})
     rows.append({"quantity": "decades", "estimate": decades, "identified": True,
@@ -328,8 +378,7 @@ def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
                           position_without=math.nan, note="")
     for i in range(len(df)):
         try:
-            refit = fit_law(df.drop(index=i)[list(COLUMNS)], law.form, law.per_role_rstar, n_boot=0, n_boot_cell=0,
-                            start=law.theta)
+            refit = predict_held_out(df, df.index == i, law.form, law.per_role_rstar, start=law.theta).law
             out.loc[i, "position_without"] = float(_at_paper(refit)[0]["position"])
         except ValueError as e:
             out.loc[i, "note"] = str(e)
@@ -338,6 +387,6 @@ def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
     return out
 
 
-__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "CANDIDATES", "cell_position", "Choice", "choice_sentence", "choose",
-           "held_out_verdict", "held_out", "paper_point",
+__all__ = ["QUANTITIES", "ON_BOUND", "PASS_SHARE", "TIE", "CANDIDATES", "cell_position", "Choice", "choice_sentence",
+           "choose", "held_out_verdict", "held_out", "paper_point", "HeldOut", "predict_held_out", "close_groups",
            "RESIDUAL_LIMIT", "influence"]

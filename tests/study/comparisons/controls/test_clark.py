@@ -1,4 +1,4 @@
-"""Clark et al. 2022's curves (studylib.study.analysis.clark): the position p between the dense
+"""Clark et al. 2022's curves (studylib.study.comparisons.controls.clark): the position p between the dense
 matches reproduces SOURCE.md's figures on the shared file, is exact on a synthetic dense law that
 is linear in log N, and bad input gives one clear error naming the file."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from studylib.study.analysis import clark
+from studylib.study.comparisons.controls import clark, clark_tables
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_POSITION
 from conftest import ROOT
 
@@ -68,13 +68,13 @@ def test_the_file_shapes_the_method_rests_on(last):
 
 def test_the_law_frame_splits_15_55m_from_130m(last):
     f = clark.law_frame(last)
-    assert set(f.loc[f["split"] == "fit", "size_label"]) == {"15M", "25M", "55M"}
-    assert set(f.loc[f["split"] == "held_out", "size_label"]) == {"130M"}
-    assert f.groupby("role").size().to_dict() == {"dense": 6, "moe": 8}  # 130M dense: 3 seeds
+    assert set(f.loc[f["split"] == "fit", "size"]) == {"15M", "25M", "55M"}
+    assert set(f.loc[f["split"] == "held_out", "size"]) == {"130M"}
+    assert f.groupby("role").size().to_dict() == {"dense_active": 6, "moe": 8}  # 130M dense: 3 seeds
     assert set(f["router"]) == {"Dense", "S-Base"} and set(f.loc[f["role"] == "moe", "experts"]) == {4, 8}
-    assert (f["step"] == 249_000).all()
-    d = f[f["role"] == "dense"]
-    assert (d["n_active"] == d["n_total"]).all() and (f["n_total"] >= f["n_active"]).all()
+    assert (f["step"] == 249_000).all() and (f["tokens"] == f["unique"]).all()
+    d = f[f["role"] == "dense_active"]
+    assert (d["active"] == d["total"]).all() and (f["total"] >= f["active"]).all()
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_trend_matches_scipy_linregress_and_reads_out_with_its_intervals():
     n = np.array([1.5e7, 2.5e7, 5.5e7, 1.3e8, 3.7e8])
     p = 0.2 + 0.06 * np.log10(n) + rng.normal(0, 0.02, n.size)
     pos = pd.DataFrame({"router": "S-Base", "experts": 4, "n_active": n, "p": p})
-    t = clark.trends(pos)[("S-Base", 4)]
+    t = clark_tables.trends(pos)[("S-Base", 4)]
     ref = stats.linregress(np.log10(n), p)
     half = stats.t.ppf(0.975, n.size - 2) * ref.stderr
     assert (t.slope, t.slope_lo, t.slope_hi) == pytest.approx((ref.slope, ref.slope - half, ref.slope + half))
@@ -154,10 +154,10 @@ def test_trend_matches_scipy_linregress_and_reads_out_with_its_intervals():
     assert ((at["pi_lo"] < at["ci_lo"]) & (at["ci_lo"] < at["p"]) & (at["p"] < at["ci_hi"])
             & (at["ci_hi"] < at["pi_hi"])).all()
     assert at["decades_out"].to_numpy() == pytest.approx([np.log10(1.5e7 / 1e5), 0.0])
-    tab = clark.trend_table({("S-Base", 4): t}, {"0.1M": 1e5, "50M": 5e7})
+    tab = clark_tables.trend_table({("S-Base", 4): t}, {"0.1M": 1e5, "50M": 5e7})
     assert list(tab["readout"]) == ["extrapolated, 2.18 decades below Clark's sizes", "inside Clark's sizes"]
     two = pos.iloc[:2]
-    assert clark.trends(two) == {}  # two sizes: no interval, no trend
+    assert clark_tables.trends(two) == {}  # two sizes: no interval, no trend
 
 
 def test_position_against_size_holds_every_source_and_the_figure_draws_them():
@@ -170,9 +170,9 @@ def test_position_against_size_holds_every_source_and_the_figure_draws_them():
     paper = tab[tab["kind"] == "the paper"].iloc[0]
     assert (paper["n_active"], paper["p"]) == (PAPER_ACTIVE_PARAMS, PAPER_POSITION)
     assert tab.loc[tab["kind"] == "this study", "p"].tolist() == [-0.36, 0.03]
-    fits = clark.trends(pd.DataFrame({"router": "S-Base", "experts": 4, "n_active": [1e6, 1e7, 1e8],
+    fits = clark_tables.trends(pd.DataFrame({"router": "S-Base", "experts": 4, "n_active": [1e6, 1e7, 1e8],
                                       "p": [0.5, 0.6, 0.72]}))
-    ax = clark.position_against_size_figure(tab, fits).axes[0]
+    ax = clark_tables.position_against_size_figure(tab, fits).axes[0]
     assert ax.get_xscale() == "log"
     assert {0.0, 1.0} <= {ln.get_ydata()[0] for ln in ax.get_lines() if len(set(ln.get_ydata())) == 1}
     assert len(ax.containers) == 1  # this study's error bars
@@ -221,3 +221,152 @@ def test_study_cells_without_a_named_column_are_one_error():
     with pytest.raises(ValueError, match=r"study_cells: missing column\(s\) \['p_lo', 'p_hi'\]"):
         clark.position_against_size(pd.DataFrame({"n_active": [1.0], "p": [0.1], "source": ["x"]}),
                                     clark.positions(clark.last_evaluations(_synthetic()[0])))
+
+
+# --------------------------------------------------------------------------------------------
+# the study's law fitted on Clark's runs
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def clark_fits():
+    if not SHARED.is_file():
+        pytest.skip(f"Clark et al. 2022's curves are not on this machine ({SHARED}; see SOURCE.md beside it)")
+    last = clark.last_evaluations(clark.load_curves(SHARED))
+    frame = clark.law_frame(last)
+    return last, frame, clark_tables.fit_all(frame, n_boot=0)
+
+
+def test_the_fitter_on_clarks_runs(clark_fits):
+    """On Clark's 15-55M dense and S-Base runs: every parameter fitted, with no interval (one run
+    per model and size, said); the size form's p at the fit sizes within 0.12 of the p computed
+    directly from the runs (an independent computation: interpolated dense losses), the one-lambda
+    form's lambda within 0.1 of the direct p's mean at the fit sizes; the 130M predicted within
+    0.05 nats of the measured loss (the dense 130M's seed sd is 0.0007)."""
+    last, frame, fits = clark_fits
+    params = clark_tables.clark_law_table(fits)
+    assert set(params["experts"]) == {4, 8} and params["identified"].all() and params["ci_low"].isna().all()
+    assert params["reason"].str.contains("one seed").all()
+    pos = clark_tables.clark_positions_table(fits, frame, last)
+    fit_rows = pos[(pos["split"] == "fit")]
+    assert (fit_rows.loc[fit_rows["form"] == "n_lambda_size", "difference"].abs() < 0.12).all(), pos
+    for e in (4, 8):
+        lam = params.set_index(["experts", "form", "parameter"]).loc[(e, "n_lambda", "lambda"), "estimate"]
+        assert lam == pytest.approx(fit_rows.loc[fit_rows["experts"] == e, "p_direct"].mean(), abs=0.1)
+    held = clark_tables.clark_held_out_table(fits, frame)
+    assert set(held["size_label"]) == {"130M"} and (held["error"].abs() < 0.05).all()
+    assert held.loc[held["role"] == "dense", "runs"].eq(3).all() and held["ci_low"].isna().all()
+    assert len(clark_tables.clark_law_sentences(params, pos, held)) == 4
+
+
+def test_the_clark_law_rejects_a_form_with_a_d_term():
+    with pytest.raises(ValueError, match="no D term"):
+        clark_tables.fit_clark(pd.DataFrame(), 4, form="lambda")
+
+
+def test_clark_tables_hold_every_table_notebook_13_saves(clark_fits):
+    """Without a map table: Clark's rows and the paper only, the trend read at the paper's size."""
+    last, _, _ = clark_fits
+    t = clark_tables.clark_tables(last, None)
+    assert set(t) >= {clark_tables.CLARK_POSITIONS, clark_tables.POSITION_AGAINST_SIZE, clark_tables.CLARK_TREND, clark_tables.CLARK_LAW_FIT,
+                      clark_tables.CLARK_LAW_POSITIONS, clark_tables.CLARK_LAW_HELD_OUT, "trends"}
+    against = t[clark_tables.POSITION_AGAINST_SIZE]
+    assert "this study" not in set(against["kind"]) and (against["kind"] == "the paper").sum() == 1
+    assert set(t[clark_tables.CLARK_TREND]["size"]) == {"the paper"}
+
+
+def test_clark_section_says_why_without_the_file_or_the_map(tmp_path):
+    tables, why = clark_tables.clark_section(tmp_path, "token_budget_gaps", tmp_path / "absent.csv.gz")
+    assert tables is None and "absent.csv.gz" in why and "missing" in why
+    if SHARED.is_file():
+        tables, note = clark_tables.clark_section(tmp_path, "token_budget_gaps", SHARED)
+        assert set(clark_tables.TABLES) <= set(tables) and "notebook 09 did not run" in note
+
+
+# --------------------------------------------------------------------------------------------
+# the shared file with holes or bad numbers (issue #57): refused where the method needs what is missing
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def curves() -> pd.DataFrame:
+    if not SHARED.is_file():
+        pytest.skip(f"Clark et al. 2022's curves are not on this machine ({SHARED}; see SOURCE.md beside it)")
+    return pd.read_csv(SHARED)
+
+
+def _write(tmp_path, curves: pd.DataFrame):
+    path = tmp_path / "curves.csv.gz"
+    curves.to_csv(path, index=False)
+    return path
+
+
+def _last_row(curves: pd.DataFrame, router: str, size: str) -> int:
+    """The row of the last evaluation of the first ``router`` run of ``size``."""
+    last = curves.sort_values(["hyper_id", "step"]).groupby("hyper_id").tail(1)
+    return int(last.index[(last["router_type"] == router) & (last["model_size_label"] == size)][0])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_nan_or_inf_loss_the_method_reads_is_one_error_naming_the_file_and_row(tmp_path, curves, bad):
+    """The complete file holds 8 NaN losses one step before their runs' last evaluations (read
+    without complaint); one at a last evaluation (the dense 130M's) is refused in one line naming
+    the file and its line, and the section says the curves are not used."""
+    df = curves.copy()
+    i = _last_row(df, "Dense", "130M")
+    df.loc[i, "loss_validation"] = bad
+    path = _write(tmp_path, df)
+    with pytest.raises(clark.ClarkDataError) as e:
+        clark.load_curves(path)
+    msg = str(e.value)
+    where = f"line {i + 2} (hyper_id {df.at[i, 'hyper_id']}, step 249000)"
+    assert "\n" not in msg and str(path) in msg and "NaN or infinite loss_validation" in msg and where in msg, msg
+    with gzip.open(path, "rt") as f:
+        line = f.read().splitlines()[i + 1].split(",")
+    assert line[0] == str(df.at[i, "hyper_id"]) and line[list(df.columns).index("loss_validation")] in ("", "inf")
+    tables, why = clark_tables.clark_section(tmp_path, "token_budget_gaps", path)
+    assert tables is None and why == f"Clark et al.'s curves are not used: {msg}"
+
+
+def test_curves_without_s_base_rows_are_one_error_naming_the_file(tmp_path, curves):
+    path = _write(tmp_path, curves[curves["router_type"] != "S-Base"])
+    tables, why = clark_tables.clark_section(tmp_path, "token_budget_gaps", path)
+    assert tables is None and "\n" not in why
+    assert why == (f"Clark et al.'s curves are not used: {path}: no rows with router_type S-Base (the method reads "
+                   f"Dense, S-Base, Hash, RL-R)")
+
+
+def test_a_missing_dense_size_gives_no_position_across_it_and_no_law(tmp_path, curves, last):
+    """Without the plain dense 130M runs, the dense loss at 107M-248M would be interpolated from
+    55M to 370M (S-Base E = 4 at 130M: 0.75 -> 0.83; Hash 0.40 -> 0.51): the routed sizes that
+    need it get no p and say which dense size is missing, the others keep theirs, and the law
+    (fitted on 15-55M, 130M held out) is not fitted, in one line naming what is missing."""
+    path = _write(tmp_path, curves[~((curves["router_type"] == "Dense") & (curves["model_size_label"] == "130M"))])
+    tables, note = clark_tables.clark_section(tmp_path, "token_budget_gaps", path)
+    pos = tables[clark_tables.CLARK_POSITIONS].set_index(["router", "experts", "size_label"])
+    full = clark.positions(last).set_index(["router", "experts", "size_label"])
+    for key in (("S-Base", 4, "130M"), ("Hash", 4, "130M"), ("S-Base", 4, "55M")):
+        assert math.isnan(pos.loc[key, "p"]) and pos.loc[key, "note"].startswith(
+            "the plain dense 130M is missing from Clark's curves"), pos.loc[key]
+    for key in (("S-Base", 4, "15M"), ("S-Base", 4, "25M"), ("Hash", 4, "370M")):
+        assert pos.loc[key, "p"] == full.loc[key, "p"] and pos.loc[key, "note"] == ""
+    refused = ("Clark et al.'s curves lack the law's runs: dense 130M (the fit on 15M, 25M, 55M and the held-out "
+               "130M need plain dense and S-Base E = 4, 8 runs at each size): the law is not fitted")
+    assert tables["law_refused"] == refused and note.endswith("; " + refused)
+    for name in (clark_tables.CLARK_LAW_FIT, clark_tables.CLARK_LAW_POSITIONS, clark_tables.CLARK_LAW_HELD_OUT):
+        assert tables[name].empty and list(tables[name].columns) == list(clark_tables.LAW_COLUMNS[name])
+
+
+def test_a_missing_fit_size_is_refused_by_the_law(tmp_path, curves):
+    """Without every 25M run, the size form was fitted on two sizes ("no parameter identified") and
+    still printed a 130M value: now the law is refused, naming the dense and S-Base runs it lacks,
+    and the 15M routed runs, whose total N lies across the missing 25M, get no p."""
+    last = clark.last_evaluations(clark.load_curves(_write(tmp_path, curves[curves["model_size_label"] != "25M"])))
+    with pytest.raises(clark.ClarkDataError, match=r"lack the law's runs: dense 25M, S-Base E = 4 at 25M, S-Base E = "
+                                                    r"8 at 25M \(the fit on 15M, 25M, 55M"):
+        clark.law_frame(last)
+    pos = clark.positions(last).set_index(["router", "experts", "size_label"])
+    assert math.isnan(pos.loc[("S-Base", 4, "15M"), "p"]) and "dense 25M is missing" in pos.loc[("S-Base", 4, "15M"), "note"]
+
+
+def test_the_complete_file_misses_no_expected_size(last):
+    """Every plain dense size the method expects is in the file, and no position says one is missing."""
+    assert tuple(clark.dense_sizes(last)["size_label"]) == clark.DENSE_SIZES
+    assert not clark.positions(last)["note"].str.contains("missing").any()
+    assert len(clark.law_frame(last))
