@@ -148,6 +148,19 @@ def test_each_point_left_out_of_the_loss_law_is_predicted_or_said_unchecked():
     assert f"Left out one at a time, {int(loo['inside'].sum())} of 9 checked points" in words[0]
 
 
+def test_a_left_out_points_interval_carries_the_noise_of_its_budget():
+    """The per-role check goes through the law's one held-out prediction: seeds that scatter 10x
+    more at 1 token/param (a stalled run) widen that budget's left-out intervals, not those at 10
+    (the pooled sd of every other point, its noise until issue 54, widened both alike)."""
+    losses = _law_losses()
+    rng = np.random.default_rng(1)
+    stall = losses["tokens"] == losses["params"]
+    losses.loc[stall, "value"] *= np.exp(rng.normal(0, 0.03, stall.sum()))
+    loo = law_roles.role_loo_table(losses, {"moe": role_law(losses, n_boot=20)}, n_boot=40)
+    width = (loo["pi_high"] - loo["pi_low"]).groupby((loo["tokens"] / loo["params"]).round(1)).median()
+    assert width[1.0] > 3 * width[10.0], width
+
+
 def test_a_law_that_leaves_a_parameter_unidentified_is_not_refitted():
     one = _law_losses(sizes=(3e5,), tpps=(1.0, 3.5, 10.0, 28.9))
     laws = {"moe": role_law(one, n_boot=10)}
