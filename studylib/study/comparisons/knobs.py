@@ -170,9 +170,10 @@ class Study:
 
     @property
     def headline(self) -> tuple[str, str, str]:
-        """``study.headline`` (dense_active, MoE, dense_total); absent: one ConfigError line."""
-        return required(self.general.headline, "headline", self.preset, "a non-empty list of model names of "
-                                                                        "the preset")
+        """``study.headline`` (dense_active, MoE, dense_total), its roles checked by their parameter
+        counts (:func:`trio`); absent or not a trio: one ConfigError line."""
+        names = required(self.general.headline, "headline", self.preset, f"a trio {TRIO_SHAPE} of the preset")
+        return trio(list(names), "study.headline", Context.of(self.preset))
 
     @property
     def reference_moe(self) -> str:

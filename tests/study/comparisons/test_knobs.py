@@ -94,11 +94,21 @@ def test_a_trio_is_checked_by_its_parameter_counts_for_every_comparison_that_ask
             trio(names, "study.x", ctx)
 
 
+def test_the_headline_is_a_trio_checked_as_every_other():
+    """study.headline given in another order: every headline p mirrored until it was checked."""
+    models = {"dt": {"derive": "matched_total", "from": "moe"}}
+    assert C.study_of(preset_from_dict(tiny_raw(models=models, study={"headline": ["dense", "moe", "dt"]}))).headline \
+        == ("dense", "moe", "dt")
+    wrong = C.study_of(preset_from_dict(tiny_raw(models=models, study={"headline": ["dt", "moe", "dense"]})))
+    with pytest.raises(ConfigError, match=r"^study\.headline\[0\]: 'dt' has [\d,]+ active parameters"):
+        wrong.headline
+
+
 def test_the_study_section_reads_typed_and_survives_an_override():
-    raw = {"headline": ["dense", "moe"], "notebooks": ["01", 3], "noise_split": {"seeds": 2}, "jobs": 2}
-    p = preset_from_dict(tiny_raw(study=raw))
+    raw = {"headline": ["dense", "moe", "dense_t"], "notebooks": ["01", 3], "noise_split": {"seeds": 2}, "jobs": 2}
+    p = preset_from_dict(tiny_raw(models={"dense_t": {"derive": "matched_total", "from": "moe"}}, study=raw))
     s = C.study_of(p)
-    assert s.headline == ("dense", "moe") and s.general.notebooks == ("01", "03")
+    assert s.headline == ("dense", "moe", "dense_t") and s.general.notebooks == ("01", "03")
     assert s["headline"].noise_split == NoiseSplit(2) and s["headline"].noise_split.seeds == 2
     assert s.general.jobs == 2 and s.reference_moe == "moe" and s["ablation"].epochs == 1.0
     assert s["lr_sweep"].sweep is None and s["token_budget"].trios is None and s["throughput"].bench == {}

@@ -110,10 +110,11 @@ def test_frame_errors():
 # the preset knob
 # --------------------------------------------------------------------------------------------
 def _study(block, lr=3e-3, **train):
-    study = {"headline": ["dense", "moe"]}
+    study = {"headline": ["dense", "moe", "dense_t"]}
     if block is not None:
         study["lr_sweep"] = block
-    return study_of(tiny_preset(study=study, train={"lr": lr, "min_lr": lr / 10, **train}, seeds=[1, 2, 3]))
+    return study_of(tiny_preset(models={"dense_t": {"derive": "matched_total", "from": "moe"}}, study=study, train={"lr": lr, "min_lr": lr / 10, **train},
+                                seeds=[1, 2, 3]))
 
 
 def _spec(block, **kw):
@@ -162,9 +163,10 @@ def test_the_sweep_reuses_the_preset_runs_at_its_own_lr(tmp_path, monkeypatch):
             s.rundir.path.mkdir(parents=True, exist_ok=True)
             s.rundir.write_config(s.document())
             s.rundir.write_summary({"model": s.model, "seed": s.seed, "best_val_loss": 3.0 + lr, "finished": True})
-    assert len(dirs) == 3 * 2 * 2
+    models = len(study.headline)
+    assert len(dirs) == len(LRS) * models * 2
     df = LS.sweep_frame(c.train(study, jobs=1, progress=False), spec)
-    assert len(df) == 12 and set(df["lr"]) == set(LRS)
+    assert len(df) == len(LRS) * models * 2 and set(df["lr"]) == set(LRS)
     assert (df["reused"] == (df["lr"] == p.train.lr)).all()
     assert (df["best_val_loss"] == 3.0 + df["lr"]).all()
     base = RunDir.of(p, "dense", 1).path
