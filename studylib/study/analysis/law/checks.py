@@ -14,8 +14,7 @@ from studylib.study.analysis.bootstrap import percentile_ci, pooled_sd
 from studylib.study.analysis.paper import (PAPER_HEADLINE_TOKENS, PAPER_MODELS, PAPER_POSITION, PAPER_TABLE6,
                                            paper_params)
 from studylib.study.analysis.position import ROLES, position, position_row
-from studylib.study.analysis.law.fit import (COLUMNS, HUBER_DELTA, JointLaw, fit_law, per_role_start,
-                                                             runs_frame)
+from studylib.study.analysis.law.fit import COLUMNS, HUBER_DELTA, JointLaw, fit_law, per_role_start, runs_frame
 from studylib.study.analysis.law.bound import ON_BOUND, ON_WORTH, bound_note, paper_clip
 from studylib.study.analysis.law.form import JOINT_FORMS, SIZE_FORM
 
@@ -84,11 +83,15 @@ def close_groups(values, rel: float = 0.02) -> list[list[float]]:
 
 
 # the one held-out prediction
+def _tpp(df: pd.DataFrame) -> pd.Series:
+    """Each row's tokens per active parameter of its size (:func:`_per_size_active`)."""
+    return df["tokens"] / df["size"].map(_per_size_active(df))
+
+
 def _budgets(df: pd.DataFrame) -> list:
-    """[(label, mask of the rows)] per budget: the rows' tokens per active parameter of their size,
-    within 2% of each other one budget (a repeated cell's steps round apart), named by the largest
-    (the full-data budget)."""
-    tpp = df["tokens"] / df["size"].map(_per_size_active(df))
+    """[(label, mask of the rows)] per budget: the rows' :func:`_tpp`, within 2% of each other one
+    budget (a repeated cell's steps round apart), named by the largest (the full-data budget)."""
+    tpp = _tpp(df)
     return [(f"{g[-1]:.3g} tokens/param", tpp.isin(g).to_numpy()) for g in close_groups(tpp)]
 
 
@@ -288,7 +291,7 @@ def held_out(runs: pd.DataFrame, by: str = "size", form: str = "lambda", per_rol
     repeated cells too) and each left-out cell predicted (:func:`predict_held_out`: its seed
     bootstrap plus the noise of a mean of the cell's seeds)."""
     df = runs_frame(runs, "held_out")
-    df["tpp"] = df["tokens"] / df["size"].map(_per_size_active(df))
+    df["tpp"] = _tpp(df)
     rng, rows = np.random.default_rng(seed), []
     groups = _groups(df, by)
     if len(groups) < (1 if by == "size" else 2):  # one size, or one budget: nothing left to fit on
@@ -364,7 +367,7 @@ RESIDUAL_LIMIT = 4.0
 
 
 def influence(runs: pd.DataFrame, law: JointLaw) -> pd.DataFrame:
-    """One row per run of ``law``'s fit (:data:`~.law_fit.COLUMNS`, ``stories`` where ``runs`` has
+    """One row per run of ``law``'s fit (:data:`~.fit.COLUMNS`, ``stories`` where ``runs`` has
     it): ``fitted``, ``std_residual`` ((log L - log L_hat) / the residuals' robust sd), ``beyond``
     (past :data:`RESIDUAL_LIMIT`) and the paper-point position refitted without the run (from the
     optimum): ``position_without``, ``position_change``; NaN where the refit fails (``note``)."""

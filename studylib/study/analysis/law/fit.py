@@ -1,9 +1,9 @@
-"""The law's fit (issues #31, #40): every form of :mod:`.law_form` by one Huber fitter over every
+"""The law's fit (issues #31, #40): every form of :mod:`.form` by one Huber fitter over every
 run of the map, with one identification test, one grid of starts and two bootstraps.
 
 * The objective (Hoffmann et al. 2022, approach 3): the Huber loss (delta 1e-3) of ``log L_hat -
   log L`` over every run, minimised by scipy's trust-region least squares (``loss="huber"``) with
-  the analytic Jacobian (:func:`~.law_form.log_loss_jacobian`; 2.9 s against 5.7 s with finite
+  the analytic Jacobian (:func:`~.form.log_loss_jacobian`; 2.9 s against 5.7 s with finite
   differences, same optimum, for the test's 40 + 40 replicates on the 2-core AMD EPYC) from the
   best :data:`STARTS` points of one grid, ln N and ln U_s centred (a better conditioned problem).
 * Two bootstraps, each refitting from the optimum: seeds resampled within each role's cell, and
@@ -11,7 +11,7 @@ run of the map, with one identification test, one grid of starts and two bootstr
   gives it no draw; beyond :data:`CELL_NAN_SHARE` of them, no cell interval).
 * A parameter the map does not pin down is "not identified" with the reason, never a number
   (:func:`_not_identified`); one whose only reason is a bound (``JointLaw.on_bound``) is the
-  constrained fit's value, usable for predictions (:mod:`.law_checks` says so).
+  constrained fit's value, usable for predictions (:mod:`.checks` says so).
 * :func:`role_law`: the "chinchilla" form per model role, a check (:mod:`.law_roles`).
 """
 from __future__ import annotations

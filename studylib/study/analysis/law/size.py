@@ -1,5 +1,5 @@
 """A law whose MoE worth may change with size (issue #47, item 3): the one-lambda form beside
-``lambda(N)`` (:class:`~.law_form.LambdaSizeLaw`), both at the paper's point (:func:`paper_points`:
+``lambda(N)`` (:class:`~.form.LambdaSizeLaw`), both at the paper's point (:func:`paper_points`:
 where lambda there has an interval covering [0, 1], what rests on it is "not identified"; where it
 is clipped at 0 or 1, on the bound), and
 :func:`sizes_needed`: the span of sizes that would pin lambda there to +-``target`` (a slope's
@@ -99,7 +99,7 @@ def _need_words(need: Mapping) -> str:
 
 
 def paper_points(laws: Mapping[str, JointLaw], chosen: str, sizes_active=None) -> pd.DataFrame:
-    """Each form's :func:`~.law_checks.paper_point` rows with ``form`` and ``chosen``; the size
+    """Each form's :func:`~.checks.paper_point` rows with ``form`` and ``chosen``; the size
     form's with ``lambda_at_paper`` and, given ``sizes_active``, ``span_needed`` (:func:`sizes_needed`);
     where lambda there has an interval covering [0, 1], it and what rests on it are not identified;
     where it is clipped at 0 or 1, on the bound (:func:`~.bound.paper_clip`)."""
@@ -141,7 +141,7 @@ def clipped(rows: pd.DataFrame) -> bool:
 
 def size_form_sentences(points: pd.DataFrame, forms: pd.DataFrame) -> list:
     """The two forms at the paper's point in words, from :func:`paper_points`' table and the forms'
-    parameter tables (``law_words.law_table`` rows with ``form``): each form's position there (or
+    parameter tables (``words.law_table`` rows with ``form``): each form's position there (or
     why it is not identified; where lambda(N) is clipped there, that it is on the bound), the size
     form's lambda_1 and what span of sizes would pin lambda there."""
     out = []

@@ -14,7 +14,7 @@ from studylib.study.analysis.law.checks import RESIDUAL_LIMIT, choice_sentence, 
 
 
 def law_table(law: JointLaw) -> pd.DataFrame:
-    """One row per parameter of ``law`` (:meth:`~.law_fit.JointLaw.table`: the estimate, the seed and
+    """One row per parameter of ``law`` (:meth:`~.fit.JointLaw.table`: the estimate, the seed and
     the cell bootstrap intervals, identified or the reason), with the form, R* shared or per role,
     and the map cells, runs and sizes it was fitted on."""
     t = law.table().rename_axis("parameter").reset_index()
@@ -50,7 +50,7 @@ def parameter_sentence(table: pd.DataFrame) -> str:
 
 
 def paper_sentences(table: pd.DataFrame) -> list:
-    """At most three sentences from :func:`~.law_checks.paper_point`'s table: the position beside
+    """At most three sentences from :func:`~.checks.paper_point`'s table: the position beside
     the paper's, labelled as an extrapolation; lambda (or m), the gaps and the losses; the ordering."""
     t = table.set_index("quantity")
     where = (f"at the paper's N and {PAPER_HEADLINE_TOKENS / 1e6:.1f}M fresh tokens (an extrapolation, "
@@ -86,7 +86,7 @@ def law_sentences(law: pd.DataFrame, choice: pd.DataFrame, held: pd.DataFrame, p
                   runs: pd.DataFrame | None = None) -> list[str]:
     """The joint law in words, from notebook 09's tables: the form chosen, the parameters, the
     held-out-size and held-out-budget checks, the paper's point (:func:`paper_sentences`) and, given
-    ``runs`` (:func:`~.law_checks.influence`), the runs that move it (:func:`influence_sentence`)."""
+    ``runs`` (:func:`~.checks.influence`), the runs that move it (:func:`influence_sentence`)."""
     out = [choice_sentence(choice), parameter_sentence(law)]
     level = float(law["level"].iloc[0])
     checks = [held_out_verdict(held[held["by"] == by], by, level) for by in ("size", "budget")
@@ -97,7 +97,7 @@ def law_sentences(law: pd.DataFrame, choice: pd.DataFrame, held: pd.DataFrame, p
 
 
 def influence_sentence(runs: pd.DataFrame, paper: pd.DataFrame) -> str:
-    """:func:`~.law_checks.influence`'s table in one sentence: the runs beyond the limit by name (or
+    """:func:`~.checks.influence`'s table in one sentence: the runs beyond the limit by name (or
     the largest residual), and whether leaving one run out changes the answer at the paper's point:
     the refitted position outside the full fit's interval (or, without one, by how much it moves)."""
     p = paper.set_index("quantity").loc["position"]

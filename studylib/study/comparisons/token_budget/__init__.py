@@ -1,7 +1,7 @@
 """Notebook 09, the token-budget map, and the law fitted over it. Its files group as the plan
 (:mod:`.knobs`, :mod:`.budgets`: each trio's cells, one grid per trio x cell), the map (:mod:`.gaps`,
-:mod:`.repetition`, :mod:`.plane`), the law (:mod:`.law_form`, :mod:`.law_fit`, :mod:`.law_checks`,
-:mod:`.law_roles`, :mod:`.law_size`, :mod:`.law_words`) and the report's part (:mod:`.glance`,
+:mod:`.repetition`, :mod:`.plane`), the per-role laws (:mod:`.law_roles`; the law itself is
+:mod:`studylib.study.analysis.law`) and the report's part (:mod:`.glance`,
 :mod:`.plots`). The tables notebook 09 writes are named once here (:data:`MAP` ...); :func:`answer`
 reads them back for the report."""
 from __future__ import annotations

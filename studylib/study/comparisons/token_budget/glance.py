@@ -45,7 +45,7 @@ def _map_row(r: pd.Series, per_seed: Optional[pd.DataFrame]) -> GlanceRow:
 
 
 def _on_bound(r) -> bool:
-    """A prediction of :func:`~.law_checks.paper_point` resting on a bound: a parameter held on its
+    """A prediction of :func:`~studylib.study.analysis.law.checks.paper_point` resting on a bound: a parameter held on its
     bound, or the size form's lambda(N) clipped at the paper's N."""
     return isinstance(r["reason"], str) and r["reason"].endswith(ON_BOUND)
 

@@ -25,7 +25,7 @@ ROLE_LAW_COLUMNS = ("role", "parameter", "estimate", "ci_low", "ci_high", "ident
 
 
 def role_laws(losses: pd.DataFrame, n_boot: int = 100, seed: int = 0) -> dict:
-    """``{role: JointLaw}`` (:func:`~.law_fit.role_law`) (``n_boot`` refits each: about 3 s per 100 on the 2-core AMD EPYC)."""
+    """``{role: JointLaw}`` (:func:`~studylib.study.analysis.law.fit.role_law`) (``n_boot`` refits each: about 3 s per 100 on the 2-core AMD EPYC)."""
     losses = losses[losses["stories"] == 1.0] if "stories" in losses else losses  # no repetition term
     return {role: role_law(losses[losses["role"] == role], n_boot=n_boot, seed=seed) for role in ROLES
             if (losses["role"] == role).any()}
@@ -138,12 +138,13 @@ def _loss_loo_words(loo: pd.DataFrame, role: str) -> str:
 
 
 def role_law_sentences(laws: pd.DataFrame, loss_loo: pd.DataFrame | None = None) -> list[str]:
-    """Each role's law (:func:`~.law_roles.role_law_table`) in words: its identified parameters
-    and (``loss_loo``: :func:`~.law_roles.role_loo_table`) its left-out points."""
+    """Each role's law (:func:`role_law_table`) in words: its identified parameters and
+    (``loss_loo``: :func:`role_loo_table`) its left-out points."""
     out = []
     for role in dict.fromkeys(laws["role"]) if len(laws) else ():
         r = laws[laws["role"] == role].set_index("parameter")
-        parts = [f"{k} not identified ({x['reason']})" if not x["identified"] else f"{k} = {ci_text(x['estimate'], x['ci_low'], x['ci_high'], '.4g')}"
+        parts = [f"{k} not identified ({x['reason']})" if not x["identified"] else
+                 f"{k} = {ci_text(x['estimate'], x['ci_low'], x['ci_high'], '.4g')}"
                  + (f", {x['reason']}" if x["ci_low"] != x["ci_low"] else "") for k, x in r.iterrows()]
         out.append(f"Loss law of {role} (N: {N_OF_ROLE}; {int(r['cells'].iloc[0])} points): " + "; ".join(parts) + "."
                    + (_loss_loo_words(loss_loo, role) if loss_loo is not None and len(loss_loo) else ""))
