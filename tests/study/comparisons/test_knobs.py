@@ -151,9 +151,15 @@ def test_cpu_full_is_cpu_with_longer_study_budgets_only():
     a, b = to_dict(cpu)["study"], to_dict(full)["study"]
     assert {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} == \
         {"ablation_epochs", "granularity_epochs", "iso_width_epochs", "lr_sweep", "token_budget", "notebooks",
-         "downstream_seeds", "controls", "controls_recipe"}
+         "downstream_seeds", "controls"}
     assert b["controls"][:len(a["controls"])] == a["controls"]  # cpu's cell, then cpu_full's own
     s, f = C.study_of(cpu), C.study_of(full)
+
+    def cells(study) -> dict:  # {(MoE, budget as written, stories): seeds}
+        return {(t.moe, x, 1.0 if f == 1.0 else f): len(t.seeds_of(cpu.seeds, (x, f))) for t in study["token_budget"].trios
+                for x, f in [(e, 1.0) for e in t.epochs + t.tokens_per_param] + [(x, f) for x in t.repeat for f in t.stories]}
+    small, big = cells(s), cells(f)
+    assert all(big.get(c, 0) >= n for c, n in small.items()), "cpu_full's map holds each of cpu's cells and seeds"
     assert f["downstream"].seeds is None  # every seed
     assert set(cpu.study.notebooks) < set(full.study.notebooks)
     for name in ("ablation", "granularity", "iso_width"):

@@ -38,7 +38,7 @@ PAPER_PRESET = "token_budget_gaps_paper_preset"
 def cell_grids(preset, trios: Sequence[TrioConfig], seeds: Sequence[int], epoch: int) -> list[Grid]:
     """One :class:`~studylib.study.orchestration.plan.Grid` per trio x cell (trio order, then
     :meth:`TrioConfig.cells`), with :func:`~studylib.run.spec.cell_overrides` over one epoch of ``epoch`` steps."""
-    return [Grid(list(t.models), t.seeds_of(seeds), cell_overrides(preset, t.moe, e, f, epoch))
+    return [Grid(list(t.models), t.seeds_of(seeds, (e, f)), cell_overrides(preset, t.moe, e, f, epoch))
             for t in trios for e, f in t.cells()]
 
 

@@ -50,8 +50,10 @@ def budget_trios(preset: Preset, knobs: TokenBudgetKnobs, epoch: Optional[int] =
             by_steps = {max(1, round(e * s)): e for e in t.epochs}
             for x in t.tokens_per_param:
                 by_steps.setdefault(max(1, round(epochs_of(x) * s)), epochs_of(x))
+            cell = {e: e for e in t.epochs}  # each budget as written -> its cell's epochs
+            cell.update({x: by_steps[max(1, round(epochs_of(x) * s))] for x in t.tokens_per_param})
             t = replace(t, epochs=tuple(sorted(by_steps.values())), tokens_per_param=(),
-                        repeat=tuple(epochs_of(x) for x in t.repeat))
+                        repeat=tuple(epochs_of(x) for x in t.repeat), seeds_at=tuple((cell[x], n) for x, n in t.seeds_at))
         out.append(t)
     return out
 

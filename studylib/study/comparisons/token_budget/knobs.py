@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from studylib.config import ConfigError
-from studylib.config.checks import count, is_number, positive
+from studylib.config.checks import is_number, positive
 from studylib.study.analysis.shape import paper_shape, paper_vocab_per_d, trio_shape
 from studylib.study.analysis.position import ROLES
-from studylib.study.comparisons.knobs import Context, Knobs, knob, trio
+from studylib.study.comparisons.knobs import SEEDS, Context, Knobs, knob, trio
 
 
 
@@ -18,8 +18,11 @@ class TrioConfig:
     """One model size of the map: [active-match dense, reference MoE, total-match dense], its
     budgets in ``epochs`` of the preset's schedule or ``tokens_per_param`` of the MoE (turned into
     epochs by :func:`~.budgets.budget_trios`), how many of the preset's seeds it trains (default
-    all) and the budgets trained again (``repeat``) from only the first ``stories`` fractions of
-    the training stories (the same tokens, fewer unique: the data repeats)."""
+    all; ``seeds_at``: ``(budget, n)`` pairs, a budget from all the stories trained with its own
+    first ``n``) and the budgets trained again (``repeat``) from only the first ``stories``
+    fractions of the training stories (the same tokens, fewer unique: the data repeats). The
+    budgets of ``repeat`` are ``tokens_per_param`` and those of ``seeds_at`` either unit as
+    written; every budget is in epochs after ``budget_trios``."""
 
     models: tuple[str, str, str]
     epochs: tuple[float, ...]
@@ -27,10 +30,14 @@ class TrioConfig:
     tokens_per_param: tuple[float, ...] = ()
     repeat: tuple[float, ...] = ()
     stories: tuple[float, ...] = ()
+    seeds_at: tuple[tuple[float, int], ...] = ()
 
-    def seeds_of(self, seeds: Sequence[int]) -> list[int]:
-        """The seeds this trio is trained with: the first ``self.seeds`` of ``seeds`` (all if None)."""
-        return list(seeds if self.seeds is None else seeds[: self.seeds])
+    def seeds_of(self, seeds: Sequence[int], cell: Optional[tuple[float, float]] = None) -> list[int]:
+        """The seeds the trio's ``cell`` (``(epochs, stories)`` of :meth:`cells`; None: the trio's
+        own count) is trained with: the first ``n`` of ``seeds`` (``seeds_at``'s for that budget from
+        all the stories, else ``self.seeds``; all if None)."""
+        n = dict(self.seeds_at).get(cell[0], self.seeds) if cell is not None and cell[1] == 1.0 else self.seeds
+        return list(seeds if n is None else seeds[:n])
 
     def cells(self) -> list[tuple[float, float]]:
         """``[(epochs, stories)]``: every budget from all the training stories, then each repeated
@@ -50,9 +57,9 @@ class TrioConfig:
 
 #: the map's key under ``study`` (written once: the knob, its errors and the budgets' messages read it)
 MAP_KNOB = "token_budget"
-TOKEN_BUDGET_SHAPE = ("{trios: [{models: [dense_active, moe, dense_total], epochs: [1.0], tokens_per_param: [1.0, 28.9], "
-                      "seeds: 5, repeat: {tokens_per_param: [28.9], stories: [0.5, 0.25]}}, ...], shape: paper} "
-                      "(epochs and/or tokens_per_param; repeat and shape optional)")
+TOKEN_BUDGET_SHAPE = ("{trios: [{models: [dense_active, moe, dense_total], epochs: [1.0], tokens_per_param: [3.53, 28.9], "
+                      "seeds: 3, seeds_at: {28.9: 5}, repeat: {tokens_per_param: [28.9], stories: [0.5, 0.25]}}, ...], "
+                      "shape: paper} (epochs and/or tokens_per_param; seeds, seeds_at, repeat and shape optional)")
 
 #: how far a trio may lie from the paper's own (the knob ``shape: paper``): the embedding share of
 #: the MoE's and of the active-match dense model's active parameters within ``SHARE_TOL`` of the
@@ -131,6 +138,18 @@ def _repeat(r: Any, where: str, budgets: Sequence[float]) -> tuple[tuple[float, 
     return x, tuple(sorted(f, reverse=True))
 
 
+def _seeds_at(r: Any, where: str, epochs: Sequence[float], tpp: Sequence[float],
+              ctx: Context) -> tuple[tuple[float, int], ...]:
+    if not isinstance(r, Mapping) or not r:
+        raise ConfigError(f"{where}: expected a mapping {{budget: seeds}} (e.g. {{28.9: 5}}: that budget of the trio "
+                          f"from all the stories trained with the preset's first 5 seeds), got {r!r}")
+    for x in r:
+        if not is_number(x) or (float(x) in epochs) == (float(x) in tpp):
+            raise ConfigError(f"{where}: {x!r} is not one budget of the trio (epochs {list(epochs)}, tokens_per_param "
+                              f"{list(tpp)}; a number in both is ambiguous)")
+    return tuple(sorted((float(x), SEEDS(n, f"{where}[{x:g}]", ctx)) for x, n in r.items()))
+
+
 def parse_trios(raw: Any, key: str, ctx: Context) -> tuple[TrioConfig, ...]:
     """The trios of ``study.token_budget``, checked against the preset's models."""
     if not isinstance(raw, list) or not raw:
@@ -138,13 +157,13 @@ def parse_trios(raw: Any, key: str, ctx: Context) -> tuple[TrioConfig, ...]:
     out, seen = [], set()
     for i, t in enumerate(raw):
         where = f"{key}.trios[{i}]"
-        keys = {"models", "epochs", "tokens_per_param", "seeds", "repeat"}
+        keys = {"models", "epochs", "tokens_per_param", "seeds", "seeds_at", "repeat"}
         if not isinstance(t, Mapping) or "models" not in t or not set(t) <= keys or not {"epochs", "tokens_per_param"} & set(t):
             raise ConfigError(f"{where}: expected a mapping with keys 'models' and 'epochs' and/or 'tokens_per_param' "
-                              f"(and optionally 'seeds', 'repeat'), got {t!r}")
+                              f"(and optionally 'seeds', 'seeds_at', 'repeat'), got {t!r}")
         n_seeds = t.get("seeds")
         if n_seeds is not None:
-            count(n_seeds, f"{where}.seeds", "how many of the preset's seeds to train")
+            SEEDS(n_seeds, f"{where}.seeds", ctx)
         names = t["models"]
         if (not isinstance(names, list) or len(names) != 3 or not all(isinstance(m, str) for m in names)
                 or len(set(names)) != 3):
@@ -161,7 +180,8 @@ def parse_trios(raw: Any, key: str, ctx: Context) -> tuple[TrioConfig, ...]:
             raise ConfigError(f"{where}: no budget: 'epochs' and 'tokens_per_param' are both empty "
                               f"({TOKEN_BUDGET_SHAPE})")
         repeat, stories = _repeat(t["repeat"], f"{where}.repeat", tpp) if "repeat" in t else ((), ())
-        out.append(TrioConfig(tuple(names), epochs, n_seeds, tpp, repeat, stories))
+        seeds_at = _seeds_at(t["seeds_at"], f"{where}.seeds_at", epochs, tpp, ctx) if "seeds_at" in t else ()
+        out.append(TrioConfig(tuple(names), epochs, n_seeds, tpp, repeat, stories, seeds_at))
     return tuple(out)
 
 

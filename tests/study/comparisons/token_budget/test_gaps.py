@@ -66,6 +66,17 @@ def test_budget_trios_reads_the_knob_in_order():
      "study.token_budget.trios[0].seeds: expected how many"),
     ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0], "seed": 3}]},
      "study.token_budget.trios[0]: expected a mapping with keys"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0], "seeds": 3}]},
+     "study.token_budget.trios[0].seeds: 3 seeds asked for, but the preset has 2"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "tokens_per_param": [1.0], "seeds_at": {2.0: 2}}]},
+     "study.token_budget.trios[0].seeds_at: 2.0 is not one budget of the trio (epochs [], tokens_per_param [1.0]"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "epochs": [1.0], "tokens_per_param": [1.0], "seeds_at": {1: 2}}]},
+     "study.token_budget.trios[0].seeds_at: 1 is not one budget of the trio (epochs [1.0], tokens_per_param [1.0]; "
+     "a number in both is ambiguous)"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "tokens_per_param": [1.0], "seeds_at": {1.0: 5}}]},
+     "study.token_budget.trios[0].seeds_at[1]: 5 seeds asked for, but the preset has 2"),
+    ({"trios": [{"models": ["dense", "moe", "dense2"], "tokens_per_param": [1.0], "seeds_at": [5]}]},
+     "study.token_budget.trios[0].seeds_at: expected a mapping {budget: seeds}"),
 ])
 def test_a_bad_knob_is_one_line_naming_the_key(tb, where):
     with pytest.raises(ConfigError) as e:  # when the study loads the preset (the knob), or when it is read (missing)
@@ -81,6 +92,19 @@ def test_a_trio_may_train_the_first_k_seeds_only(tmp_path, monkeypatch):
     (g,) = token_budget.cell_grids(p, [t], [5, 6, 7], p.train.max_steps)
     assert list(g.seeds) == [5, 6]
     assert (budgets.run_plan(study, [t], _specs(p, [t], [5, 6, 7]))["seeds"] == 2).all()
+
+
+def test_one_budget_may_train_more_seeds_than_its_trio():
+    """``seeds_at: {x: n}``: the budget x (either unit) from all the stories trains the first n
+    seeds, the trio's other budgets and the repeated cells the trio's ``seeds``."""
+    study = _study(seeds=(5, 6, 7, 8), token_budget={"trios": [{
+        "models": ["dense", "moe", "dense2"], "epochs": [2.0], "tokens_per_param": [1.0, 4.0], "seeds": 2,
+        "seeds_at": {2.0: 3, 1.0: 4}, "repeat": {"tokens_per_param": [1.0], "stories": [0.5]}}]})
+    p, (t,) = study.preset, _trios(study)
+    grids = token_budget.cell_grids(p, [t], p.seeds, p.train.max_steps)
+    assert [(g.overrides.get("train.max_steps", p.train.max_steps), g.overrides.get("data.train_fraction", 1.0),
+             list(g.seeds)) for g in grids] == [(24, 1.0, [5, 6, 7]), (53, 1.0, [5, 6, 7, 8]), (211, 1.0, [5, 6]),
+                                                                     (53, 0.5, [5, 6])]
 
 
 # --------------------------------------------------------------------------------------------
