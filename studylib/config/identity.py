@@ -12,11 +12,14 @@ config). The identity document keeps only what changes results, by two rules:
   default, changes no existing run's identity, and a stored ``config.yaml`` written by any
   earlier version is compared by the same rule (:func:`same_run`).
 
-One thing is not a schema field: how the corpus is cut into training and validation data
-(:data:`DATA_SPLIT`, see ``studylib.data``). It is always part of the identity, and a run's
-``config.yaml`` records it as ``run.data_split``. A document without it was written before the
-split by story (windows were split, so every validation window shared a story with a training
-window): such a run is a *different* run, and its directory is refused, never silently resumed.
+Two things are not schema fields: how the corpus is cut into training and validation data
+(:data:`DATA_SPLIT`, see ``studylib.data``) and how the initial weights are drawn from the seed
+(:data:`INIT`, see ``studylib.nn.init``). Both are always part of the identity, and a run's
+``config.yaml`` records them as ``run.data_split`` and ``run.init``. A document without the first
+was written before the split by story (windows were split, so every validation window shared a
+story with a training window); one without the second drew its weights in construction order (a
+control's weights then differed from its reference's in every tensor). Such a run is a
+*different* run, and its directory is refused, never silently resumed or reused.
 
 Torch-free.
 """
@@ -30,6 +33,7 @@ from typing import Any, Mapping, Optional
 from studylib.config.schema import DataConfig, FFNConfig, ModelConfig, TrainConfig, to_dict
 
 DATA_SPLIT = "story/v1"  # stories split into train / val, each side windowed on its own (studylib.data)
+INIT = "keyed/v1"  # each initial tensor drawn from a generator keyed by the seed and its name (studylib.nn.init)
 
 EXEC_ONLY = {
     DataConfig: ("source", "data_dir", "cache_dir", "tokenizer_threads"),
@@ -66,13 +70,14 @@ def _sparse(cls: type, values: Mapping[str, Any]) -> dict:
 
 
 def identity(preset: str, model: str, seed: int, data: Mapping, train: Mapping, model_cfg: Mapping,
-             split: Optional[str]) -> dict:
+             split: Optional[str], init: Optional[str]) -> dict:
     """The identity document of a run, from plain mappings (as ``to_dict`` or ``config.yaml`` hold
-    them); ``split`` is the data split's version (None: written before the story split)."""
+    them); ``split`` is the data split's version (None: written before the story split), ``init``
+    the initial draws' (None: written before keyed draws)."""
     train = dict(train)
     if train.get("data_seed") == seed:  # the data order of the run's own seed: the default
         train["data_seed"] = None
-    return {"preset": preset, "model_name": model, "seed": int(seed), "split": split,
+    return {"preset": preset, "model_name": model, "seed": int(seed), "split": split, "init": init,
             "data": _sparse(DataConfig, data), "train": _sparse(TrainConfig, train),
             "model": _sparse(ModelConfig, model_cfg)}
 
@@ -80,25 +85,25 @@ def identity(preset: str, model: str, seed: int, data: Mapping, train: Mapping, 
 def run_identity(preset, model_cfg: ModelConfig, model: str, seed: int) -> dict:
     """The identity document of ``model`` x ``seed`` of a :class:`~studylib.config.presets.Preset`."""
     return identity(preset.name, model, seed, to_dict(preset.data), to_dict(preset.train), to_dict(model_cfg),
-                    split=DATA_SPLIT)
+                    split=DATA_SPLIT, init=INIT)
 
 
 def stored_identity(doc: Mapping) -> dict:
     """The identity document of a stored ``config.yaml`` (see :func:`run_document`)."""
     run, p = doc.get("run") or {}, doc.get("preset") or {}
     return identity(run.get("preset"), run.get("model"), run.get("seed", -1), p.get("data") or {},
-                    p.get("train") or {}, doc.get("model") or {}, split=run.get("data_split"))
+                    p.get("train") or {}, doc.get("model") or {}, split=run.get("data_split"), init=run.get("init"))
 
 
 def run_document(preset, model_cfg: ModelConfig, model: str, seed: int) -> dict:
-    """What a run's ``config.yaml`` holds: its identity hash, the data split's version, the
-    resolved preset and model config."""
+    """What a run's ``config.yaml`` holds: its identity hash, the data split's and the initial
+    draws' versions, the resolved preset and model config."""
     p = to_dict(preset)
     p.pop("path", None)
     return {
         "run": {"preset": preset.name, "model": model, "seed": seed,
                 "config_hash": config_hash(run_identity(preset, model_cfg, model, seed)),
-                "data_split": DATA_SPLIT, "preset_path": preset.path},
+                "data_split": DATA_SPLIT, "init": INIT, "preset_path": preset.path},
         "model": to_dict(model_cfg),
         "preset": p,
     }

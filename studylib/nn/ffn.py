@@ -8,7 +8,8 @@ auxiliary losses (as tensors, so the caller adds them to the objective; no globa
 when ``aux=False``, which decoding uses) and, when ``stats=True``, its diagnostics.
 
 Each module initialises its own weights (``init_weights``, called by
-:meth:`studylib.nn.model.Decoder.init_weights` in a fixed order).
+:meth:`studylib.nn.model.Decoder.init_weights`; each tensor keyed by its name,
+:mod:`studylib.nn.init`: a dense FFN is drawn as expert 0, so it equals an expert of its shape).
 
 Shape legend: B batch, S sequence, T = B*S tokens, D model width, H hidden width (per expert),
 F = 2H (fused gate|up rows), E experts (K for the soft MoE's experts), K chosen per token.
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 from studylib.config import FFNConfig
 from studylib.nn import gemv, router_losses
+from studylib.nn.init import Draw
 from studylib.nn.dispatch import moe_experts, swiglu_rows
 from studylib.nn.router import Router, Routing
 
@@ -48,10 +50,11 @@ class DenseFFN(nn.Module):
         self.w_out = gemv.Linear(hidden, d_model)
 
     @torch.no_grad()
-    def init_weights(self, std: float, out_std: float, expert_init: str = "normal") -> None:
-        """N(0, std) in, N(0, out_std) out (``expert_init`` is for experts: a dense layer keeps this)."""
-        nn.init.normal_(self.w_in.weight, std=std)
-        nn.init.normal_(self.w_out.weight, std=out_std)
+    def init_weights(self, draw: Draw, std: float, out_std: float, expert_init: str = "normal") -> None:
+        """N(0, std) in, N(0, out_std) out, drawn as expert 0 (``expert_init`` is for experts: a dense
+        layer keeps this)."""
+        draw.normal_(self.w_in.weight, std, "w_in.0")
+        draw.normal_(self.w_out.weight, out_std, "w_out.0")
 
     def forward(self, x_BSD, stats: bool = False, aux: bool = True, ids_BS=None):
         return self.w_out(swiglu_rows(self.w_in(x_BSD))), None
@@ -77,12 +80,14 @@ class _Experts(nn.Module):
         return 1 / math.sqrt(self.w_in_EFD.shape[2]), 1 / math.sqrt(self.w_out_EDH.shape[2])
 
     @torch.no_grad()
-    def init_weights(self, std: float, out_std: float, expert_init: str = "normal") -> None:
-        """Experts (see :meth:`expert_stds`), then the router (its own init, whatever ``expert_init``)."""
+    def init_weights(self, draw: Draw, std: float, out_std: float, expert_init: str = "normal") -> None:
+        """Each expert e as ``w_in.<e>`` / ``w_out.<e>`` (stds: :meth:`expert_stds`), then the router
+        (its own init, whatever ``expert_init``)."""
         in_std, w_out_std = self.expert_stds(std, out_std, expert_init)
-        nn.init.normal_(self.w_in_EFD, std=in_std)
-        nn.init.normal_(self.w_out_EDH, std=w_out_std)
-        self.router.init_weights(std)
+        for e in range(self.w_in_EFD.shape[0]):
+            draw.normal_(self.w_in_EFD[e], in_std, f"w_in.{e}")
+            draw.normal_(self.w_out_EDH[e], w_out_std, f"w_out.{e}")
+        self.router.init_weights(draw, std)
 
 
 class SparseMoE(_Experts):
@@ -97,12 +102,11 @@ class SparseMoE(_Experts):
         self.register_load_state_dict_pre_hook(_bias_key_into_router)
 
     @torch.no_grad()
-    def init_weights(self, std: float, out_std: float, expert_init: str = "normal") -> None:
-        """As :class:`_Experts`, then the shared experts as an expert (after the draws of the
-        models without them, which stay unchanged)."""
-        super().init_weights(std, out_std, expert_init)
+    def init_weights(self, draw: Draw, std: float, out_std: float, expert_init: str = "normal") -> None:
+        """As :class:`_Experts`, then the shared experts as an expert, under ``shared``."""
+        super().init_weights(draw, std, out_std, expert_init)
         if self.shared is not None:
-            self.shared.init_weights(*self.expert_stds(std, out_std, expert_init))
+            self.shared.init_weights(draw / "shared", *self.expert_stds(std, out_std, expert_init))
 
     def forward(self, x_BSD, stats: bool = False, aux: bool = True, ids_BS=None):
         B, S, D = x_BSD.shape

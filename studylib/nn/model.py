@@ -3,8 +3,9 @@
 No biases anywhere; dropout on the attention output and on the FFN path; final RMSNorm.
 ``Decoder.forward`` returns the loss, the router losses and each routed layer's routing record
 (no global state): see ModelOutput. With ``stats=True`` it also returns per-layer diagnostics.
-Each module initialises its own weights (``init_weights``); :meth:`Decoder.init_weights` calls them
-in a fixed order (the RNG draws of a seed are part of a run's identity).
+Each module initialises its own weights (``init_weights``), each tensor from its own generator
+keyed by the model's init key and the tensor's name (:mod:`studylib.nn.init`): models built under
+one seed hold equal values in every tensor they share.
 
 Shape legend: B batch, S sequence, D model width, V vocab, Q query heads, G kv heads, A head dim.
 """
@@ -20,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from studylib.nn import gemv, router
+from studylib.nn.init import Draw, draw_key
 from studylib.config import ModelConfig
 from studylib.nn.ffn import RouterOutput, SoftMoE, SparseMoE, _Experts, build_ffn
 from studylib.nn.lm_loss import linear_cross_entropy
@@ -84,9 +86,9 @@ class Attention(nn.Module):
         self.wo = gemv.Linear(self.Q * self.A, cfg.d_model)
 
     @torch.no_grad()
-    def init_weights(self, std: float, out_std: float) -> None:
-        nn.init.normal_(self.wqkv.weight, std=std)
-        nn.init.normal_(self.wo.weight, std=out_std)
+    def init_weights(self, draw: Draw, std: float, out_std: float) -> None:
+        draw.normal_(self.wqkv.weight, std, "wqkv")
+        draw.normal_(self.wo.weight, out_std, "wo")
 
     def forward(self, x_BSD, cos, sin, cache: Optional[KVCache] = None, layer: int = 0):
         B, S, _ = x_BSD.shape
@@ -123,9 +125,9 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.layer = layer
 
-    def init_weights(self, std: float, out_std: float, expert_init: str) -> None:
-        self.attn.init_weights(std, out_std)
-        self.ffn.init_weights(std, out_std, expert_init)
+    def init_weights(self, draw: Draw, std: float, out_std: float, expert_init: str) -> None:
+        self.attn.init_weights(draw / "attn", std, out_std)
+        self.ffn.init_weights(draw / "ffn", std, out_std, expert_init)
         self.attn_norm.init_weights()
         self.ffn_norm.init_weights()
 
@@ -140,6 +142,7 @@ class Decoder(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
+        self.init_key = draw_key()  # first, so no construction draw moves it (studylib.nn.init)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -153,9 +156,10 @@ class Decoder(nn.Module):
     def init_weights(self):
         """N(0, init_std) everywhere; residual output projections scaled by 1/sqrt(2L);
         norms at 1; the soft-MoE router at 0, so its gate starts exactly uniform. Each module
-        draws its own (``init_weights``), in this order: the embedding, then per block the
-        attention (wqkv, wo), the FFN (dense: w_in, w_out; MoE: w_in_EFD, w_out_EDH, the router,
-        the shared experts' w_in, w_out), the norms.
+        draws its own (``init_weights``), each tensor by its name from ``self.init_key``
+        (:class:`~studylib.nn.init.Draw`): ``tok_emb``, ``blocks.<i>.attn.wqkv`` / ``.wo``,
+        ``blocks.<i>.ffn.w_in.<e>`` / ``.w_out.<e>`` per expert e (a dense FFN is expert 0),
+        ``blocks.<i>.ffn.router``, ``blocks.<i>.ffn.shared.w_in.0`` / ``.w_out.0``.
 
         ``cfg.expert_init == "fan_in"`` (seed 003, SPEC section 4: "experts use fan-in init")
         instead draws each expert's weights, in soft and routed MoE layers, with std 1/sqrt(fan_in):
@@ -165,14 +169,14 @@ class Decoder(nn.Module):
         init; the "scaled" variant of its section 3.4 is not reproduced). Routers keep their init
         (soft: 0, so the gate starts uniform; routed: N(0, init_std)), as do dense FFN layers,
         attention and embeddings. With a uniform soft gate the layer's output is then 1/K of the wide dense
-        SwiGLU's (seed 003's step-0 residual ratio ~1/K). The default ``"normal"`` draws exactly
-        what it drew before the option existed (same RNG calls in the same order).
+        SwiGLU's (seed 003's step-0 residual ratio ~1/K).
         """
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
-        nn.init.normal_(self.tok_emb.weight, std=std)
-        for blk in self.blocks:
-            blk.init_weights(std, out_std, self.cfg.expert_init)
+        draw = Draw(self.init_key)
+        draw.normal_(self.tok_emb.weight, std, "tok_emb")
+        for i, blk in enumerate(self.blocks):
+            blk.init_weights(draw / f"blocks.{i}", std, out_std, self.cfg.expert_init)
         self.norm.init_weights()
 
     # ---- routing switches -----------------------------------------------------------------

@@ -61,6 +61,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from studylib.nn import router_losses
+from studylib.nn.init import Draw
 
 MODES = ("learned", "uniform", "balanced")
 HASH_SEED = 20220201  # the hash router's table: one fixed draw (Clark et al. 2022's year and month)
@@ -228,11 +229,7 @@ class Router(nn.Module):
             self.register_parameter("weight", None)
             self.register_buffer("table_VK", hash_table(vocab_size, cfg.num_experts, cfg.top_k), persistent=False)
         else:
-            self.weight = nn.Parameter(torch.empty(cfg.num_experts, d_model))
-            # the draw nn.Linear(d_model, E, bias=False) makes at construction: the model's
-            # construction consumes the RNG as it did before the router was a module of its own, so
-            # the initial weights that :meth:`init_weights` and the others draw next are unchanged
-            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+            self.weight = nn.Parameter(torch.zeros(cfg.num_experts, d_model))  # drawn by init_weights
             if getattr(cfg, "router", "learned") == "frozen":
                 self.weight.requires_grad_(False)
         self.mode = "learned"
@@ -244,14 +241,15 @@ class Router(nn.Module):
         self.share_E: Optional[torch.Tensor] = None  # the step's global loads f, while the step runs
 
     @torch.no_grad()
-    def init_weights(self, std: float) -> None:
-        """N(0, std); the soft MoE's gate: 0 (no draw); the hash router: nothing (no weight)."""
+    def init_weights(self, draw: Draw, std: float) -> None:
+        """N(0, std) as ``router`` (:mod:`studylib.nn.init`); the soft MoE's gate: 0; the hash
+        router: nothing (no weight)."""
         if self.hashed:
             return
         if self.soft:
             nn.init.zeros_(self.weight)
         else:
-            nn.init.normal_(self.weight, std=std)
+            draw.normal_(self.weight, std, "router")
 
     def distribution(self, logits_TE: torch.Tensor) -> torch.Tensor:
         """The router's learned distribution over experts for ``logits_TE`` (whatever the mode); NaN

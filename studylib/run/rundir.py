@@ -146,6 +146,12 @@ class RunDir:
                     f"{self.path}: holds a run trained on another data split ({was}; now "
                     f"{doc['run'].get('data_split')}): its validation loss is not comparable. "
                     "Delete that folder to retrain, or use another --run-dir.")
+            init = (old.get("run") or {}).get("init")
+            if init != (doc.get("run") or {}).get("init"):
+                raise RunDirConflict(
+                    f"{self.path}: holds a run whose initial weights were drawn another way "
+                    f"({init or 'in construction order, before keyed draws'}; now {doc['run'].get('init')}): "
+                    "its numbers are not this code's. Delete that folder to retrain, or use another --run-dir.")
             diff = identity_diff(old, doc)
             raise RunDirConflict(
                 f"{self.path}: holds a run with a different configuration ({'; '.join(diff[:4])}"

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from studylib.config import config_hash, identity_diff, load_preset, preset_from_dict, run_document, same_run
-from studylib.config.identity import DATA_SPLIT, run_identity, stored_identity
+from studylib.config.identity import DATA_SPLIT, INIT, run_identity, stored_identity
 
 ROOT = Path(__file__).resolve().parents[2]
 # config.yaml of a ci run written by studylib 0.1.0 before the re-layering (hash scheme v1), and
@@ -73,6 +73,7 @@ def test_a_run_trained_on_the_window_split_is_another_run():
     assert today["run"]["config_hash"] != stored["run"]["config_hash"]
     marked = copy.deepcopy(stored)
     marked["run"]["data_split"] = DATA_SPLIT
+    marked["run"]["init"] = INIT
     assert same_run(marked, today)
     assert config_hash(stored_identity(today)) == today["run"]["config_hash"] == \
         config_hash(run_identity(preset, preset.model_config(model), model, seed))

@@ -198,17 +198,27 @@ def test_one_update_per_optimizer_step_from_the_whole_steps_loads(tmp_path, data
     assert all(int(c.sum()) == per_step for c in calls)
 
 
-def test_eval_and_decoding_leave_the_bias_and_a_checkpoint_holds_it(tmp_path, data, one_thread):
+def test_eval_and_decoding_leave_the_bias_and_a_checkpoint_holds_it(tmp_path, data, one_thread, monkeypatch):
     from studylib.run import checkpoint as C
     from studylib.run import trainer as T
     from studylib.run.decode import generate
     from studylib.run.rundir import RunDir
 
-    T.train_run(_preset(), "bias", 1, run_dir=tmp_path / "r", progress=False, data=data)
+    loads, update = [], Router.update_bias
+
+    def spy(self, load_E):
+        loads.append(load_E.clone())
+        return update(self, load_E)
+
+    monkeypatch.setattr(Router, "update_bias", spy)  # 5 steps: an odd count of +-rate moves
+    T.train_run(_preset(max_steps=5), "bias", 1, run_dir=tmp_path / "r", progress=False, data=data)
     rd = RunDir(tmp_path / "r")
     state = C.load(rd.checkpoints / C.LATEST)
     bias = [v for k, v in state["model"].items() if k.endswith("ffn.router.bias_E")]
-    assert bias and all(b.abs().sum() > 0 for b in bias)  # moved, and saved as it is (not zeros)
+    L, rate = len(bias), BIAS_MOE["ffn"]["bias_rate"]
+    expected = [sum(torch.sign(x.mean() - x) for x in loads[i::L]) * rate for i in range(L)]  # one step per layer and step
+    assert bias and all(torch.allclose(b.double(), e, atol=1e-7) for b, e in zip(bias, expected))  # saved as it moved
+    assert any(b.abs().sum() > 0 for b in bias)
     m = Decoder(_preset().model_config("bias"))
     m.load_state_dict(state["model"])
     before = [b.ffn.router.bias_E.clone() for b in m.blocks]
@@ -391,49 +401,40 @@ def test_a_checkpoint_with_the_old_bias_key_loads():
         assert float(fresh.blocks[0].ffn.router.bias_E.abs().sum()) > 0
 
 
-def test_the_router_draws_at_construction_what_a_bias_free_linear_drew():
-    """A model's construction consumes the RNG as it did when the router was nn.Linear, so the
-    initial weights drawn after it are unchanged."""
-    cfg = FFNConfig(kind="moe", hidden=8, num_experts=6, top_k=2)
-    torch.manual_seed(3)
-    r, after_r = Router(16, cfg), torch.rand(4)
-    torch.manual_seed(3)
-    lin, after_lin = torch.nn.Linear(16, 6, bias=False), torch.rand(4)
-    assert torch.equal(r.weight, lin.weight) and torch.equal(after_r, after_lin)
-
-
-def _reference_init(m: Decoder) -> None:
-    """The whole model's init written out as one loop over the blocks (what Decoder drew before
-    each module drew its own): the same draws, in the same order, with the same stds."""
+def _reference_init(m: Decoder, key: int) -> dict:
+    """The whole model's initial state written out as one loop over its named parameters: each
+    tensor N(0, its std) from a generator seeded by hashing ``key`` and its keyed name (a dense
+    FFN as expert 0, each expert on its own), the soft gate 0, norms 1."""
+    import hashlib
     import math
+
+    def fill(shape, std, name):
+        seed = int.from_bytes(hashlib.blake2b(f"{key}/{name}".encode(), digest_size=8).digest(), "little") >> 1
+        return torch.empty(shape).normal_(0.0, std, generator=torch.Generator().manual_seed(seed))
 
     cfg = m.cfg
     std, out_std, fan_in = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers), cfg.expert_init == "fan_in"
-    nn = torch.nn
-    with torch.no_grad():
-        nn.init.normal_(m.tok_emb.weight, std=std)
-        for blk in m.blocks:
-            nn.init.normal_(blk.attn.wqkv.weight, std=std)
-            nn.init.normal_(blk.attn.wo.weight, std=out_std)
-            f = blk.ffn
-            if f.__class__.__name__ == "DenseFFN":
-                nn.init.normal_(f.w_in.weight, std=std)
-                nn.init.normal_(f.w_out.weight, std=out_std)
-            else:
-                D, H = f.w_in_EFD.shape[2], f.w_out_EDH.shape[2]
-                nn.init.normal_(f.w_in_EFD, std=1 / math.sqrt(D) if fan_in else std)
-                nn.init.normal_(f.w_out_EDH, std=1 / math.sqrt(H) if fan_in else out_std)
-                if f.__class__.__name__ == "SoftMoE":
-                    nn.init.zeros_(f.router.weight)
-                else:
-                    nn.init.normal_(f.router.weight, std=std)
-                if getattr(f, "shared", None) is not None:
-                    nn.init.normal_(f.shared.w_in.weight, std=1 / math.sqrt(D) if fan_in else std)
-                    nn.init.normal_(f.shared.w_out.weight,
-                                    std=1 / math.sqrt(f.shared.hidden // f.cfg.n_shared) if fan_in else out_std)
-            blk.attn_norm.weight.fill_(1.0)
-            blk.ffn_norm.weight.fill_(1.0)
-        m.norm.weight.fill_(1.0)
+    out = {}
+    for name, p in m.named_parameters():
+        parts = name.split(".")
+        if name == "tok_emb.weight":
+            out[name] = fill(p.shape, std, "tok_emb")
+        elif parts[-2].endswith("norm") or name == "norm.weight":
+            out[name] = torch.ones(p.shape)
+        elif parts[2] == "attn":
+            out[name] = fill(p.shape, std if parts[3] == "wqkv" else out_std, ".".join(parts[:4]))
+        elif parts[3] == "router":
+            out[name] = torch.zeros(p.shape) if m.blocks[int(parts[1])].ffn.router.soft else fill(p.shape, std, ".".join(parts[:4]))
+        else:  # an FFN's weights: the experts (E, ...), a dense FFN or the shared experts (each as expert 0)
+            shared = parts[3] == "shared"
+            prefix = ".".join(parts[:3] + (["shared"] if shared else []))
+            w_in = parts[-1].startswith("w_in") or parts[-2] == "w_in"
+            stacked = p.shape if p.dim() == 3 else (1, *p.shape)
+            expert_std = 1 / math.sqrt(stacked[2] if w_in or not shared else cfg.ffn_for_layer(int(parts[1])).hidden)
+            s = expert_std if fan_in and (p.dim() == 3 or shared) else std if w_in else out_std
+            rows = [fill(stacked[1:], s, f"{prefix}.{'w_in' if w_in else 'w_out'}.{e}") for e in range(stacked[0])]
+            out[name] = torch.stack(rows).reshape(p.shape)
+    return out
 
 
 INITS = {
@@ -447,24 +448,16 @@ INITS = {
 
 
 @pytest.mark.parametrize("name", INITS)
-def test_the_modules_init_draws_what_the_decoder_drew(name, monkeypatch):
+def test_the_modules_draw_each_tensor_from_its_keyed_generator(name):
     cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, context=16, **INITS[name])
-    states, init = [], Decoder.init_weights
-
-    def capture(self):
-        states.append(torch.get_rng_state())
-        init(self)
-
-    monkeypatch.setattr(Decoder, "init_weights", capture)
+    torch.manual_seed(5)
+    key = int(torch.randint(0, 2**62, (1,)).item())  # the model's first draw
     torch.manual_seed(5)
     m = Decoder(cfg)
-    after = torch.rand(3)
-    ref = Decoder(cfg)
-    torch.set_rng_state(states[0])
-    _reference_init(ref)
-    assert torch.equal(after, torch.rand(3))  # as many draws
-    a, b = m.state_dict(), ref.state_dict()
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert m.init_key == key
+    ref = _reference_init(m, key)
+    assert ref.keys() == dict(m.named_parameters()).keys()
+    assert all(torch.equal(p, ref[k]) for k, p in m.named_parameters()), name
 
 
 # --------------------------------------------------------------------------------------------

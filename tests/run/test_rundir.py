@@ -66,6 +66,21 @@ def test_a_run_from_before_the_story_split_is_refused_and_says_why(tmp_path):
         rd.check(run_document(preset, preset.model_config("moe_top1_switch"), "moe_top1_switch", 1337))
 
 
+def test_a_run_drawn_before_the_keyed_init_is_refused_and_says_why(tmp_path):
+    """A finished run of the same settings whose weights were drawn in construction order (no
+    ``run.init``) is another run: refused with one line, never reused."""
+    p = load_preset(ROOT / "params" / "ci.yaml")
+    doc = run_document(p, p.model_config("moe_top1"), "moe_top1", 1)
+    stored = json.loads(json.dumps(doc))
+    del stored["run"]["init"]
+    rd = RunDir(tmp_path / "r")
+    rd.write_config(stored)
+    with pytest.raises(RunDirConflict, match=r"initial weights were drawn another way \(in construction order, "
+                                             r"before keyed draws; now keyed/v1\)") as e:
+        rd.check(doc)
+    assert "\n" not in str(e.value)
+
+
 def test_metrics_skip_a_torn_line_and_truncate(tmp_path):
     rd = RunDir(tmp_path)
     for step in (1, 2, 3):

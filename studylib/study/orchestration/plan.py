@@ -25,6 +25,7 @@ queue, 1,685 s for 1,674 s (a slower hour of the same machine).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -33,6 +34,7 @@ from studylib.config import ConfigError, Preset, override_pairs
 from studylib.config.presets import Overrides
 from studylib.data.split import fingerprint_now
 from studylib.run.provenance import check_reuse, code_differs
+from studylib.run.rundir import RunDirConflict
 from studylib.run.spec import RunSpec, epoch_steps
 
 
@@ -117,7 +119,7 @@ def plan_runs(preset: Preset, grids: Sequence[Grid], where: str = "the study", p
     counting steps loads it."""
     check_plan_size(preset, grids, where)
     resolved: dict = {}
-    specs, finished, missing, seen = [], [], [], set()
+    specs, finished, missing, seen, conflicts = [], [], [], set(), []
     for g in grids:
         models, seeds = list(dict.fromkeys(g.models)), g.seeds_of(preset)
         if not models or not seeds:
@@ -128,7 +130,10 @@ def plan_runs(preset: Preset, grids: Sequence[Grid], where: str = "the study", p
                 key = run_key(m, s, g.overrides, g.tag)
                 if key not in resolved:
                     spec = RunSpec.resolve(preset, m, s, g.overrides, g.tag)
-                    spec.rundir.check(spec.document())
+                    try:
+                        spec.rundir.check(spec.document())
+                    except RunDirConflict as e:
+                        conflicts.append((spec.run_dir, e))
                     resolved[key] = spec
                 spec = resolved[key]
                 row.append(spec)
@@ -136,10 +141,23 @@ def plan_runs(preset: Preset, grids: Sequence[Grid], where: str = "the study", p
                     seen.add(spec.run_dir)
                     (finished if spec.rundir.finished() else missing).append(spec)
         specs.append(tuple(row))
+    if conflicts:
+        raise _conflicts(conflicts)
     other_code = check_finished_data(finished)
     steps = {spec.run_dir: run_steps(spec, progress) for spec in missing}
     missing.sort(key=lambda spec: -steps[spec.run_dir] * _flops(spec))
     return Plan(preset, tuple(grids), tuple(specs), tuple(missing), steps, other_code)
+
+
+def _conflicts(found: Sequence[tuple[Path, RunDirConflict]]) -> RunDirConflict:
+    """One line for every folder of the plan that holds another run: the first's reason, and how
+    many more there are under which folder (runs of an earlier code are usually all of them)."""
+    (first, e), more = found[0], len(found) - 1
+    if not more:
+        return e
+    under = os.path.commonpath([str(d) for d, _ in found])
+    return RunDirConflict(f"{e} And {more} more run folder(s) of this plan under {under} hold another run "
+                          f"(each refused alike; delete them, or that folder, to retrain)")
 
 
 def run_steps(spec: RunSpec, progress: bool = False) -> int:

@@ -45,6 +45,25 @@ def test_a_plan_refuses_a_run_dir_with_another_config(tmp_path, monkeypatch):
         ensure_runs(p, ["dense"], [1], progress=False)
 
 
+def test_a_plan_names_every_refused_folder_in_one_line(tmp_path, monkeypatch):
+    """Runs of an earlier code (here: drawn before the keyed init) are refused all at once: the
+    first folder's reason, then how many more and under which folder; nothing is trained."""
+    monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
+    p = tiny_preset()
+    for m, s in (("dense", 1), ("dense", 2), ("moe", 1)):
+        rd = _fake_finished_run(p, m, s, 2.0)
+        doc = rd.read_config()
+        del doc["run"]["init"]
+        rd.write_config(doc)
+    with pytest.raises(RunDirConflict) as e:
+        ensure_runs(p, ["dense", "moe"], [1, 2], progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.count("initial weights were drawn another way") == 1
+    assert msg.endswith(f"And 2 more run folder(s) of this plan under {tmp_path / 'out' / p.name / 'runs'} hold another "
+                        "run (each refused alike; delete them, or that folder, to retrain)")
+    assert not RunDir.of(p, "moe", 2).path.exists()
+
+
 def test_variant_runs_live_apart_and_an_unchanged_identity_reuses_the_base_run(tmp_path, monkeypatch):
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     p = tiny_preset()
