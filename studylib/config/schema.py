@@ -60,6 +60,7 @@ class FFNConfig:
     # learned router's weight kept at its initial value); hash (no weight: a fixed table maps a
     # token's id to its top_k experts, equal weights; its balance, z and sequence losses must be 0)
     router: RouterKind = "learned"
+    hash_seed: int = 20220201  # the hash router's table: one draw of this seed (Clark et al. 2022's year and month)
 
     def validate(self, where: str = "ffn") -> None:
         _positive(self.hidden, f"{where}.hidden")
@@ -100,6 +101,12 @@ class FFNConfig:
         kinds = [repr(k) for k in get_args(RouterKind)]
         if self.router not in get_args(RouterKind):
             raise ConfigError(f"{where}.router: must be {', '.join(kinds[:-1])} or {kinds[-1]}, got {self.router!r}")
+        if self.hash_seed != FFNConfig.hash_seed and self.router != "hash":
+            raise ConfigError(f"{where}.hash_seed: the hash router's table, but this router is {self.router!r}; "
+                              f"set router: hash or leave hash_seed at {FFNConfig.hash_seed}")
+        if isinstance(self.hash_seed, bool) or not isinstance(self.hash_seed, int) or self.hash_seed < 0:
+            raise ConfigError(f"{where}.hash_seed: expected a non-negative integer (the table's draw), "
+                              f"got {self.hash_seed!r}")
         if self.router == "hash":
             scored = {"balance_coef": self.balance_coef != 0.0, "z_coef": self.z_coef != 0.0,
                       "seq_balance_coef": self.seq_balance_coef != 0.0, "bias_balance": self.bias_balance,

@@ -26,7 +26,7 @@ Controls (``ffn.router``; ``learned`` is the reference):
   any weight). Its losses stay on; their gradient reaches the layer's input only.
 * ``hash``: no weight at all (parameter-free). A token's id picks its K of E experts through a
   fixed table (:func:`hash_table`: the K-subsets of the E experts dealt to the vocabulary in a
-  random order drawn from a generator seeded with :data:`HASH_SEED`, the same in every layer and
+  random order drawn from a generator seeded with ``ffn.hash_seed`` (:data:`HASH_SEED`), the same in every layer and
   every run), with equal combine weights 1/K (times ``route_scale``); Clark et al. 2022's Hash
   layer with top-k. The token ids reach the router through its input (``Router.forward(x_TD,
   ids_T)``). It has no scores: its routing record's logits are 0 and its distribution 1/E (as
@@ -60,11 +60,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from studylib.config import FFNConfig
 from studylib.nn import router_losses
 from studylib.nn.init import Draw
 
 MODES = ("learned", "uniform", "balanced")
-HASH_SEED = 20220201  # the hash router's table: one fixed draw (Clark et al. 2022's year and month)
+HASH_SEED = FFNConfig.hash_seed  # the hash router's table by default: one fixed draw (ffn.hash_seed)
 NO_SCORES = "hash router: no scores"  # why its score statistics and distribution are NaN
 
 
@@ -227,7 +228,8 @@ class Router(nn.Module):
             if vocab_size is None:
                 raise ValueError("a hash router needs the vocabulary size (Router(..., vocab_size=V))")
             self.register_parameter("weight", None)
-            self.register_buffer("table_VK", hash_table(vocab_size, cfg.num_experts, cfg.top_k), persistent=False)
+            self.register_buffer("table_VK", hash_table(vocab_size, cfg.num_experts, cfg.top_k, cfg.hash_seed),
+                                 persistent=False)
         else:
             self.weight = nn.Parameter(torch.zeros(cfg.num_experts, d_model))  # drawn by init_weights
             if getattr(cfg, "router", "learned") == "frozen":

@@ -6,6 +6,7 @@ follows its rules: selection only, one update per optimizer step from the whole 
 never moved by evaluation or decoding, saved and restored exactly."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -582,6 +583,22 @@ def test_the_hash_router_refuses_the_losses_and_variants_of_scores(field, value)
         FFNConfig(kind="moe", hidden=8, num_experts=4, top_k=2, router="hash", **{field: value}).validate("ffn")
     with pytest.raises(ConfigError, match="ffn.router: a router variant of the routed MoE"):
         FFNConfig(kind="dense", hidden=8, router="frozen").validate("ffn")
+
+
+def test_the_hash_seed_draws_the_table_and_belongs_to_the_hash_router_only():
+    """``ffn.hash_seed``: the router's table is that seed's draw (another seed, another table; the
+    default the fixed HASH_SEED); any other router refuses a non-default seed, one line."""
+    V = 97
+    cfg = FFNConfig(kind="moe", hidden=8, num_experts=4, top_k=2, router="hash")
+    assert torch.equal(Router(16, cfg, vocab_size=V).table_VK, hash_table(V, 4, 2, HASH_SEED))
+    other = dataclasses.replace(cfg, hash_seed=7)
+    other.validate("ffn")
+    assert torch.equal(Router(16, other, vocab_size=V).table_VK, hash_table(V, 4, 2, 7))
+    assert not torch.equal(hash_table(V, 4, 2, 7), hash_table(V, 4, 2, HASH_SEED))
+    with pytest.raises(ConfigError, match=r"^ffn.hash_seed: the hash router's table, but this router is 'learned'"):
+        dataclasses.replace(cfg, router="learned", hash_seed=7).validate("ffn")
+    with pytest.raises(ConfigError, match=r"^ffn.hash_seed: expected a non-negative integer"):
+        dataclasses.replace(cfg, hash_seed=-1).validate("ffn")
 
 
 def test_a_hash_model_trains_and_decodes_with_a_cache(tmp_path, data, one_thread):
