@@ -90,7 +90,8 @@ for t in trios:
     print(f"  size {gaps.size_label(t.size, active[t.size])}: {t.models}, vocabulary "
           f"{preset.model_config(t.moe).vocab_size:,}, epochs {[float(f'{e:.4g}') for e in t.epochs]}"
           + (f", repeated {[float(f'{e:.4g}') for e in t.repeat]} from {list(t.stories)} of the stories" if t.repeat else "")
-          + f", seeds {t.seeds_of(seeds)}")
+          + f", seeds {t.seeds_of(seeds)}"
+          + "".join(f" ({len(t.seeds_of(seeds, (e, 1.0)))} at {e:.4g} epochs)" for e, _ in t.seeds_at))
 
 # %% [markdown]
 # ## Every trio a scaled copy of the paper's
@@ -120,7 +121,7 @@ print(f"{len(runs_table)} (model, budget) pairs, {int(runs_table['seeds'].sum())
 
 # %%
 summaries = token_budget.summaries(runs, trios)
-assert len(summaries) == sum(len(t.cells()) * 3 * len(t.seeds_of(seeds)) for t in trios)
+assert len(summaries) == sum(3 * len(t.seeds_of(seeds, c)) for t in trios for c in t.cells())
 print(f"{len(summaries)} runs ready")
 
 # %% [markdown]
