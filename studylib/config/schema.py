@@ -101,12 +101,12 @@ class FFNConfig:
         kinds = [repr(k) for k in get_args(RouterKind)]
         if self.router not in get_args(RouterKind):
             raise ConfigError(f"{where}.router: must be {', '.join(kinds[:-1])} or {kinds[-1]}, got {self.router!r}")
-        if self.hash_seed != FFNConfig.hash_seed and self.router != "hash":
-            raise ConfigError(f"{where}.hash_seed: the hash router's table, but this router is {self.router!r}; "
-                              f"set router: hash or leave hash_seed at {FFNConfig.hash_seed}")
         if isinstance(self.hash_seed, bool) or not isinstance(self.hash_seed, int) or self.hash_seed < 0:
             raise ConfigError(f"{where}.hash_seed: expected a non-negative integer (the table's draw), "
                               f"got {self.hash_seed!r}")
+        if self.hash_seed != FFNConfig.hash_seed and self.router != "hash":
+            raise ConfigError(f"{where}.hash_seed: the hash router's table, but this router is {self.router!r}; "
+                              f"set router: hash or leave hash_seed at {FFNConfig.hash_seed}")
         if self.router == "hash":
             scored = {"balance_coef": self.balance_coef != 0.0, "z_coef": self.z_coef != 0.0,
                       "seq_balance_coef": self.seq_balance_coef != 0.0, "bias_balance": self.bias_balance,
