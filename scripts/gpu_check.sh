@@ -15,6 +15,11 @@
 # CHECK_NAME (gpu_check: outputs/<name>/, apart from the preset's own). tests/test_gpu_check.py
 # runs it on the CPU with the ci preset and 4 steps so it cannot rot. Output: stdout and, when
 # $OUT is set, $OUT/gpu_check.txt (and the executed notebook and tables under $OUT/gpu_check/).
+#
+# After it passes, the study's remaining GPU work is one command each: the paper preset itself
+# (`python -m studylib study --params params/paper.yaml`) and the size ladder continued from the
+# CPU ladder's 0.92M active parameters to the paper's 14.8M, d 64 to d 256 on the full corpus
+# (`python -m studylib study --params params/paper_scale.yaml`; it shares the paper preset's runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -57,6 +62,7 @@ gaps = pd.read_csv(out / "tables" / "headline_gaps.csv")
 print(gaps[["comparison", "mean", "ci_low", "ci_high", "n", "resolved", "paper_mean"]].to_string(index=False))
 EOF
   echo "## time: $(( $(date +%s) - start )) s"
+  echo "## next on a GPU: python -m studylib study --params params/paper_scale.yaml (the size ladder to d 256)"
 } 2>&1 | tee "$log"
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT/$NAME"

@@ -130,7 +130,7 @@ def ensure_runs(preset: Preset, models, seeds=None, jobs=None, overrides=None, p
 
 
 #: a toy comparison as docs/architecture.md adds one: its knobs (two flat keys), its plan (the models
-#: at a budget of their own, every seed) and one family table; notebook 14_toy
+#: at a budget of their own, every seed) and one family table; notebook 15_toy
 TOY_COMPARISON = '''"""A toy comparison: two models of the preset at a budget of their own."""
 from dataclasses import dataclass
 from typing import Optional
@@ -152,7 +152,7 @@ def grids(study, knobs):
     return [Grid(list(models), list(study.preset.seeds), budget_overrides(study.preset, knobs.epochs))]
 
 
-COMPARISON = Comparison("toy", "14_toy", ToyKnobs, grids, tables=("toy_gaps",))
+COMPARISON = Comparison("toy", "15_toy", ToyKnobs, grids, tables=("toy_gaps",))
 '''
 
 

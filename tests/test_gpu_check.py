@@ -51,5 +51,7 @@ def test_gpu_check_on_the_cpu(tmp_path):
         line = next(ln for ln in table.splitlines() if ln.strip().startswith(g.comparison))
         assert float(line[len(line) - len(line.lstrip()) + len(g.comparison):].split()[0]) == pytest.approx(g.mean, abs=1e-6)
     assert re.search(r"^## time: \d+ s$", out, re.M)
+    nxt = re.search(r"^## next on a GPU: .*--params (\S+)", out, re.M)  # a preset that exists (and plans:
+    assert nxt and (ROOT / nxt.group(1)).is_file()  # tests/study/comparisons/test_presets.py plans every one)
     assert (tmp_path / "out" / "gpu_check.txt").read_text() == out
     assert (tmp_path / "out" / "gc" / "notebooks" / "03_headline_sweep.ipynb").is_file()

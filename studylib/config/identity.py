@@ -1,6 +1,6 @@
 """Run identity: which settings make two runs the same run, and the hash that names it.
 
-A run is (preset name, model name, seed, data settings, training settings, resolved model
+A run is (preset name (``runs``: whose runs it shares), model name, seed, data settings, training settings, resolved model
 config). The identity document keeps only what changes results, by two rules:
 
 * execution-only settings are left out: where the data and cache live, threads, device,
@@ -84,7 +84,7 @@ def identity(preset: str, model: str, seed: int, data: Mapping, train: Mapping, 
 
 def run_identity(preset, model_cfg: ModelConfig, model: str, seed: int) -> dict:
     """The identity document of ``model`` x ``seed`` of a :class:`~studylib.config.presets.Preset`."""
-    return identity(preset.name, model, seed, to_dict(preset.data), to_dict(preset.train), to_dict(model_cfg),
+    return identity(preset.runs, model, seed, to_dict(preset.data), to_dict(preset.train), to_dict(model_cfg),
                     split=DATA_SPLIT, init=INIT)
 
 
@@ -101,7 +101,7 @@ def run_document(preset, model_cfg: ModelConfig, model: str, seed: int) -> dict:
     p = to_dict(preset)
     p.pop("path", None)
     return {
-        "run": {"preset": preset.name, "model": model, "seed": seed,
+        "run": {"preset": preset.runs, "model": model, "seed": seed,
                 "config_hash": config_hash(run_identity(preset, model_cfg, model, seed)),
                 "data_split": DATA_SPLIT, "init": INIT, "preset_path": preset.path},
         "model": to_dict(model_cfg),

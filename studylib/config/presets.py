@@ -40,6 +40,15 @@ class Preset:
     seeds: tuple[int, ...] = (1337, 1338, 1339)
     study: StudyConfig = field(default_factory=StudyConfig)  # what the notebooks compare (config/study.py)
     path: Optional[str] = None
+    #: whose runs this preset trains and reads: ``<outputs>/<runs>/runs`` and the runs' identity
+    #: (default: its own name). A preset that extends another and changes nothing a run depends on
+    #: names the other (``params/cpu_scale.yaml``: ``runs: cpu``) to share its runs; a run whose
+    #: settings differ is still another run (refused there, never reused)
+    runs: Optional[str] = None
+
+    def __post_init__(self):
+        if self.runs is None:
+            object.__setattr__(self, "runs", self.name)
 
     def model_names(self) -> list[str]:
         return list(self.models)
@@ -66,7 +75,7 @@ class Preset:
         return model_from_dict(merged, where=f"models.{name}")
 
 
-_PRESET_KEYS = ("name", "data", "train", "model", "models", "seeds", "study")
+_PRESET_KEYS = ("name", "runs", "data", "train", "model", "models", "seeds", "study")
 
 
 def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
@@ -109,8 +118,10 @@ def preset_from_dict(raw: dict, path: Optional[str] = None) -> Preset:
         if seed_error(s, f"seeds[{i}]"):
             raise ConfigError(seed_error(s, f"seeds[{i}]"))
     name = preset_name(raw.get("name"), path)
+    runs = None if raw.get("runs") is None else plain_name(raw["runs"], "runs")
     study = study_from_dict(raw.get("study"), models)
-    return Preset(name=name, data=data, train=train, model=model, models=models, seeds=seeds, study=study, path=path)
+    return Preset(name=name, data=data, train=train, model=model, models=models, seeds=seeds, study=study, path=path,
+                  runs=runs)
 
 
 #: a preset's or a model's name: one folder of the run layout (``<outputs>/<preset>/runs/<model>``), never a path
@@ -348,6 +359,8 @@ def override(preset: Preset, overrides: Overrides) -> Preset:
         return preset
     raw = to_dict(preset)
     raw.pop("path", None)
+    if raw["runs"] == raw["name"]:  # its own runs: a new name moves them with it
+        raw.pop("runs")
     varied = preset_from_dict(apply_overrides(raw, overrides), preset.path)
     check_model_overrides(raw, overrides, varied)
     return varied

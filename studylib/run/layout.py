@@ -32,10 +32,10 @@ def outputs_root(preset: Optional[Preset] = None) -> Path:
 
 def run_dir_for(preset: Preset, model: str, seed: int, root: str | os.PathLike | None = None,
                 tag: Optional[str] = None) -> Path:
-    """``<root>/<preset>/runs/<model>/seed<seed>``; a variant (``tag``) lives one level deeper,
+    """``<root>/<preset.runs>/runs/<model>/seed<seed>``; a variant (``tag``) lives one level deeper,
     ``.../runs/<model>/<tag>/seed<seed>``."""
     root = Path(root) if root is not None else outputs_root(preset)
-    base = root / preset.name / "runs" / model
+    base = root / preset.runs / "runs" / model
     if tag is not None:
         if not tag or "/" in tag or tag.startswith(".") or tag.startswith("seed"):
             raise ConfigError(f"run variant tag {tag!r}: must be non-empty, without '/', not start "

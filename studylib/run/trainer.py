@@ -353,7 +353,7 @@ class Trainer:
         if state.final is None:  # resumed from the final checkpoint: nothing left to do but the summary
             raise CheckpointStateError(self.rd.path)
         state.clock["elapsed_s"] = max(state.clock["elapsed_s"], time.perf_counter() - self.t_wall0)
-        summary = summary_record(state, model=self.model_name, seed=self.seed, preset=self.preset.name,
+        summary = summary_record(state, model=self.model_name, seed=self.seed, preset=self.preset.runs,
                                  tokens=self.tokens(self.total), params=count_params(self.mcfg).as_dict(),
                                  device=self.device, data=self.data)
         if self.dist.main:

@@ -103,6 +103,23 @@ def family_sentences(table: pd.DataFrame) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Stage:
+    """Runs a comparison needs finished, and what it does with them, before the rest of its plan
+    (and of the study's) trains: ``grids(study, knobs)``, then ``then(study, knobs, runs)`` with
+    their :class:`Runs` (notebook 14 writes the law's predictions of the runs still to train)."""
+
+    grids: Callable[..., list[Grid]]
+    then: Callable[..., None]
+
+    def run(self, study: Study, knobs: Knobs, jobs: Optional[int] = None, progress: bool = True,
+            scheduler: Optional[str] = None, where: str = "the first stage") -> None:
+        """Plan and train :attr:`grids` (finished runs are reused), then call :attr:`then`."""
+        planned = plan_runs(study.preset, self.grids(study, knobs), where, progress)
+        train_plan(planned, jobs=jobs, progress=progress, scheduler=scheduler)
+        self.then(study, knobs, Runs.of(planned))
+
+
+@dataclass(frozen=True)
 class Comparison:
     """One notebook's comparison.
 
@@ -110,7 +127,8 @@ class Comparison:
     flat ``study`` keys it owns), ``grids`` (``(study, knobs, **parameters) -> [Grid]``: the runs
     it reads), ``parameters`` (the notebook's own ``-p`` parameters the plan depends on, e.g.
     notebook 04's ``model``), ``jobs`` (runs at a time when the notebook trains them itself; None:
-    the notebook's), ``tables`` (the CSV names, under ``tables/``, of its families of comparisons:
+    the notebook's), ``stage`` (a :class:`Stage` that trains and acts before the rest; None: one
+stage), ``tables`` (the CSV names, under ``tables/``, of its families of comparisons:
     the report words each with ``words``, one sentence per family) and ``answer`` (``(outputs dir)
     -> Answer``: what it adds to the report's answer, from its tables and figures; None: nothing)."""
 
@@ -123,6 +141,7 @@ class Comparison:
     tables: tuple[str, ...] = ()
     words: Callable[[pd.DataFrame], list[str]] = family_sentences
     answer: Optional[Callable[[Path], Answer]] = None
+    stage: Optional[Stage] = None
 
     def given(self, parameters: Optional[Mapping[str, Any]]) -> dict:
         """The notebook's ``parameters`` the plan takes (the others are the notebook's alone)."""
@@ -135,10 +154,14 @@ class Comparison:
 
     def train(self, study: Study, jobs: Optional[int] = None, progress: bool = True,
               parameters: Optional[Mapping[str, Any]] = None) -> Runs:
-        """:meth:`plan` resolved, its missing runs trained (finished ones are reused), as :class:`Runs`."""
+        """:meth:`plan` resolved, its missing runs trained (finished ones are reused; its
+        :attr:`stage` first), as :class:`Runs`."""
+        jobs = self.jobs if self.jobs is not None else jobs
+        if self.stage is not None:
+            self.stage.run(study, study[self], jobs, progress, where=f"notebook {self.notebook}'s first stage")
         planned = plan_runs(study.preset, self.plan(study, parameters), f"notebook {self.notebook}", progress)
-        train_plan(planned, jobs=self.jobs if self.jobs is not None else jobs, progress=progress)
+        train_plan(planned, jobs=jobs, progress=progress)
         return Runs.of(planned)
 
 
-__all__ = ["Answer", "Comparison", "Runs", "family_sentences", "models_at_epochs", "no_runs"]
+__all__ = ["Answer", "Comparison", "Runs", "Stage", "family_sentences", "models_at_epochs", "no_runs"]

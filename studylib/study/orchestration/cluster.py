@@ -364,7 +364,7 @@ def task_key(spec: RunSpec) -> str:
     the same run queued twice (one run directory) is one task."""
     tag = spec.run_dir.parent.name if spec.run_dir.parent.name != spec.model else ""
     digest = hashlib.sha256(f"{spec.run_dir}\0{spec.document()['run']['config_hash']}".encode()).hexdigest()[:8]
-    return f"train-{spec.preset.name}" + (f"-{tag}" if tag else "") + f"-{spec.model}-seed{spec.seed}-{digest}"
+    return f"train-{spec.preset.runs}" + (f"-{tag}" if tag else "") + f"-{spec.model}-seed{spec.seed}-{digest}"
 
 
 class Markers:

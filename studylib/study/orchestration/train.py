@@ -114,7 +114,7 @@ def _train_on_cluster(preset: Preset, missing: Sequence[RunSpec], slots: int, ad
             shown["at"] = time.monotonic()
             bar.set_postfix_str(", ".join(f"{s.model} s{s.seed} {_step(s)}/{steps[s.run_dir]}" for s in running))
 
-    runs_root = Path(os.path.abspath(outputs_root(preset) / preset.name / "runs"))
+    runs_root = Path(os.path.abspath(outputs_root(preset) / preset.runs / "runs"))
     echo = bar.write if progress else (lambda msg: None)
     with Markers(runs_root, [spec.preset.data.cache_dir for spec in missing]) as markers, \
             Cluster(slots, address, echo) as cluster:

@@ -301,9 +301,18 @@ def plan_study(preset, nbs: Sequence[Path], parameters: Optional[Mapping[Path, M
     return parts, plan_runs(preset, grids, "notebook(s) " + ", ".join(py.name.split("_")[0] for py in nbs), progress)
 
 
+def _staged(nbs: Sequence[Path]) -> list:
+    """The comparisons of ``nbs`` with a first stage (:class:`~studylib.study.comparisons.base.Stage`)."""
+    from studylib.study.comparisons import by_notebook
+
+    found = by_notebook()
+    return [found[py.stem] for py in nbs if py.stem in found and found[py.stem].stage is not None]
+
+
 def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Path, progress: bool, echo,
                      scheduler: Optional[str] = None, parameters: Optional[Mapping[Path, Mapping]] = None) -> float:
-    """Plan the selected notebooks' comparisons in one plan (:func:`plan_study`, given each
+    """Train the first stage of each selected comparison that has one (its runs, then its act),
+    then plan the selected notebooks' comparisons in one plan (:func:`plan_study`, given each
     notebook's parameters ``{notebook: {name: value}}``), train its missing runs in one queue before
     any notebook executes (from the repository root, as the notebooks run; on the Dask scheduler at
     ``scheduler`` or here), and write each comparison's part under the preset's outputs
@@ -319,6 +328,12 @@ def train_study_runs(preset, nbs: Sequence[Path], jobs: Optional[int], root: Pat
     t0 = time.perf_counter()
     out = root / outputs_root(preset) / preset.name
     with contextlib.chdir(root):
+        from studylib.study.comparisons import study_of
+
+        for c in _staged(nbs):  # e.g. predictions written before the runs they predict train
+            echo(f"notebook {c.notebook}: its first stage trains, then acts, before the rest")
+            study = study_of(preset)
+            c.stage.run(study, study[c], jobs, progress, scheduler, f"notebook {c.notebook}'s first stage")
         parts, planned = plan_study(preset, nbs, parameters, progress)
         if planned is None:
             return 0.0

@@ -113,7 +113,8 @@ def apply_parameters(preset: Preset, seeds=None, overrides=None) -> tuple[Preset
         # the hash of what the overrides resolve to, so "train.amp=off" and {"train.amp": False} agree
         desc = _described(out)
         resolved = {k: value_at(desc, k, v) for k, v in ov.items()}
-        out = dataclasses.replace(out, name=f"{preset.name}-{config_hash(resolved)[:8]}")
+        tag = config_hash(resolved)[:8]  # runs of another setting never share the base's runs
+        out = dataclasses.replace(out, name=f"{preset.name}-{tag}", runs=f"{preset.runs}-{tag}")
     chosen = parse_seeds(seeds)
     if chosen is not None:
         out = dataclasses.replace(out, seeds=tuple(chosen))

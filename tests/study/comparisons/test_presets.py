@@ -55,7 +55,7 @@ def test_every_preset_plans_every_comparison_it_runs(path, tmp_path, monkeypatch
 
 
 def test_a_new_comparison_whose_keys_a_preset_lacks_fails_here(tmp_path, monkeypatch, cache):
-    """A toy comparison added as docs/architecture.md says, its keys in no preset: params/paper.yaml
+    """A toy comparison added as docs/architecture.md says, its keys in no preset: params/ci.yaml
     (no study.notebooks: every notebook, the toy's too) refuses it naming the key and the preset."""
     monkeypatch.setenv("STUDYLIB_OUTPUTS", str(tmp_path / "out"))
     monkeypatch.chdir(ROOT)
@@ -64,6 +64,6 @@ def test_a_new_comparison_whose_keys_a_preset_lacks_fails_here(tmp_path, monkeyp
     notebooks.mkdir()
     for py in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
         (notebooks / py.name).symlink_to(py)
-    (notebooks / "14_toy.py").write_text("")
-    with pytest.raises(ConfigError, match=r"^study\.toy_models: missing from preset 'paper'"):
-        plan_preset(ROOT / "params" / "paper.yaml", notebooks, monkeypatch, cache)
+    (notebooks / "15_toy.py").write_text("")
+    with pytest.raises(ConfigError, match=r"^study\.toy_models: missing from preset 'ci'"):
+        plan_preset(ROOT / "params" / "ci.yaml", notebooks, monkeypatch, cache)

@@ -78,8 +78,8 @@ def test_a_toy_comparison_in_its_own_folder_runs_through_the_registry_the_study_
     (root / "notebooks").mkdir()
     raw = tiny_raw(name="t", study={"headline": ["dense", "moe"], "toy_models": ["dense", "moe"], "toy_epochs": 0.5})
     (root / "params" / "t.yaml").write_text(yaml.safe_dump(raw))
-    (root / "notebooks" / "14_toy.py").write_text(NOTEBOOK)
-    assert "toy" in C.registry() and C.comparison("14_toy").knobs.keys() == ("toy_models", "toy_epochs")
+    (root / "notebooks" / "15_toy.py").write_text(NOTEBOOK)
+    assert "toy" in C.registry() and C.comparison("15_toy").knobs.keys() == ("toy_models", "toy_epochs")
     calls = []
     monkeypatch.setattr("studylib.run.trainer.train_run", _fake_train_run(calls))
     monkeypatch.setattr("studylib.data.pipeline.load_data", lambda *a, **k: None)  # nothing trains for real
@@ -88,13 +88,13 @@ def test_a_toy_comparison_in_its_own_folder_runs_through_the_registry_the_study_
     assert sorted(calls) == [(m, s, half) for m in ("dense", "moe") for s in (1, 2)]  # the toy's own budget
     out = root / "outputs" / "t"
     assert json.loads((out / "plans" / "toy.json").read_text())["grids"][0]["models"] == ["dense", "moe"]
-    executed = (out / "notebooks" / "14_toy.ipynb").read_text()
+    executed = (out / "notebooks" / "15_toy.ipynb").read_text()
     assert f"STEPS [{half}]" in executed
     assert (out / "tables" / "toy_gaps.csv").is_file()
     html = Path(res["report"]).read_text()
-    assert "Notebook 14: " in html and "13 toy: dense - moe" in html
+    assert "Notebook 15: " in html and "13 toy: dense - moe" in html
     md = "\n".join(c.source for c in answer_cells(out) if c.cell_type == "markdown")
-    assert "Notebook 14: " in md
+    assert "Notebook 15: " in md
 
 
 WRITES = textwrap.dedent('''\
@@ -123,7 +123,7 @@ def test_a_module_named_with_comparison_module_joins_the_registry(tmp_path, monk
     request.addfinalizer(lambda: sys.modules.pop("toy_named", None))  # later tests cannot import it
     C.name_modules(["toy_named"])
     assert os.environ[C.MODULES_ENV] == "toy_named"  # what the kernels inherit
-    assert C.comparison("14_toy").knobs.keys() == ("toy_models", "toy_epochs")
+    assert C.comparison("15_toy").knobs.keys() == ("toy_models", "toy_epochs")
 
 
 @pytest.mark.parametrize("module, source, expected", [

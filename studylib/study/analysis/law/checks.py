@@ -43,13 +43,13 @@ def cell_position(cell: pd.DataFrame, n_boot: int = 1000, level: float = 0.95) -
                         n_boot=n_boot, level=level)
 
 
-def _quantities(l_roles: np.ndarray) -> dict:
+def quantities(l_roles: np.ndarray) -> dict:
     """:data:`QUANTITIES` from losses along the last axis in :data:`ROLES` order."""
     la, lm, lt = l_roles[..., 0], l_roles[..., 1], l_roles[..., 2]
     return dict(zip(QUANTITIES, (la, lm, lt, la - lm, lt - lm, position(la, lm, lt))))
 
 
-def _rests_on(law: JointLaw, quantity: str, repeats: bool) -> tuple[list, list]:
+def rests_on(law: JointLaw, quantity: str, repeats: bool) -> tuple[list, list]:
     """(the parameters ``quantity`` rests on that ``law`` does not identify, those of them it holds
     on a bound: ``law.on_bound``, usable) at a cell that repeats data or not: a loss all but R* (R*
     too where data repeat); a gap A, alpha and lambda (or m); the position alpha and lambda; with
@@ -264,12 +264,12 @@ def _cell_rows(h: HeldOut, cell: pd.DataFrame, label: str, level: float) -> list
     d, u = float(cell["tokens"].iloc[0]), float(cell["unique"].iloc[0])
     base = {"held_out": label, "size": cell["size"].iloc[0], "tokens": d, "unique": u, "passes": d / u,
             "tokens_per_param": float(cell["tpp"].iloc[0])}
-    pq, sq, mq = _quantities(point), _quantities(sims), _quantities(meas)
+    pq, sq, mq = quantities(point), quantities(sims), quantities(meas)
     pos = cell_position(cell, level=level)
     rows = []
     for q in QUANTITIES:
         lo, hi = percentile_ci(sq[q][:, None], level)
-        miss, held = _rests_on(h.law, q, d > u)
+        miss, held = rests_on(h.law, q, d > u)
         note = (f"not identified without these cells: {', '.join(miss)}" if miss else
                 "a role has no run here" if not np.isfinite(mq[q]) and q != "position" else
                 pos["position_reason"] if q == "position" and not pos["position_defined"] else
@@ -316,7 +316,7 @@ def _at_paper(law: JointLaw) -> tuple[dict, dict]:
     of its seed replicates."""
     active, total = zip(*(paper_params(r) for r in ROLES))
     b = law.at(list(ROLES), active, total, [PAPER_HEADLINE_TOKENS] * 3, [PAPER_HEADLINE_TOKENS] * 3)
-    return _quantities(b.point), _quantities(b.draws)
+    return quantities(b.point), quantities(b.draws)
 
 
 def paper_point(law: JointLaw) -> pd.DataFrame:
@@ -332,7 +332,7 @@ def paper_point(law: JointLaw) -> pd.DataFrame:
              "ci_high": mix.ci_high, "identified": mix.identified, "reason": mix.reason}]
     cover, clip = paper_clip(law)
     for q in QUANTITIES:  # one resting on a bound (a parameter's, lambda(N)'s clip): its value, no interval
-        miss, held = _rests_on(law, q, False)
+        miss, held = rests_on(law, q, False)
         bound = [bound_note(law, held)] * bool(held) + [clip] * bool(clip and q in ON_WORTH)
         unknown = f"{', '.join(miss)} not identified by this map" if miss else cover if q in ON_WORTH else ""
         lo, hi = (float(x[0]) if not (unknown or bound) else math.nan
