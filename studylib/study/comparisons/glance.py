@@ -3,7 +3,7 @@
 One table of the three models' losses, the two gaps and the MoE's position between its matches,
 each with its 95% CI, the paper's values beside them (:class:`GlanceRow`, one per point: the
 headline, the paper, the map's best-supported point, the joint law at the paper's point), at most
-three sentences of :data:`MAX_WORDS` words together (:class:`~.base.Answer`'s ``lead``), and the
+short sentences of :data:`MAX_WORDS` words together (:class:`~.base.Answer`'s ``lead``), and the
 key figure. Each comparison fills its own rows and sentences from its tables
 (:mod:`.headline`, :mod:`.token_budget`); the runner lays them out (:func:`glance_markdown`).
 """
@@ -20,8 +20,10 @@ import pandas as pd
 from studylib.config import ConfigError
 from studylib.study.analysis.text import ci_text
 
-#: the sentences of the first screen: at most three, at most this many words together
-MAX_SENTENCES, MAX_WORDS = 3, 145
+#: the sentences of the first screen: short ones (each at most :data:`MAX_SENTENCE_WORDS` words, one
+#: claim each, in plain words: the methods' names stay in the folded detail), at most
+#: :data:`MAX_SENTENCES` of them and :data:`MAX_WORDS` words together
+MAX_SENTENCES, MAX_SENTENCE_WORDS, MAX_WORDS = 8, 30, 145
 #: the README's answer: the same sentences and a pointer, at most this many words
 README_WORDS = 150
 
@@ -109,11 +111,16 @@ def words(text: str) -> int:
 
 
 def check_lead(sentences: Sequence[str]) -> None:
-    """The first screen's sentences within :data:`MAX_SENTENCES` and :data:`MAX_WORDS`."""
+    """The first screen's sentences within :data:`MAX_SENTENCES`, :data:`MAX_WORDS` together and
+    :data:`MAX_SENTENCE_WORDS` each."""
     n = sum(words(s) for s in sentences)
     if len(sentences) > MAX_SENTENCES or n > MAX_WORDS:
         raise ValueError(f"the answer at a glance: {len(sentences)} sentences of {n} words; at most "
                          f"{MAX_SENTENCES} of {MAX_WORDS} words together")
+    long = [s for s in sentences if words(s) > MAX_SENTENCE_WORDS]
+    if long:
+        raise ValueError(f"the answer at a glance: a sentence of {words(long[0])} words, at most "
+                         f"{MAX_SENTENCE_WORDS} each: {long[0]!r}")
 
 
 def glance_markdown(question: str, rows: Sequence[GlanceRow], lead: Sequence[str]) -> str:
@@ -134,5 +141,5 @@ def readme_answer(lead: Sequence[str], report: str = "outputs/cpu/report.html") 
     return text
 
 
-__all__ = ["MAX_SENTENCES", "MAX_WORDS", "README_WORDS", "GlanceRow", "HEADER", "mean_ci",
+__all__ = ["MAX_SENTENCES", "MAX_SENTENCE_WORDS", "MAX_WORDS", "README_WORDS", "GlanceRow", "HEADER", "mean_ci",
            "missing_row", "read_table", "markdown_table", "table_markdown", "words", "check_lead", "glance_markdown", "readme_answer"]

@@ -203,10 +203,11 @@ def _law_paper(out):
     law_checks.paper_point(j).to_csv(out / "tables" / "token_budget_law_paper.csv", index=False)
 
 
-def test_the_first_screen_is_one_table_three_sentences_and_the_key_figure(out):
+def test_the_first_screen_is_one_table_short_sentences_and_the_key_figure(out):
     """issue #40: the answer ran 1,453 words before the contents; now the first screen (before the
-    first <details>) is the question, one table, at most three sentences of at most 145 words,
-    and the key figure; everything else is folded below it."""
+    first <details>) is the question, one table, short sentences of at most 145 words together,
+    and the key figure; everything else is folded below it (issue #55: one claim a sentence, in plain
+    words, each at most 30 words)."""
     from studylib.study.comparisons import glance
 
     g = _headline(out)
@@ -237,8 +238,9 @@ def test_the_first_screen_is_one_table_three_sentences_and_the_key_figure(out):
     assert lead in screen.replace("−", "−")
     sentences = [s for s in re.split(r"(?<=\.) (?=[A-Z])", lead) if s]
     assert len(sentences) <= glance.MAX_SENTENCES and glance.words(lead) <= glance.MAX_WORDS
-    assert sentences[0].startswith("At the headline") and "ahead of its active match" in sentences[0]
-    assert "behind its total match" in sentences[0]
+    assert max(glance.words(s) for s in sentences) <= glance.MAX_SENTENCE_WORDS  # short sentences, one claim each
+    assert sentences[0].startswith("At ") and "ahead of the dense model with its active parameters" in sentences[0]
+    assert sentences[1].startswith("It is behind the dense model with its total parameters: p = ")
     readme = text_md.split("## For the README (at most 150 words)")[1].strip()
     assert readme.startswith(lead) and glance.words(readme) <= glance.README_WORDS
     # everything else is below, folded
@@ -275,7 +277,7 @@ def _controls(out):
                    "ci_lo": 0.1, "ci_hi": 0.7, "decades_out": 2.4}]).to_csv(out / "tables" / "clark_trend.csv", index=False)
 
 
-def test_the_controls_add_the_third_sentence_and_say_when_they_did_not_run(out):
+def test_the_controls_add_their_sentences_and_say_when_they_did_not_run(out):
     """issue #47: the first screen says what the controls show and where the MoE sits against
     Clark et al.'s trend; without notebook 13's tables the answer says it did not run."""
     from studylib.study.comparisons import glance
@@ -283,16 +285,21 @@ def test_the_controls_add_the_third_sentence_and_say_when_they_did_not_run(out):
     _full(out)
     text_md = report.write_answer(out).read_text()
     lead = text_md.split("## For the README")[0].strip().split("\n\n")[-1]
-    assert len(re.split(r"(?<=\.) (?=[A-Z])", lead)) == 2 and "Controls (" not in lead
+    assert len(re.split(r"(?<=\.) (?=[A-Z])", lead)) == 4 and "Controls (" not in lead
     html = report.write_report(_notebooks(out), out / "report.html", title="Study toy").read_text()
     assert "Controls. Not computed: no tables/controls_positions.csv" in " ".join(re.sub("<[^>]+>", " ", html).split())
     _controls(out)
     text_md = report.write_answer(out).read_text()
     lead = text_md.split("## For the README")[0].strip().split("\n\n")[-1]
     sentences = re.split(r"(?<=\.) (?=[A-Z])", lead)
-    assert len(sentences) == 3 and sentences[2].startswith("Controls at that budget (nats): a hash router is equi")
-    assert "a frozen one trails it by" in sentences[2]
-    assert "Clark et al.'s learned routers, extrapolated 2.4 decades down, trend to p = 0.40 [0.10, 0.70] here" in lead
+    assert len(sentences) == 6 and sentences[4].startswith("A router hashing the token id is as good as the learned")
+    assert "and one frozen at its start trails it by" in sentences[4]
+    assert sentences[5] == "One expert is as good as its dense twin (within ±0.03 nats)."
+    # Clark et al.'s trend is below the first screen, in the controls' folded detail
+    assert "Clark et al.'s learned routers" not in lead
+    assert "extrapolated 2.4 decades down, trend to p = 0.40 [0.10, 0.70] here" in report.write_answer(out).read_text() \
+        or "extrapolated 2.4 decades down" in " ".join(re.sub("<[^>]+>", " ", report.write_report(
+            _notebooks(out), out / "report.html", title="Study toy").read_text()).split())
     readme = text_md.split("## For the README (at most 150 words)")[1].strip()
     assert glance.words(lead) <= glance.MAX_WORDS and glance.words(readme) <= glance.README_WORDS
 
@@ -309,7 +316,7 @@ def test_a_missing_table_under_the_answer_is_said_not_a_row_dropped(out):
                                                                    "joint law at the paper's N and D"]
     assert "not computed (no tables/token_budget_law_paper.csv)" in rows[3]
     assert "(no tables/table6_per_seed.csv: losses and p not computed)" in rows[0]
-    assert "the joint law's answer is missing: no tables/token_budget_law_paper.csv" in text_md
+    assert "The joint law's answer is missing: no tables/token_budget_law_paper.csv" in text_md
 
 
 @pytest.mark.parametrize("name, damage, lacking", [
@@ -344,10 +351,12 @@ def test_the_glance_refuses_a_long_first_screen():
     from studylib.study.comparisons import glance
 
     assert glance.words("At 3.53 tokens/param the MoE is +0.0026 [-0.0164, +0.0215] ahead.") == 10
-    with pytest.raises(ValueError, match="4 sentences of .* at most 3 of 145 words"):
-        glance.check_lead(["One.", "Two.", "Three.", "Four."])
-    with pytest.raises(ValueError, match="1 sentences of 146 words"):
-        glance.check_lead([" ".join(["word"] * 146)])
+    with pytest.raises(ValueError, match="9 sentences of .* at most 8 of 145 words"):
+        glance.check_lead(["One."] * 9)
+    with pytest.raises(ValueError, match="6 sentences of 150 words"):
+        glance.check_lead([" ".join(["word"] * 25)] * 6)
+    with pytest.raises(ValueError, match="a sentence of 31 words, at most 30 each"):
+        glance.check_lead([" ".join(["word"] * 31)])
 
 
 _PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"

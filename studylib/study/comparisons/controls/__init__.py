@@ -74,7 +74,7 @@ def answer(out_dir: Path) -> Answer:
     """The controls' sentence of the first screen (:func:`.analysis.lead_sentence`: the hash and
     frozen routers against the learned one, one expert against its dense twin, Clark et al.'s trend
     at this MoE's size) and, folded, the same with the controls' table (p, gap, verdict) and figures."""
-    from studylib.study.comparisons.controls.analysis import lead_sentence
+    from studylib.study.comparisons.controls.analysis import lead_sentence, lead_sentences
     from studylib.study.comparisons.glance import markdown_table, read_table
     from studylib.study.comparisons.controls.clark_tables import CLARK_TREND, POSITION_AGAINST_SIZE
 
@@ -83,15 +83,17 @@ def answer(out_dir: Path) -> Answer:
                                                                                "verdict", "margin", "family"))
     if pos is None or gap is None:
         return Answer(f"**Controls.** Not computed: no `tables/{POSITIONS}.csv` (notebook 13 did not run in this study).")
-    lead = lead_sentence(pos, gap, read_table(out_dir, TWIN, ("mean", "ci_low", "ci_high", "verdict", "family")),
-                         read_table(out_dir, CLARK_TREND, ("router", "experts", "size", "p", "ci_lo", "ci_hi", "decades_out")))
+    twin = read_table(out_dir, TWIN, ("mean", "ci_low", "ci_high", "verdict", "family"))
+    full = lead_sentence(pos, gap, twin, read_table(out_dir, CLARK_TREND, ("router", "experts", "size", "p", "ci_lo",
+                                                                           "ci_hi", "decades_out")))
+    lead = lead_sentences(pos, gap, twin)
     figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (POSITION_AGAINST_SIZE, GAPS)) if p.is_file())
     shown_cols = ("cell", "role", "model", "p [95% CI]", "gap to the reference", "verdict")
     shown = read_table(out_dir, CONTROLS, shown_cols)
     table = "" if shown is None else "\n\n" + markdown_table(shown_cols, shown[list(shown_cols)].itertuples(index=False))
-    said = lead or ("No sentence on the first screen: its first cell has no hash or frozen router, nor one expert "
+    said = full or ("No sentence on the first screen: its first cell has no hash or frozen router, nor one expert "
                     "with its twin.")
-    return Answer(f"**Controls (notebook 13).** {said}{table}", figures, lead=(lead,) if lead else ())
+    return Answer(f"**Controls (notebook 13).** {said}{table}", figures, lead=tuple(lead))
 
 
 COMPARISON = Comparison("controls", "13_controls", ControlsKnobs, grids, tables=(GAPS, TWIN), answer=answer)

@@ -174,15 +174,15 @@ def position_intervals(pos: pd.DataFrame) -> pd.DataFrame:
 def _against(r: pd.Series, name: str, other: str) -> str:
     """How control ``name`` stands against ``other`` from its family row (``a`` − ``b``; > 0: ``b``
     better): beats it / trails it by the gap with its 95% CI, equivalent within the margin, or not
-    resolved (the interval is in the table below the first screen)."""
+    resolved, in plain words (the interval is in the table below the first screen)."""
     v, m, lo, hi = r["verdict"], float(r["mean"]), float(r["ci_low"]), float(r["ci_high"])
     if v == "A better":
-        return f"{name} beats {other} by {-m:.3f} [{-hi:.3f}, {-lo:.3f}]"
+        return f"{name} beats {other} by {-m:.3f} [{-hi:.3f}, {-lo:.3f}] nats"
     if v == "B better":
-        return f"{name} trails {other} by {m:.3f} [{lo:.3f}, {hi:.3f}]"
+        return f"{name} trails {other} by {m:.3f} [{lo:.3f}, {hi:.3f}] nats"
     if v == "equivalent":
-        return f"{name} is equivalent to {other} (±{float(r['margin']):g})"
-    return f"{name} is not resolved from {other}"
+        return f"{name} is as good as {other} (within ±{float(r['margin']):g} nats)"
+    return f"{name} is not told apart from {other}"
 
 
 def _missing(here: pd.DataFrame, fam: pd.DataFrame, twin: Optional[pd.DataFrame], cell: str) -> str:
@@ -205,6 +205,24 @@ def _missing(here: pd.DataFrame, fam: pd.DataFrame, twin: Optional[pd.DataFrame]
     return "; ".join(f"{name}.csv lacks {listed(what)}" for name, what in lack.items() if what)
 
 
+def _first_cell(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFrame], hash_name: str,
+                learned: str) -> tuple:
+    """(the first cell, its positions, its gaps' family, [the hash and frozen routers against the
+    learned one, worded by :func:`_against`], one expert against its twin or None) of ``pos`` (not empty)."""
+    cell = pos["cell"].iloc[0]
+    here = pos[pos["cell"] == cell]
+    fam = gap[gap["family"].str.contains(cell, regex=False)]
+    role = dict(zip(here["model"], here["role"]))
+    routers = []
+    for label, name in ((ROLE_LABELS["hash"], hash_name), (ROLE_LABELS["frozen"], "one frozen at its start")):
+        rows = fam[fam["a"].map(role) == label]
+        if len(rows):
+            routers.append(_against(rows.iloc[0], name, learned if not routers else "it"))
+    t = twin[twin["family"].str.contains(cell, regex=False)] if twin is not None and len(twin) else None
+    one = _against(t.iloc[0], "{one}", "its dense twin") if t is not None and len(t) else None
+    return cell, here, fam, routers, one
+
+
 def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFrame],
                   trend: Optional[pd.DataFrame]) -> str:
     """The first screen's sentence on the controls, from notebook 13's tables: at the first cell
@@ -217,25 +235,14 @@ def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFr
     its twin)."""
     if not len(pos):
         return f"Controls: not stated (incomplete tables, run notebook 13 again: {POSITIONS}.csv has no rows)."
-    cell = pos["cell"].iloc[0]
-    here = pos[pos["cell"] == cell]
-    fam = gap[gap["family"].str.contains(cell, regex=False)]
-    role = dict(zip(here["model"], here["role"]))
-    parts = []
-    for label, name in ((ROLE_LABELS["hash"], "a hash router"), (ROLE_LABELS["frozen"], "a frozen one")):
-        rows = fam[fam["a"].map(role) == label]
-        if len(rows):
-            parts.append(_against(rows.iloc[0], name, "the learned one" if not parts else "it"))
-    if twin is not None and len(twin):
-        t = twin[twin["family"].str.contains(cell, regex=False)]
-        if len(t):
-            parts.append(_against(t.iloc[0], "one expert", "its dense twin"))
+    cell, here, fam, parts, one = _first_cell(pos, gap, twin, "a router hashing the token id", "the learned one")
+    parts += [one.format(one="one expert")] if one else []
     at = "that budget" if cell.endswith(" @ 1 epochs") else cell  # the headline's budget, the sentence before
     lack = _missing(here, fam, twin, cell)
     lack = lack and f"incomplete tables, run notebook 13 again: {lack}"
     if not parts:
         return f"Controls at {at}: not stated ({lack})." if lack else ""
-    said = (f"Controls at {at} (nats{f'; {lack}' if lack else ''}): "
+    said = (f"Controls at {at}{f' ({lack})' if lack else ''}: "
             + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]))
     ref = here[here["role"] == ROLE_LABELS["moe"]]
     if trend is None or not len(ref) or not bool(ref["position_defined"].iloc[0]):
@@ -249,3 +256,16 @@ def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFr
     where = "above" if t["ci_lo"] > p else "below" if t["ci_hi"] < p else "around"
     return (said + f"; Clark et al.'s learned routers, extrapolated {t['decades_out']:.1f} decades down, trend to "
             f"p = {p_text(t['p'], t['ci_lo'], t['ci_hi'])} here, {where} the MoE's {p_text(p)}.")
+
+
+def lead_sentences(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFrame]) -> list[str]:
+    """The first screen's plain sentences on the controls at the first cell (the full sentence,
+    with Clark et al.'s trend and what the tables lack, is :func:`lead_sentence`, below the first
+    screen): the hash and frozen routers against the learned one, then one expert against its dense
+    twin; [] when the cell has none of them."""
+    if not len(pos):
+        return ["Controls: not stated (incomplete tables; see below)."]
+    _, _, _, routers, one = _first_cell(pos, gap, twin, "A router hashing the token id", "the learned router")
+    out = [", and ".join(routers) + "."] if routers else []
+    out += [one.format(one="One expert") + "."] if one else []
+    return out

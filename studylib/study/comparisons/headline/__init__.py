@@ -118,7 +118,7 @@ def answer(out_dir: Path) -> Answer:
     figure = out_dir / "figures" / f"{HEADLINE}.png"
     rows, lead = headline_glance(out_dir, g, summaries[0] if summaries else None)
     return Answer("\n".join(md), (figure,) if figure.is_file() else (), (limit.strip(),), moe=moe,
-                  glance=tuple(rows), lead=(lead,))
+                  glance=tuple(rows), lead=tuple(lead))
 
 
 COMPARISON = Comparison("headline", "03_headline_sweep", HeadlineKnobs, grids, answer=answer)

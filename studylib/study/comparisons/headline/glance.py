@@ -29,21 +29,32 @@ def paper_row() -> GlanceRow:
                      position_text(position_row(da - moe, dt - moe)))
 
 
-def _phrase(row, moe_is_b: bool) -> str:
-    """How the MoE stands against one match: a family row's verdict ("A better", "B better",
-    "equivalent", "inconclusive"; without one, resolved and the sign)."""
+def _verdict(row) -> str:
+    """A family row's verdict; without one (an older table), from resolved and the sign."""
     v = row.get("verdict")
     if not isinstance(v, str):
         v = "inconclusive" if not bool(row["resolved"]) else ("A better" if row["mean"] > 0 else "B better")
+    return v
+
+
+def _within(row) -> str:
+    """`` (within ±m nats)`` where the row's verdict is equivalence, else ""."""
+    return f" (within ±{float(row['margin']):g} nats)" if _verdict(row) == "equivalent" else ""
+
+
+def _phrase(row, moe_is_b: bool) -> str:
+    """How the MoE stands against one match, in plain words: a family row's verdict ("A better",
+    "B better", "equivalent", "inconclusive"; without one, resolved and the sign)."""
+    v = _verdict(row)
     if v == "equivalent":
-        return f"equivalent (±{float(row['margin']):g} nats) to"
+        return "as good as"
     if v == "inconclusive":
-        return "not resolved from"
+        return "not told apart from"
     return "ahead of" if (v == "B better") == moe_is_b else "behind"
 
 
-def headline_glance(out_dir: Path, gaps: pd.DataFrame, summary: Optional[dict]) -> tuple[list[GlanceRow], str]:
-    """(the headline's row and the paper's, its sentence) from notebook 03's tables (``gaps``:
+def headline_glance(out_dir: Path, gaps: pd.DataFrame, summary: Optional[dict]) -> tuple[list[GlanceRow], list[str]]:
+    """(the headline's row and the paper's, its two sentences) from notebook 03's tables (``gaps``:
     ``headline_gaps.csv`` indexed active, total); ``summary``: one headline MoE run's summary
     (tokens, active parameters, vocabulary)."""
     act, tot = gaps.loc["active"], gaps.loc["total"]
@@ -66,11 +77,12 @@ def headline_glance(out_dir: Path, gaps: pd.DataFrame, summary: Optional[dict]) 
                           gap_active=ci_text(act["mean"], act["ci_low"], act["ci_high"], "+.4f"),
                           gap_total=ci_text(-tot["mean"], -tot["ci_high"], -tot["ci_low"], "+.4f"))]
     rows.append(paper_row())
-    at = f"p = {pos}; " if pos[0].isdigit() or pos[0] == "-" else ""
-    where = f"the headline's {tpp:.3g} tokens per parameter" if tpp == tpp else "the headline budget"
-    lead = (f"At {where} ({n} seeds) the MoE is {_phrase(act, moe_is_b=True)} its active match and "
-            f"{_phrase(tot, moe_is_b=False)} its total match ({at}the paper: {PAPER_POSITION:.2f} at "
-            f"{PAPER_TOKENS_PER_PARAM:.1f}).")
+    at = f"p = {pos}" if pos[0].isdigit() or pos[0] == "-" else "p not computed"
+    where = f"{tpp:.3g} training tokens per parameter" if tpp == tpp else "the headline's budget"
+    lead = [f"At {where} ({n} seeds), the MoE is {_phrase(act, moe_is_b=True)} the dense model with its active "
+            f"parameters{_within(act)}.",
+            f"It is {_phrase(tot, moe_is_b=False)} the dense model with its total parameters{_within(tot)}: {at}, "
+            f"where the paper found {PAPER_POSITION:.2f} at {PAPER_TOKENS_PER_PARAM:.1f}."]
     return rows, lead
 
 

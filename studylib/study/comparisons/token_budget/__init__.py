@@ -113,15 +113,18 @@ def answer(out_dir: Path) -> Answer:
     if table is None or not len(table):
         return Answer(f"**The token-budget map.** Not computed: no `tables/{MAP}.csv` "
                       "(notebook 09 did not run in this study).", limits=(LIMITS,))
-    from studylib.study.comparisons.token_budget.glance import map_glance
+    from studylib.study.comparisons.token_budget.glance import map_glance, map_sentence
 
     figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (MAP, CROSSING))
                     if p.is_file())
+    from studylib.study.comparisons.ladder.trend import CARRIED  # where the size ladder ran, its law speaks
+
     rows, lead = map_glance(table, _table(out_dir, PER_SEED), _table(out_dir, LAW_PAPER),
-                            _table(out_dir, LAW_FORMS_PAPER), _table(out_dir, LAW_CHOICE))
+                            law_said_elsewhere=(out_dir / "tables" / f"{CARRIED}.csv").is_file())
     key = out_dir / "figures" / f"{MAP}.png"
-    return Answer("**The token-budget map (notebook 09).**\n\n" + "\n".join(f"* {s}" for s in
-                                                                          map_sentences(out_dir, table)),
+    summary = map_sentence(table, _table(out_dir, LAW_PAPER), _table(out_dir, LAW_FORMS_PAPER), _table(out_dir, LAW_CHOICE))
+    return Answer("**The token-budget map (notebook 09).** " + summary + "\n\n"
+                  + "\n".join(f"* {s}" for s in map_sentences(out_dir, table)),
                   figures, (LIMITS,), glance=tuple(rows), lead=tuple(lead), key_figure=key if key.is_file() else None)
 
 

@@ -1,6 +1,6 @@
 """The map's part of the answer at a glance (:mod:`studylib.study.comparisons.glance`): the row of
-its best-supported point and the joint law's row at the paper's point, and one sentence (where
-the MoE starts to win; what each law form predicts at the paper's scale), from notebook 09's CSVs."""
+its best-supported point and the joint law's row at the paper's point, and two plain sentences (where
+the MoE starts to win; what the law puts at the paper's scale), from notebook 09's CSVs."""
 from __future__ import annotations
 
 import math
@@ -67,12 +67,11 @@ def _law_row(paper: pd.DataFrame) -> GlanceRow:
 
 
 def win_clause(table: pd.DataFrame) -> str:
-    """Where the MoE starts to win: per gap the smallest tokens per parameter at which the map's
-    family (Holm, TOST) finds the MoE better, or none up to the largest measured."""
+    """Where the MoE starts to win, in one plain sentence: per gap the smallest tokens per parameter
+    at which the map's family (Holm, TOST) finds the MoE better, or none up to the largest measured."""
     top = table["tokens_per_param"].max()
-    lead = f"On the map (Holm, {len(table)} points) the MoE beats "
     if not any((table.get(f"{g}_verdict", pd.Series(dtype=object)) == "B better").any() for g in ("active", "total")):
-        return lead + f"neither dense match up to {top:.3g} tokens per parameter"
+        return f"Up to {top:.3g} tokens per parameter, the MoE beats neither dense model on the map."
     parts = []
     for gap in ("active", "total"):
         col = f"{gap}_verdict"
@@ -81,14 +80,14 @@ def win_clause(table: pd.DataFrame) -> str:
             w = wins.sort_values("tokens_per_param").iloc[0]
             parts.append(f"its {gap} match from {w['tokens_per_param']:.3g} tokens per parameter")
         else:
-            parts.append(f"its {gap} match at no point up to {top:.3g}")
-    return lead + " and ".join(parts)
+            parts.append(f"its {gap} match nowhere up to {top:.3g}")
+    return "On the map, the MoE beats " + " and ".join(parts) + "."
 
 
 def law_clause(paper: pd.DataFrame, other: str = "", form: str = "") -> str:
     """What the joint law puts at the paper's point (``token_budget_law_paper.csv``), or that it
     identifies nothing there; ``form``: the chosen form's name, ``other``: what another form says,
-    both in parentheses."""
+    both in parentheses (the folded detail's words; the first screen's: :func:`law_sentence`)."""
     t = paper.set_index("quantity")
     p, d = t.loc["position"], t.loc["decades", "estimate"]
     if not p["identified"]:
@@ -103,6 +102,23 @@ def law_clause(paper: pd.DataFrame, other: str = "", form: str = "") -> str:
     if p["ci_low"] == p["ci_low"]:
         said += f", {'which holds' if p['paper_inside'] in (True, 'True') else 'excluding'} the paper's {PAPER_POSITION:.2f}"
     return said + (f" ({other})" if other else "")
+
+
+def law_sentence(paper: pd.DataFrame) -> str:
+    """The first screen's plain sentence on the law at the paper's point (the form's name and the
+    other forms stay in the folded detail: :func:`map_sentence`)."""
+    t = paper.set_index("quantity")
+    p, d = t.loc["position"], t.loc["decades", "estimate"]
+    if not p["identified"]:
+        return f"The law fitted to the map does not pin down p at the paper's size, {d:.1f} decades beyond it."
+    said = f"Carried {d:.1f} decades to the paper's size, the law fitted to the map puts p at " + \
+        p_text(p["estimate"], p["ci_low"], p["ci_high"])
+    if _on_bound(p):
+        return said + " (on a bound, no interval)."
+    if p["ci_low"] == p["ci_low"]:
+        return said + f"; {'that holds' if p['paper_inside'] in (True, 'True') else 'that excludes'} the paper's " \
+                      f"{PAPER_POSITION:.2f}."
+    return said + "."
 
 
 #: the law forms the answer names (``token_budget_law_forms_paper.csv``'s ``form`` and the choice's),
@@ -138,22 +154,23 @@ def chosen_form(choice: Optional[pd.DataFrame]) -> str:
 
 def map_sentence(table: pd.DataFrame, paper: Optional[pd.DataFrame], forms: Optional[pd.DataFrame] = None,
                  choice: Optional[pd.DataFrame] = None) -> str:
-    """The map's sentence of the first screen: where the MoE starts to win (:func:`win_clause`)
+    """The map's summary above its folded detail: where the MoE starts to win (:func:`win_clause`)
     and what the chosen law form (``choice``: ``token_budget_law_choice.csv``) puts at the paper's
     point (:func:`law_clause`), with the other named forms' positions there (``forms``:
     ``token_budget_law_forms_paper.csv``)."""
     if paper is None or not len(paper):
-        return (win_clause(table) + "; the joint law's answer is missing: no tables/token_budget_law_paper.csv "
+        return (win_clause(table) + " The joint law's answer is missing: no tables/token_budget_law_paper.csv "
                 "(run notebook 09 again).")
-    return win_clause(table) + "; " + law_clause(paper, _other_form(forms), chosen_form(choice)) + "."
+    said = law_clause(paper, _other_form(forms), chosen_form(choice))
+    return win_clause(table) + " " + said[0].upper() + said[1:] + "."
 
 
 def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Optional[pd.DataFrame],
-               forms: Optional[pd.DataFrame] = None, choice: Optional[pd.DataFrame] = None
-               ) -> tuple[list[GlanceRow], list[str]]:
-    """(the best-supported point's row and the law's, the map's sentence) from
-    ``token_budget_gaps.csv``, ``token_budget_per_seed.csv``, ``token_budget_law_paper.csv``,
-    ``token_budget_law_forms_paper.csv`` and ``token_budget_law_choice.csv``."""
+               law_said_elsewhere: bool = False) -> tuple[list[GlanceRow], list[str]]:
+    """(the best-supported point's row and the law's, the map's plain sentences: where the MoE wins,
+    and what the law puts at the paper's point unless ``law_said_elsewhere``: the size ladder's
+    scored law says it) from ``token_budget_gaps.csv``, ``token_budget_per_seed.csv`` and
+    ``token_budget_law_paper.csv``."""
     rows = []
     best = best_point(table)
     if best is not None:
@@ -162,7 +179,11 @@ def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Opt
         rows.append(_law_row(paper))
     else:  # notebook 09 always writes it: missing is said, not a row dropped
         rows.append(missing_row("joint law at the paper's N and D", "tables/token_budget_law_paper.csv"))
-    return rows, [map_sentence(table, paper, forms, choice)]
+    lead = [win_clause(table)]
+    if not law_said_elsewhere:
+        lead.append(law_sentence(paper) if paper is not None and len(paper) else
+                    "The joint law's answer is missing: no tables/token_budget_law_paper.csv (run notebook 09 again).")
+    return rows, lead
 
 
-__all__ = ["FORM_NAMES", "best_point", "win_clause", "law_clause", "chosen_form", "map_sentence", "map_glance"]
+__all__ = ["FORM_NAMES", "best_point", "win_clause", "law_clause", "law_sentence", "chosen_form", "map_sentence", "map_glance"]

@@ -238,7 +238,7 @@ def test_a_mix_on_its_bound_predicts_at_the_bound_and_says_so():
     law_row = rows[-1]
     for cell in (law_row.dense_active, law_row.moe, law_row.gap_active, law_row.gap_total, law_row.position):
         assert cell.endswith(" (on the bound)") and "[" not in cell  # a loss rests on every parameter but R*
-    assert "on the bound, no interval" in lead[-1]
+    assert "(on a bound, no interval)" in lead[-1]
     both = C.held_out(_map(6, m=0.9), "budget", n_boot=5)  # several refits: the note names each one's
     assert "held at its bound 0 by the fit without 1 tokens/param" in C.held_out_verdict(both, "budget")
 

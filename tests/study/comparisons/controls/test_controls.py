@@ -272,23 +272,27 @@ def test_the_first_screen_sentence_words_each_controls_verdict_and_places_the_mo
     h = paired(LOSS["hash"], LOSS["moe"])
     fz = g.set_index("a").loc["frozen"]
     assert fz["verdict"] not in ("A better", "B better")  # frozen: not resolved from the reference
-    frozen = "is equivalent to it (±0.03)" if fz["verdict"] == "equivalent" else "is not resolved from it"
+    frozen = "is as good as it (within ±0.03 nats)" if fz["verdict"] == "equivalent" else "is not told apart from it"
     s = A.lead_sentence(pos, g, tw, _trend(p + 0.30, p + 0.10, p + 0.50))
-    assert s == (f"Controls at that budget (nats): a hash router trails the learned one by {h.mean:.3f} "
-                 f"[{h.ci_low:.3f}, {h.ci_high:.3f}], a frozen one {frozen} and one expert is equivalent to its "
-                 f"dense twin (±0.03); Clark et al.'s learned routers, extrapolated 2.4 decades down, trend to "
-                 f"p = {p + 0.30:.2f} [{p + 0.10:.2f}, {p + 0.50:.2f}] here, above the MoE's {p:.2f}.")
+    assert s == (f"Controls at that budget: a router hashing the token id trails the learned one by {h.mean:.3f} "
+                 f"[{h.ci_low:.3f}, {h.ci_high:.3f}] nats, one frozen at its start {frozen} and one expert is as good "
+                 f"as its dense twin (within ±0.03 nats); Clark et al.'s learned routers, extrapolated 2.4 decades "
+                 f"down, trend to p = {p + 0.30:.2f} [{p + 0.10:.2f}, {p + 0.50:.2f}] here, above the MoE's {p:.2f}.")
+    # the first screen: the same verdicts in short plain sentences, Clark's trend left below it
+    assert A.lead_sentences(pos, g, tw) == [
+        f"A router hashing the token id trails the learned router by {h.mean:.3f} [{h.ci_low:.3f}, {h.ci_high:.3f}] "
+        f"nats, and one frozen at its start {frozen}.", "One expert is as good as its dense twin (within ±0.03 nats)."]
     assert A.lead_sentence(pos, g, tw, _trend(p, p - 0.1, p + 0.1)).endswith(f"here, around the MoE's {p:.2f}.")
     assert A.lead_sentence(pos, g, tw, _trend(p - 0.3, p - 0.5, p - 0.1)).endswith(f"here, below the MoE's {p:.2f}.")
     # no Clark table (the shared file absent) or no row for this MoE: the controls alone
-    assert A.lead_sentence(pos, g, tw, None).endswith("dense twin (±0.03).")
-    assert A.lead_sentence(pos, g, tw, _trend(p, p, p, moe="other")).endswith("dense twin (±0.03).")
+    assert A.lead_sentence(pos, g, tw, None).endswith("dense twin (within ±0.03 nats).")
+    assert A.lead_sentence(pos, g, tw, _trend(p, p, p, moe="other")).endswith("dense twin (within ±0.03 nats).")
     # a control better than the learned router: by how much, the interval turned to match
     s2 = _summaries()
     s2.loc[s2["model"] == "hash", "best_val_loss"] -= 0.30
     t2 = A.cell_tables([s2], [TCELL], 0.03)
     h2 = paired(s2[s2["model"] == "hash"]["best_val_loss"].to_numpy(), LOSS["moe"])
-    assert f"a hash router beats the learned one by {-h2.mean:.3f} [{-h2.ci_high:.3f}, {-h2.ci_low:.3f}]," in \
+    assert f"a router hashing the token id beats the learned one by {-h2.mean:.3f} [{-h2.ci_high:.3f}, {-h2.ci_low:.3f}] nats," in \
         A.lead_sentence(t2["positions"], t2["gaps"], t2["twin"], None)
 
 
@@ -319,11 +323,11 @@ def test_a_table_cut_mid_row_is_one_line_naming_it(tmp_path, name):
 
 @pytest.mark.parametrize("damage, said", [
     (dict(gaps=lambda g: g[g["a"] != "frozen"]),
-     "Controls at that budget (nats; incomplete tables, run notebook 13 again: controls_gaps.csv lacks the frozen "
-     "router `frozen`): a hash router trails the learned one by"),
+     "Controls at that budget (incomplete tables, run notebook 13 again: controls_gaps.csv lacks the frozen "
+     "router `frozen`): a router hashing the token id trails the learned one by"),
     (dict(positions=lambda p: p[~p["model"].isin(["hash", "frozen"])]),
-     "Controls at that budget (nats; incomplete tables, run notebook 13 again: controls_positions.csv lacks `hash` "
-     "and `frozen`): one expert is equivalent to its dense twin (±0.03)."),
+     "Controls at that budget (incomplete tables, run notebook 13 again: controls_positions.csv lacks `hash` "
+     "and `frozen`): one expert is as good as its dense twin (within ±0.03 nats)."),
     (dict(gaps=lambda g: g[~g["a"].isin(["hash", "frozen"])], twin=False),
      "Controls at that budget: not stated (incomplete tables, run notebook 13 again: controls_gaps.csv lacks the "
      "hash router `hash` and the frozen router `frozen`; controls_twin.csv lacks `one` − `twin`)."),
@@ -340,8 +344,8 @@ def test_a_table_without_rows_the_sentence_reads_names_them_and_never_prints_an_
 
     _tables(tmp_path, **damage)
     a = C.answer(tmp_path)
-    assert a.lead == (a.lead[0],) and a.lead[0].startswith(said) and "(nats): ." not in a.lead[0]
-    assert said in a.markdown
+    assert said in a.markdown and "): ." not in a.markdown
+    assert all(s.strip(" .") and not s.endswith(": .") for s in a.lead)  # the first screen: never an empty list
 
 
 def test_a_first_cell_without_a_control_the_sentence_words_says_so_below_the_first_screen(tmp_path):

@@ -225,3 +225,63 @@ def test_the_stage_trains_and_acts_before_the_rest(monkeypatch):
     c.train(study, progress=False)
     assert calls == [("plan", ("first",)), ("train", ("first",)), ("then",), ("plan", ("first", "rest")),
                      ("train", ("first", "rest"))]
+
+
+def _ladder_tables(out, passed=(False, True), p_slope=(-0.12, -0.2, -0.04)):
+    from studylib.study.analysis.plots import save_table
+
+    lad = pd.DataFrame({"size": ["s", "m", "l"], "moe_active": [5.9e4, 2.3e5, 9.2e5], "tokens_per_param": [13.9, 3.5, 0.9],
+                        "data_passes": [0.9, 1.0, 1.04], "n": [5, 5, 5], "p": [0.1, -0.05, -0.2],
+                        "p_low": [0.0, -0.1, -0.3], "p_high": [0.2, 0.0, -0.1]})
+    sl = pd.DataFrame([{"quantity": "position p", "slope": p_slope[0], "ci_low": p_slope[1], "ci_high": p_slope[2],
+                        "p": 0.01, "p_holm": 0.02, "reason": ""}])
+    ver = pd.DataFrame({"form": ["lambda", "multiplier"], "checked": [12, 12], "inside": [5, 11], "share": [5 / 12, 11 / 12],
+                        "passed": list(passed), "loss_rmse_bpb": [0.05, 0.01], "position_rmse": [0.3, 0.1],
+                        "fit_max_active": [2.3e5, 2.3e5]})
+    car = (pd.DataFrame([{"quantity": "position", "estimate": -0.21, "ci_low": -0.33, "ci_high": -0.1, "identified": True,
+                          "reason": "", "form": "multiplier"}]) if any(passed) else
+           pd.DataFrame([{"quantity": "position", "estimate": math.nan, "ci_low": math.nan, "ci_high": math.nan,
+                          "identified": False, "reason": "not identified beyond 230,000 active parameters", "form": ""}]))
+    for name, t in ((T.POSITIONS, lad), (T.SLOPES, sl), (T.VERDICTS, ver), (T.CARRIED, car)):
+        save_table(t, name, out, index=False)
+
+
+def test_the_ladders_first_screen_is_two_short_plain_sentences(tmp_path):
+    from studylib.study.comparisons import glance, ladder as L
+
+    _ladder_tables(tmp_path)
+    a = L.answer(tmp_path)
+    assert a.lead == ("From 59k to 0.92M active parameters (1.2 decades), p falls: -0.12 [-0.20, -0.04] per decade.",
+                      "1 of 2 law forms predicted the larger sizes before they trained; carried on, the chosen one puts "
+                      "p at -0.21 [-0.33, -0.10] at the paper's size.")
+    glance.check_lead(a.lead)
+    assert "multiplier 11 of 12 inside (passed" in a.markdown and "lambda 5 of 12 inside (failed" in a.markdown
+    _ladder_tables(tmp_path, passed=(False, False), p_slope=(0.02, -0.1, 0.14))
+    a = L.answer(tmp_path)
+    assert a.lead[0].endswith("p shows no resolved trend: +0.02 [-0.10, +0.14] per decade.")
+    assert a.lead[1] == ("No law form predicted the larger sizes before they trained (2 tried), so p at the paper's "
+                         "size is not identified beyond 0.92M.")
+    assert "The law is not identified beyond 230,000 active parameters." in a.markdown
+
+
+def test_the_router_worth_per_size_is_notebook_13s_paired_gap_and_its_p_difference():
+    """router_worth reads 13's tables as 13 writes them (the family's name, the roles' words)."""
+    from studylib.study.comparisons.controls import analysis as A
+    from studylib.study.comparisons.controls.knobs import ControlCell
+
+    rng = np.random.default_rng(0)
+    base = {"da": 3.10, "moe_x": 3.05, "dt": 3.00, "hash_x": 3.08, "frozen_x": 3.06}
+    s = pd.DataFrame([{"model": m, "seed": k, "best_val_loss": v + rng.normal(0, 0.003)}
+                      for m, v in base.items() for k in range(5)])
+    cell = ControlCell(("da", "moe_x", "dt"), (("hash", "hash_x"), ("frozen", "frozen_x")), epochs=1.0)
+    t = A.cell_tables([s], [cell], 0.03)
+    v = s.pivot(index="seed", columns="model", values="best_val_loss")
+    ladder = pd.DataFrame({"size": ["moe_x"], "moe_active": [1e5],
+                           "den": [(v["da"] - v["moe_x"]).mean() - (v["dt"] - v["moe_x"]).mean()]})
+    w = T.router_worth(t["gaps"].reset_index(), t["positions"], ladder).iloc[0]
+    assert w["hash_gap"] == pytest.approx((v["hash_x"] - v["moe_x"]).mean())
+    assert w["frozen_gap"] == pytest.approx((v["frozen_x"] - v["moe_x"]).mean())
+    assert w["hash_n"] == 5 and w["hash_verdict"] == "B better"  # the learned router better by 0.03 nats
+    # p_learned - p_hash is the paired gap over the dense spread, and the positions' own difference
+    assert w["dp_hash"] == pytest.approx(w["p_learned"] - w["p_hash"], abs=1e-9)
+    assert w["dp_hash_low"] < w["dp_hash"] < w["dp_hash_high"]

@@ -30,13 +30,12 @@ def test_the_best_supported_point_is_nearest_the_papers_budget_then_most_seeds_t
 
 def test_where_the_moe_starts_to_win_is_the_smallest_budget_the_family_resolves():
     s = G.win_clause(_table())
-    assert s == ("On the map (Holm, 4 points) the MoE beats its active match from 10 tokens per "
-                 "parameter and its total match from 10 tokens per parameter")
+    assert s == ("On the map, the MoE beats its active match from 10 tokens per parameter and its total match "
+                 "from 10 tokens per parameter.")
     none = _table().assign(total_verdict="inconclusive")
-    assert G.win_clause(none).endswith("and its total match at no point up to 28.9")
+    assert G.win_clause(none).endswith("and its total match nowhere up to 28.9.")
     neither = _table().assign(active_verdict="inconclusive", total_verdict="A better")
-    assert G.win_clause(neither) == ("On the map (Holm, 4 points) the MoE beats neither dense match "
-                                     "up to 28.9 tokens per parameter")
+    assert G.win_clause(neither) == "Up to 28.9 tokens per parameter, the MoE beats neither dense model on the map."
 
 
 def test_the_law_clause_says_where_the_paper_lies_or_that_nothing_is_said():
@@ -72,7 +71,7 @@ def test_the_maps_sentence_adds_what_the_other_law_form_puts_at_the_papers_point
             {"quantity": "decades", "estimate": 1.8, "ci_low": math.nan, "ci_high": math.nan, "identified": True,
              "paper_inside": None, "reason": ""}]
     paper, neither = pd.DataFrame(rows), _table().assign(active_verdict="inconclusive", total_verdict="A better")
-    head = ("On the map (Holm, 4 points) the MoE beats neither dense match up to 28.9 tokens per parameter; carried "
+    head = ("Up to 28.9 tokens per parameter, the MoE beats neither dense model on the map. Carried "
             "1.8 decades, the joint law puts the MoE at p = 0.05 [-0.02, 0.13] at the paper's scale, excluding the "
             "paper's 0.81")
     assert G.map_sentence(neither, paper, _forms(True)) == head + " (λ varying with size: p = 0.31 [0.10, 0.52])."
@@ -87,3 +86,21 @@ def test_the_maps_sentence_adds_what_the_other_law_form_puts_at_the_papers_point
                    reason="lambda held at its bound 0 by the fit" + G.ON_BOUND)
     assert G.map_sentence(neither, pd.DataFrame(rows), _forms(False)).endswith(
         "p = 0.05 at the paper's scale (on the bound, no interval; λ varying with size: not identified).")
+
+
+def test_the_first_screen_says_the_map_and_the_law_in_plain_sentences_unless_the_ladder_speaks():
+    rows = [{"quantity": "position", "estimate": 0.05, "ci_low": -0.02, "ci_high": 0.13, "identified": True,
+             "paper_inside": False, "reason": ""},
+            {"quantity": "decades", "estimate": 1.8, "ci_low": math.nan, "ci_high": math.nan, "identified": True,
+             "paper_inside": None, "reason": ""}]
+    neither = _table().assign(active_verdict="inconclusive", total_verdict="A better", active_n=math.nan)  # no row
+    said = G.law_sentence(pd.DataFrame(rows))
+    assert said == ("Carried 1.8 decades to the paper's size, the law fitted to the map puts p at 0.05 [-0.02, 0.13]; "
+                    "that excludes the paper's 0.81.")
+    assert "λ" not in said and "Holm" not in G.win_clause(neither)  # the methods' names stay folded
+    rows[0].update(identified=False)
+    assert G.law_sentence(pd.DataFrame(rows)) == ("The law fitted to the map does not pin down p at the paper's size, "
+                                                  "1.8 decades beyond it.")
+    assert G.map_glance(neither, None, None, law_said_elsewhere=True)[1] == [G.win_clause(neither)]
+    lead = G.map_glance(neither, None, None)[1]
+    assert lead[0] == G.win_clause(neither) and lead[1].startswith("The joint law's answer is missing")
