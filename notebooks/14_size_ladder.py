@@ -127,6 +127,6 @@ display(Markdown("\n".join(f"* {s}" for s in lines)))
 # extrapolation says (1.2 decades on). Every size sees the same 0.82M target tokens, so tokens per
 # parameter fall as the size grows (as in Clark et al.'s fixed-token runs): the slope mixes size
 # with tokens per parameter, which the map (09) separates only at d 16 and d 48. Each tokenizer
-# cuts the stories into a different number of tokens, so the one-epoch cells repeat 0-7% of their
+# cuts the stories into a different number of tokens, so the one-epoch cells repeat 0-4% of their
 # data (09's plan prints each cell's passes). The controls' hash table is the project's one table
 # at every seed; its draw alone moves a loss by sd 0.009 nats at d 32.

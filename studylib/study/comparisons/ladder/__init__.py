@@ -21,7 +21,7 @@ from studylib.study.orchestration.plan import Grid
 
 
 def _map(study: Study):
-    """(the map's trios, budgets in epochs, the study's seeds, one epoch's steps)."""
+    """(the map's trios with every budget in epochs, one epoch's optimizer steps)."""
     from studylib.run.spec import epoch_steps
     from studylib.study.comparisons.token_budget import budgets
 
@@ -79,7 +79,7 @@ def predict_before(study: Study, knobs: LadderKnobs, runs: Runs) -> None:
     planned = plan_runs(study.preset, _grids(study, new), "the ladder's predicted cells")
     dirs = sorted({s.run_dir for group in planned.specs for s in group})
     out = out_dir(study)
-    table, stamp = predictions.read(out)
+    _, stamp = predictions.read(out)
     law_runs = fit_runs(study, fit, runs)
     h = predictions.inputs_hash(law_runs)
     if stamp is not None and stamp.get("fit_hash") == h:
@@ -90,7 +90,7 @@ def predict_before(study: Study, knobs: LadderKnobs, runs: Runs) -> None:
         print(f"ladder: no predictions written: {len(began)} of the {len(dirs)} predicted runs have begun "
               f"(e.g. {began[0]}); the scores will say so")
         return
-    trios, epoch = _map(study)
+    _, epoch = _map(study)
     cells = predictions.new_cells(study.preset, new, study.preset.seeds, epoch)
     t = predictions.predict(law_runs, cells, n_boot=study["token_budget"].law_boot)
     predictions.write(out, t, h, len(law_runs), dirs)

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from studylib.study.analysis.bootstrap import holm_p
+from studylib.study.analysis.stats import holm
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_POSITION
 
 #: the tables notebook 14 writes (names under ``tables/``, the figure's under ``figures/``)
@@ -46,8 +46,9 @@ def router_worth(gaps: pd.DataFrame, control_positions: pd.DataFrame, ladder: pd
     (the paired gap's, over the trio's dense spread)."""
     rows = []
     for r in ladder.itertuples():
-        g = gaps[(gaps["b"] == r.size) & gaps["family"].str.contains("1 epochs", regex=False)]
-        pos = control_positions[control_positions["cell"] == f"{r.size} @ 1 epochs"].set_index("role")
+        cell = f"{r.size} @ 1 epochs"  # 13's name of the cell at the preset's own schedule
+        g = gaps[(gaps["b"] == r.size) & gaps["family"].str.contains(f"({cell})", regex=False)]
+        pos = control_positions[control_positions["cell"] == cell].set_index("role")
         row = {"size": r.size, "moe_active": r.moe_active}
         for role, words in (("hash", "hash router"), ("frozen", "frozen router")):
             h = g[g["a"].isin(pos.loc[pos.index == words, "model"])] if words in pos.index else g.iloc[:0]
@@ -97,7 +98,10 @@ def slopes(ladder: pd.DataFrame, worth: pd.DataFrame) -> pd.DataFrame:
         rows.append({"quantity": "hash − learned (nats)",
                      **slope(worth["moe_active"], worth["hash_gap"], worth["hash_low"], worth["hash_high"])})
     t = pd.DataFrame(rows)
-    t["p_holm"] = holm_p(t["p"].to_numpy()) if t["p"].notna().all() else t["p"]
+    ok = t["p"].notna()  # a slope without a fit is left out of the family
+    t["p_holm"] = math.nan
+    if ok.any():
+        t.loc[ok, "p_holm"] = holm(list(t.loc[ok, "p"]))
     return t
 
 

@@ -285,3 +285,18 @@ def test_the_router_worth_per_size_is_notebook_13s_paired_gap_and_its_p_differen
     # p_learned - p_hash is the paired gap over the dense spread, and the positions' own difference
     assert w["dp_hash"] == pytest.approx(w["p_learned"] - w["p_hash"], abs=1e-9)
     assert w["dp_hash_low"] < w["dp_hash"] < w["dp_hash_high"]
+
+
+def test_the_two_slopes_are_one_holm_family():
+    from studylib.study.analysis.stats import holm
+
+    x = np.array([5.9e4, 1.3e5, 2.3e5, 5.2e5, 9.2e5])
+    lad = pd.DataFrame({"moe_active": x, "p": [0.3, 0.1, 0.0, -0.1, -0.3], "p_low": [0.1, -0.1, -0.2, -0.3, -0.5],
+                        "p_high": [0.5, 0.3, 0.2, 0.1, -0.1]})
+    worth = pd.DataFrame({"moe_active": x, "hash_gap": [0.0, 0.01, -0.01, 0.02, 0.0],
+                          "hash_low": [-0.02, -0.01, -0.03, 0.0, -0.02], "hash_high": [0.02, 0.03, 0.01, 0.04, 0.02]})
+    t = T.slopes(lad, worth).set_index("quantity")
+    assert list(t.index) == ["position p", "hash − learned (nats)"]
+    assert list(t["p_holm"]) == pytest.approx(holm(list(t["p"])))
+    one = T.slopes(lad, worth.iloc[:0][["moe_active"]])  # no controls: the one slope, unadjusted
+    assert len(one) == 1 and one["p_holm"].iloc[0] == pytest.approx(one["p"].iloc[0])
