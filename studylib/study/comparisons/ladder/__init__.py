@@ -115,24 +115,14 @@ def answer(out: Path) -> Answer:
     verdicts, carried = read_table(out, trend.VERDICTS, ()), read_table(out, trend.CARRIED, ())
     words += law_sentences(verdicts, carried)
     fig = out / "figures" / f"{trend.FIGURE}.png"
-    lead = lead_sentences(lad, sl, verdicts, carried)
+    lead = trend.lead_sentences(lad, worth if worth is not None else lad.iloc[:0], sl) + law_lead(lad, verdicts, carried)
     return Answer("**The size ladder (notebook 14).**\n\n" + "\n".join(f"* {s}" for s in words),
                   (fig,) if fig.is_file() else (), lead=tuple(lead))
 
 
-def lead_sentences(ladder, slopes, verdicts, carried) -> list[str]:
-    """The first screen's two plain sentences: how p moves with size, and whether a law form
-    predicted the new sizes (then what it puts at the paper's size) or nothing is identified there."""
-    import math
-
-    out = []
-    s = slopes.set_index("quantity")
-    lo, hi = ladder["moe_active"].min(), ladder["moe_active"].max()
-    if "position p" in s.index and s.loc["position p", "slope"] == s.loc["position p", "slope"]:
-        r = s.loc["position p"]
-        how = "rises" if r["ci_low"] > 0 else "falls" if r["ci_high"] < 0 else "shows no resolved trend"
-        out.append(f"From {lo / 1e3:.0f}k to {hi / 1e6:.2f}M active parameters ({math.log10(hi / lo):.1f} decades), "
-                   f"p {how}: {r['slope']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] per decade.")
+def law_lead(ladder, verdicts, carried) -> list[str]:
+    """The first screen's plain sentence on the law: whether a form predicted the new sizes before
+    they trained (then what it puts at the paper's size) or nothing is identified there."""
     pos = None
     if carried is not None and len(carried) and "position" in set(carried["quantity"]):
         pos = carried.set_index("quantity").loc["position"]
@@ -140,12 +130,10 @@ def lead_sentences(ladder, slopes, verdicts, carried) -> list[str]:
     if pos is not None and bool(pos["identified"]):
         k = int(verdicts["passed"].astype(bool).sum())
         ci = f" [{pos['ci_low']:.2f}, {pos['ci_high']:.2f}]" if pos["ci_low"] == pos["ci_low"] else " (no interval)"
-        out.append(f"{k} of {n} law forms predicted the larger sizes before they trained; carried on, the chosen one "
-                   f"puts p at {pos['estimate']:.2f}{ci} at the paper's size.")
-    else:
-        out.append(f"No law form predicted the larger sizes before they trained ({n} tried), so p at the paper's "
-                   f"size is not identified beyond {hi / 1e6:.2f}M.")
-    return out
+        return [f"{k} of {n} law forms predicted the larger sizes before they trained; carried on, the chosen one puts "
+                f"p at {pos['estimate']:.2f}{ci} at the paper's size."]
+    return [f"No law form predicted the larger sizes before they trained ({n} tried), so p at the paper's size is "
+            f"not identified beyond {ladder['moe_active'].max() / 1e6:.2f}M."]
 
 
 def law_sentences(verdicts, carried) -> list[str]:

@@ -30,12 +30,25 @@ def positions(map_table: pd.DataFrame, epochs: float = 1.0) -> pd.DataFrame:
     matched-total gaps (nats, dense − MoE) and the trio's dense spread ``den`` (L_active − L_total)."""
     t = map_table[np.isclose(map_table["epochs"], epochs) & ~map_table.get("repeats", False).astype(bool)]
     t = t.sort_values("moe_active")
+    defined = t["position_defined"].astype(bool)
     return pd.DataFrame({"size": t["size"], "moe_active": t["moe_active"].astype(float),
                          "tokens_per_param": t["tokens_per_param"], "data_passes": t["data_passes"],
-                         "n": t["active_n"].astype(int), "p": t["position"], "p_low": t["position_low"],
-                         "p_high": t["position_high"], "gap_active": t["active_mean"],
-                         "gap_active_low": t["active_ci_low"], "gap_active_high": t["active_ci_high"],
-                         "gap_total": t["total_mean"], "den": t["active_mean"] - t["total_mean"]}).reset_index(drop=True)
+                         "n": t["active_n"].astype(int), "p": t["position"].where(defined), "p_low": t["position_low"],
+                         "p_high": t["position_high"], "p_defined": defined,
+                         "p_reason": t["position_reason"].fillna("") if "position_reason" in t else "",
+                         "gap_active": t["active_mean"], "gap_active_low": t["active_ci_low"],
+                         "gap_active_high": t["active_ci_high"], "gap_total": t["total_mean"],
+                         "den": t["active_mean"] - t["total_mean"]}).reset_index(drop=True)
+
+
+def size_text(n: float) -> str:
+    """An active-parameter count as the sentences print it: 59k, 0.52M."""
+    return f"{n / 1e3:.0f}k" if n < 1e6 * 0.5 else f"{n / 1e6:.2f}M"
+
+
+def listed(words) -> str:
+    w = list(words)
+    return ", ".join(w[:-1]) + " and " + w[-1] if len(w) > 1 else (w[0] if w else "")
 
 
 def router_worth(gaps: pd.DataFrame, control_positions: pd.DataFrame, ladder: pd.DataFrame) -> pd.DataFrame:
@@ -43,7 +56,7 @@ def router_worth(gaps: pd.DataFrame, control_positions: pd.DataFrame, ladder: pd
     cell: the hash router − the learned router (paired by seed, nats; > 0: the learned router is
     better), its CI, Holm-adjusted verdict as 13 gave it, the same for the frozen router, and the
     position of each (``p_learned``, ``p_hash``) with ``dp_hash`` = p_learned − p_hash and its CI
-    (the paired gap's, over the trio's dense spread)."""
+    (the paired gap's, over the trio's dense spread; only where p is defined: the dense pair apart)."""
     rows = []
     for r in ladder.itertuples():
         cell = f"{r.size} @ 1 epochs"  # 13's name of the cell at the preset's own schedule
@@ -56,7 +69,8 @@ def router_worth(gaps: pd.DataFrame, control_positions: pd.DataFrame, ladder: pd
                 h = h.iloc[0]
                 row.update({f"{role}_gap": h["mean"], f"{role}_low": h["ci_low"], f"{role}_high": h["ci_high"],
                             f"{role}_n": int(h["n"]), f"{role}_verdict": h["verdict"], f"{role}_p_holm": h["p_holm"]})
-        if "hash_gap" in row and "learned router (reference)" in pos.index and "hash router" in pos.index:
+        if ("hash_gap" in row and bool(r.p_defined) and "learned router (reference)" in pos.index
+                and "hash router" in pos.index):  # p, and so a p difference, needs the dense pair apart
             row["p_learned"] = float(pos.loc["learned router (reference)", "position"])
             row["p_hash"] = float(pos.loc["hash router", "position"])
             row["dp_hash"] = row["hash_gap"] / r.den
@@ -142,6 +156,9 @@ def figure(ladder: pd.DataFrame, worth: pd.DataFrame, clark: Optional[pd.DataFra
             b.plot(clark["n_active"], clark["dp_hash"], "o-", color="tab:blue", label="Clark et al. S-Base − Hash (E = 4)")
     a.scatter([PAPER_ACTIVE_PARAMS], [PAPER_POSITION], marker="*", s=200, color="crimson", edgecolor="black",
               label=f"the paper ({PAPER_POSITION:.2f})", zorder=5)
+    for n in ladder.loc[~ladder["p_defined"].astype(bool), "moe_active"] if "p_defined" in ladder else ():
+        a.axvline(n, color="grey", ls="--", lw=0.8)
+        a.text(n, 0.02, " p undefined:\n dense pair tied", transform=a.get_xaxis_transform(), fontsize=7, color="grey")
     if "dp_hash" in worth:
         w = worth.dropna(subset=["dp_hash"])
         err = np.vstack([w["dp_hash"] - w["dp_hash_low"], w["dp_hash_high"] - w["dp_hash"]]).clip(min=0)
@@ -165,13 +182,14 @@ def _ci(x: float, lo: float, hi: float, f: str = "+.2f") -> str:
 
 
 def ladder_sentences(ladder: pd.DataFrame, worth: pd.DataFrame, slope_rows: pd.DataFrame) -> list[str]:
-    """The ladder in short sentences, each built from the tables."""
+    """The ladder in short sentences, each built from the tables (the folded detail)."""
     out = []
     lo, hi = ladder["moe_active"].min(), ladder["moe_active"].max()
-    out.append(f"The ladder measured {len(ladder)} sizes, {lo / 1e3:.0f}k to {hi / 1e6:.2f}M active parameters "
-               f"({math.log10(hi / lo):.1f} decades), each at the same {ladder['tokens_per_param'].iloc[0] * lo / 1e6:.2f}M "
-               f"training tokens.")
-    parts = [f"{r.size} {_ci(r.p, r.p_low, r.p_high)}" for r in ladder.itertuples()]
+    tokens = float(ladder["tokens_per_param"].iloc[0] * ladder["moe_active"].iloc[0])
+    out.append(f"The ladder measured {len(ladder)} sizes, {size_text(lo)} to {size_text(hi)} active parameters "
+               f"({math.log10(hi / lo):.1f} decades), each at the same {tokens / 1e6:.2f}M training tokens.")
+    parts = [f"{r.size} {_ci(r.p, r.p_low, r.p_high)}" if r.p_defined else f"{r.size} undefined ({r.p_reason})"
+             for r in ladder.itertuples()]
     out.append("The MoE's position p per size: " + "; ".join(parts) + ".")
     s = slope_rows.set_index("quantity")
     if "position p" in s.index:
@@ -180,25 +198,60 @@ def ladder_sentences(ladder: pd.DataFrame, worth: pd.DataFrame, slope_rows: pd.D
             out.append(f"No slope of p against size: {r['reason']}.")
         else:
             trend = ("rises" if r["ci_low"] > 0 else "falls" if r["ci_high"] < 0 else "has no resolved trend")
-            out.append(f"p {trend} with size: {_ci(r['slope'], r['ci_low'], r['ci_high'])} per decade "
-                       f"(Holm p = {r['p_holm']:.2g} over the two slopes).")
+            out.append(f"Over the {int(r['points'])} sizes where it is defined, p {trend} with size: "
+                       f"{_ci(r['slope'], r['ci_low'], r['ci_high'])} per decade (Holm p = {r['p_holm']:.2g} over the "
+                       f"two slopes; residual chi-square p = {r['chi2_p']:.2g}).")
     if "hash_gap" in worth:
         w = worth.dropna(subset=["hash_gap"])
-        better = w[w["hash_verdict"] == "B better"]["size"].tolist()
-        worse = w[w["hash_verdict"] == "A better"]["size"].tolist()
-        eq = w[w["hash_verdict"] == "equivalent"]["size"].tolist()
-        out.append(f"The learned router beats the hash router at {len(better)} of {len(w)} sizes"
-                   + (f" ({', '.join(better)})" if better else "")
-                   + (f"; the hash router wins at {', '.join(worse)}" if worse else "")
-                   + (f"; they are equivalent at {', '.join(eq)}" if eq else "") + ".")
+        gaps = "; ".join(f"{r.size} {_ci(r.hash_gap, r.hash_low, r.hash_high, '+.4f')} ({r.hash_verdict})"
+                         for r in w.itertuples())
+        out.append(f"Hash − learned router, nats (> 0: the learned router better; Holm within each size): {gaps}.")
         if "hash − learned (nats)" in s.index:
             r = s.loc["hash − learned (nats)"]
             if np.isfinite(r["slope"]):
                 trend = ("grows" if r["ci_low"] > 0 else "shrinks" if r["ci_high"] < 0 else "has no resolved trend")
                 out.append(f"The learned router's worth over a hash {trend} with size: "
-                           f"{_ci(r['slope'], r['ci_low'], r['ci_high'], '+.4f')} nats per decade.")
+                           f"{_ci(r['slope'], r['ci_low'], r['ci_high'], '+.4f')} nats per decade (Holm p = "
+                           f"{r['p_holm']:.2g}).")
+    return out
+
+
+def lead_sentences(ladder: pd.DataFrame, worth: pd.DataFrame, slope_rows: pd.DataFrame) -> list[str]:
+    """The first screen's plain sentences on p and the router against size (the law's: the
+    comparison's :func:`~studylib.study.comparisons.ladder.law_lead`)."""
+    out = []
+    tokens = float(ladder["tokens_per_param"].iloc[0] * ladder["moe_active"].iloc[0])
+    ok, bad = ladder[ladder["p_defined"].astype(bool)], ladder[~ladder["p_defined"].astype(bool)]
+    s = slope_rows.set_index("quantity")
+    if len(ok):
+        span = f"from {size_text(ok['moe_active'].min())} to {size_text(ok['moe_active'].max())} active parameters"
+        r = s.loc["position p"] if "position p" in s.index else None
+        if r is not None and np.isfinite(r["slope"]):
+            how = "rises" if r["ci_low"] > 0 else "falls" if r["ci_high"] < 0 else "shows no resolved trend"
+            out.append(f"At {tokens / 1e6:.2f}M training tokens, p is defined {span}; it {how} "
+                       f"({_ci(r['slope'], r['ci_low'], r['ci_high'])} per decade).")
+        else:
+            out.append(f"At {tokens / 1e6:.2f}M training tokens, p is defined {span}, too few sizes for a slope.")
+    if len(bad):
+        out.append(f"At {listed(size_text(n) for n in bad['moe_active'])}, the dense models matched to the MoE's total "
+                   f"and active parameters are not told apart, so p is undefined.")
+    if "hash_verdict" in worth:
+        w = worth.dropna(subset=["hash_gap"])
+        hash_wins, learned_wins = w[w["hash_verdict"] == "A better"], w[w["hash_verdict"] == "B better"]
+        said = []
+        for t, who in ((learned_wins, "The learned router beats a router hashing the token id"),
+                       (hash_wins, "A router hashing the token id beats the learned router")):
+            if len(t) == 1:
+                r = t.iloc[0]
+                g = (r["hash_gap"], r["hash_low"], r["hash_high"]) if t is learned_wins else \
+                    (-r["hash_gap"], -r["hash_high"], -r["hash_low"])
+                said.append(f"{who} at {size_text(r['moe_active'])} by {_ci(*g, '.3f')} nats")
+            elif len(t):
+                said.append(f"{who} at {listed(size_text(n) for n in t['moe_active'])}")
+        out.append(("; ".join(said) if said else "No size resolves the learned router from a router hashing the "
+                    "token id") + f" ({len(w)} sizes).")
     return out
 
 
 __all__ = ["POSITIONS", "WORTH", "SLOPES", "SCORES", "VERDICTS", "CARRIED", "FIGURE", "positions", "router_worth",
-           "slope", "slopes", "clark_worth", "figure", "ladder_sentences"]
+           "slope", "slopes", "clark_worth", "figure", "ladder_sentences", "lead_sentences", "size_text", "listed"]

@@ -232,9 +232,10 @@ def _ladder_tables(out, passed=(False, True), p_slope=(-0.12, -0.2, -0.04)):
 
     lad = pd.DataFrame({"size": ["s", "m", "l"], "moe_active": [5.9e4, 2.3e5, 9.2e5], "tokens_per_param": [13.9, 3.5, 0.9],
                         "data_passes": [0.9, 1.0, 1.04], "n": [5, 5, 5], "p": [0.1, -0.05, -0.2],
-                        "p_low": [0.0, -0.1, -0.3], "p_high": [0.2, 0.0, -0.1]})
+                        "p_low": [0.0, -0.1, -0.3], "p_high": [0.2, 0.0, -0.1], "p_defined": [True, True, True],
+                        "p_reason": ["", "", ""]})
     sl = pd.DataFrame([{"quantity": "position p", "slope": p_slope[0], "ci_low": p_slope[1], "ci_high": p_slope[2],
-                        "p": 0.01, "p_holm": 0.02, "reason": ""}])
+                        "p": 0.01, "p_holm": 0.02, "points": 3, "chi2_p": 0.5, "reason": ""}])
     ver = pd.DataFrame({"form": ["lambda", "multiplier"], "checked": [12, 12], "inside": [5, 11], "share": [5 / 12, 11 / 12],
                         "passed": list(passed), "loss_rmse_bpb": [0.05, 0.01], "position_rmse": [0.3, 0.1],
                         "fit_max_active": [2.3e5, 2.3e5]})
@@ -251,14 +252,15 @@ def test_the_ladders_first_screen_is_two_short_plain_sentences(tmp_path):
 
     _ladder_tables(tmp_path)
     a = L.answer(tmp_path)
-    assert a.lead == ("From 59k to 0.92M active parameters (1.2 decades), p falls: -0.12 [-0.20, -0.04] per decade.",
+    assert a.lead == ("At 0.82M training tokens, p is defined from 59k to 0.92M active parameters; it falls "
+                      "(-0.12 [-0.20, -0.04] per decade).",
                       "1 of 2 law forms predicted the larger sizes before they trained; carried on, the chosen one puts "
                       "p at -0.21 [-0.33, -0.10] at the paper's size.")
     glance.check_lead(a.lead)
     assert "multiplier 11 of 12 inside (passed" in a.markdown and "lambda 5 of 12 inside (failed" in a.markdown
     _ladder_tables(tmp_path, passed=(False, False), p_slope=(0.02, -0.1, 0.14))
     a = L.answer(tmp_path)
-    assert a.lead[0].endswith("p shows no resolved trend: +0.02 [-0.10, +0.14] per decade.")
+    assert a.lead[0].endswith("it shows no resolved trend (+0.02 [-0.10, +0.14] per decade).")
     assert a.lead[1] == ("No law form predicted the larger sizes before they trained (2 tried), so p at the paper's "
                          "size is not identified beyond 0.92M.")
     assert "The law is not identified beyond 230,000 active parameters." in a.markdown
@@ -276,7 +278,7 @@ def test_the_router_worth_per_size_is_notebook_13s_paired_gap_and_its_p_differen
     cell = ControlCell(("da", "moe_x", "dt"), (("hash", "hash_x"), ("frozen", "frozen_x")), epochs=1.0)
     t = A.cell_tables([s], [cell], 0.03)
     v = s.pivot(index="seed", columns="model", values="best_val_loss")
-    ladder = pd.DataFrame({"size": ["moe_x"], "moe_active": [1e5],
+    ladder = pd.DataFrame({"size": ["moe_x"], "moe_active": [1e5], "p_defined": [True],
                            "den": [(v["da"] - v["moe_x"]).mean() - (v["dt"] - v["moe_x"]).mean()]})
     w = T.router_worth(t["gaps"].reset_index(), t["positions"], ladder).iloc[0]
     assert w["hash_gap"] == pytest.approx((v["hash_x"] - v["moe_x"]).mean())
@@ -300,3 +302,23 @@ def test_the_two_slopes_are_one_holm_family():
     assert list(t["p_holm"]) == pytest.approx(holm(list(t["p"])))
     one = T.slopes(lad, worth.iloc[:0][["moe_active"]])  # no controls: the one slope, unadjusted
     assert len(one) == 1 and one["p_holm"].iloc[0] == pytest.approx(one["p"].iloc[0])
+
+
+def test_where_the_dense_pair_ties_p_is_undefined_and_the_sentences_say_so():
+    lad = pd.DataFrame({"size": ["s", "m", "l", "xl"], "moe_active": [5.9e4, 2.3e5, 5.2e5, 9.2e5],
+                        "tokens_per_param": [13.9, 3.5, 1.6, 0.89], "p": [0.1, -0.05, math.nan, math.nan],
+                        "p_low": [0.0, -0.1, math.nan, math.nan], "p_high": [0.2, 0.0, math.nan, math.nan],
+                        "p_defined": [True, True, False, False], "p_reason": ["", "", "not defined: tie", "not defined: tie"]})
+    worth = pd.DataFrame({"size": ["s", "m", "l", "xl"], "moe_active": lad["moe_active"],
+                          "hash_gap": [0.003, -0.004, -0.011, -0.024], "hash_low": [-0.01, -0.03, -0.035, -0.033],
+                          "hash_high": [0.016, 0.023, 0.013, -0.015],
+                          "hash_verdict": ["equivalent", "equivalent", "inconclusive", "A better"]})
+    sl = T.slopes(lad, worth)
+    assert sl.set_index("quantity").loc["position p", "points"] == 2  # the undefined sizes are no points
+    lead = T.lead_sentences(lad, worth, sl)
+    assert lead == ["At 0.82M training tokens, p is defined from 59k to 230k active parameters, too few sizes for a "
+                    "slope.",
+                    "At 0.52M and 0.92M, the dense models matched to the MoE's total and active parameters are not told "
+                    "apart, so p is undefined.",
+                    "A router hashing the token id beats the learned router at 0.92M by 0.024 [0.015, 0.033] nats "
+                    "(4 sizes)."]
