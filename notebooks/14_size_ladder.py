@@ -98,7 +98,7 @@ else:
     plots.save_table(scores, T.SCORES, out, index=False)
     plots.save_table(verdicts, T.VERDICTS, out, index=False)
     display(scores[["form", "size", "epochs", "quantity", "predicted", "pi_low", "pi_high", "measured", "inside",
-                    "error", "note"]])
+                    "error", "note", "measured_note"]])
     display(verdicts)
 
 # %% [markdown]

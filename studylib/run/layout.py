@@ -30,6 +30,22 @@ def outputs_root(preset: Optional[Preset] = None) -> Path:
     return Path("outputs")
 
 
+def link_shared_runs(preset: Preset, root: str | os.PathLike | None = None) -> None:
+    """Where ``preset`` shares another preset's runs (``runs:``), ``<root>/<name>/runs`` becomes a link
+    to ``<root>/<runs>/runs``, so whatever reads a preset's runs under its own folder (the report's
+    facts, TensorBoard, the run watcher) finds them. Nothing is done where the name is its own or
+    the folder already holds something (a link or a folder of its own)."""
+    if preset.runs == preset.name:
+        return
+    root = Path(root) if root is not None else outputs_root(preset)
+    link = root / preset.name / "runs"
+    if link.is_symlink() or link.exists():
+        return
+    link.parent.mkdir(parents=True, exist_ok=True)
+    (root / preset.runs / "runs").mkdir(parents=True, exist_ok=True)
+    link.symlink_to(Path("..") / preset.runs / "runs", target_is_directory=True)
+
+
 def run_dir_for(preset: Preset, model: str, seed: int, root: str | os.PathLike | None = None,
                 tag: Optional[str] = None) -> Path:
     """``<root>/<preset.runs>/runs/<model>/seed<seed>``; a variant (``tag``) lives one level deeper,

@@ -43,7 +43,7 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from studylib.config import ConfigError, load_preset
-from studylib.run.layout import outputs_root
+from studylib.run.layout import link_shared_runs, outputs_root
 from studylib.run.tensorboard import after_runs
 from studylib.study.runner.execute import StudyError, execute_all, notebook_header, notebook_parameters
 from studylib.study.orchestration.train import SCHEDULER_ENV, available_cores, default_jobs, scheduler_address
@@ -216,6 +216,7 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     headers = {py: notebook_header(py) for py in nbs}  # a bad header fails before any run trains
     preset, ov = apply_parameters(preset, extra.get("seeds"), extra.get("overrides"))
     out = root / outputs_root(preset) / preset.name  # where notebook_context puts it too
+    link_shared_runs(preset, root / outputs_root(preset))  # a preset sharing another's runs sees them here
     echo(f"study {preset.name!r}: {len(nbs)} notebook(s) -> {out / 'notebooks'}"
          + (f"; parameters {extra}" if extra else "")
          + (f"; the preset's study.notebooks: {', '.join(p.name.split('_')[0] for p in nbs)} (others: "

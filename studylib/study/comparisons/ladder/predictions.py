@@ -29,7 +29,7 @@ from studylib.config import ConfigError
 from studylib.config.identity import config_hash
 from studylib.storage.files import write_atomic
 from studylib.study.analysis.bootstrap import percentile_ci, pooled_sd
-from studylib.study.analysis.law.checks import CANDIDATES, PASS_SHARE, QUANTITIES, quantities, rests_on
+from studylib.study.analysis.law.checks import CANDIDATES, PASS_SHARE, QUANTITIES, cell_position, quantities, rests_on
 from studylib.study.analysis.law.fit import COLUMNS, fit_law, runs_frame
 from studylib.study.analysis.position import ROLES
 
@@ -203,7 +203,7 @@ def measured_cells(losses: pd.DataFrame, pred: pd.DataFrame) -> pd.DataFrame:
     """Per predicted cell (:data:`CELL_KEYS`) and quantity the measured value from notebook 09's
     per-run losses (``role``, ``size``, ``seed``, ``tokens``, ``stories``, ``value`` in bits per
     byte): each role's mean, the gaps and the position of the seed means (NaN where a role has no
-    run). A cell is matched on its MoE, stories and target tokens (within :data:`TOKENS_RTOL`)."""
+    run, and p where the dense pair is not resolved apart: ``measured_note`` says so). A cell is matched on its MoE, stories and target tokens (within :data:`TOKENS_RTOL`)."""
     rows = []
     for key, cell in pred.groupby(list(CELL_KEYS), sort=False):
         size, _, stories = key
@@ -213,9 +213,13 @@ def measured_cells(losses: pd.DataFrame, pred: pd.DataFrame) -> pd.DataFrame:
         means = m.groupby("role")["value"].mean().reindex(list(ROLES)).to_numpy()
         q = quantities(means)
         runs = m.groupby("role").size().reindex(list(ROLES))
+        full = runs.notna().all()
+        pos = cell_position(m) if full else {"position_defined": False, "position_reason": "a role has no run"}
         for name in QUANTITIES:
-            rows.append(dict(zip(CELL_KEYS, key), quantity=name, measured=float(q[name]),
-                             measured_n=int(runs.min()) if runs.notna().all() else 0))
+            undefined = name == "position" and not pos["position_defined"]  # the dense pair not apart: no p
+            rows.append(dict(zip(CELL_KEYS, key), quantity=name, measured=math.nan if undefined else float(q[name]),
+                             measured_n=int(runs.min()) if full else 0,
+                             measured_note=pos["position_reason"] if undefined else ""))
     return pd.DataFrame(rows)
 
 

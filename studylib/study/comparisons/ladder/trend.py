@@ -25,11 +25,12 @@ FIGURE = "ladder_against_size"
 
 def positions(map_table: pd.DataFrame, epochs: float = 1.0) -> pd.DataFrame:
     """The map's cells at ``epochs`` of the preset's schedule from all the stories (the headline's
-    data: the same target tokens at every size), smallest MoE first: ``size``, ``moe_active``,
+    data: the same target tokens at every size; a cell from a fraction of the stories, fewer unique
+    tokens, is left out), smallest MoE first: ``size``, ``moe_active``,
     ``tokens_per_param``, ``data_passes``, ``n`` (seeds), p and its 95% CI, the matched-active and
     matched-total gaps (nats, dense − MoE) and the trio's dense spread ``den`` (L_active − L_total)."""
-    t = map_table[np.isclose(map_table["epochs"], epochs) & ~map_table.get("repeats", False).astype(bool)]
-    t = t.sort_values("moe_active")
+    t = map_table[np.isclose(map_table["epochs"], epochs)]
+    t = t.sort_values("unique").drop_duplicates("size", keep="last").sort_values("moe_active")  # all the stories
     defined = t["position_defined"].astype(bool)
     return pd.DataFrame({"size": t["size"], "moe_active": t["moe_active"].astype(float),
                          "tokens_per_param": t["tokens_per_param"], "data_passes": t["data_passes"],
@@ -177,6 +178,14 @@ def figure(ladder: pd.DataFrame, worth: pd.DataFrame, clark: Optional[pd.DataFra
     return fig
 
 
+def _trend(r, up: str, down: str, none: str, alpha: float = 0.05) -> str:
+    """A slope's word: ``up`` / ``down`` where its Holm-adjusted p (the family of two slopes) is
+    below ``alpha``, else ``none`` (its unadjusted interval is printed beside it)."""
+    if not r["p_holm"] < alpha:
+        return none
+    return up if r["slope"] > 0 else down
+
+
 def _ci(x: float, lo: float, hi: float, f: str = "+.2f") -> str:
     return f"{x:{f}} [{lo:{f}}, {hi:{f}}]"
 
@@ -197,10 +206,11 @@ def ladder_sentences(ladder: pd.DataFrame, worth: pd.DataFrame, slope_rows: pd.D
         if not np.isfinite(r["slope"]):
             out.append(f"No slope of p against size: {r['reason']}.")
         else:
-            trend = ("rises" if r["ci_low"] > 0 else "falls" if r["ci_high"] < 0 else "has no resolved trend")
+            trend = _trend(r, "rises", "falls", "has no resolved trend")
             out.append(f"Over the {int(r['points'])} sizes where it is defined, p {trend} with size: "
-                       f"{_ci(r['slope'], r['ci_low'], r['ci_high'])} per decade (Holm p = {r['p_holm']:.2g} over the "
-                       f"two slopes; residual chi-square p = {r['chi2_p']:.2g}).")
+                       f"{_ci(r['slope'], r['ci_low'], r['ci_high'])} per decade (unadjusted 95% CI; Holm p = "
+                       f"{r['p_holm']:.2g} over the two slopes; the residuals' chi-square p = {r['chi2_p']:.2g}, "
+                       f"{'the sizes scatter about the line beyond their intervals' if r['chi2_p'] < 0.05 else 'no excess scatter'}).")
     if "hash_gap" in worth:
         w = worth.dropna(subset=["hash_gap"])
         gaps = "; ".join(f"{r.size} {_ci(r.hash_gap, r.hash_low, r.hash_high, '+.4f')} ({r.hash_verdict})"
@@ -209,7 +219,7 @@ def ladder_sentences(ladder: pd.DataFrame, worth: pd.DataFrame, slope_rows: pd.D
         if "hash − learned (nats)" in s.index:
             r = s.loc["hash − learned (nats)"]
             if np.isfinite(r["slope"]):
-                trend = ("grows" if r["ci_low"] > 0 else "shrinks" if r["ci_high"] < 0 else "has no resolved trend")
+                trend = _trend(r, "grows", "shrinks", "has no resolved trend")
                 out.append(f"The learned router's worth over a hash {trend} with size: "
                            f"{_ci(r['slope'], r['ci_low'], r['ci_high'], '+.4f')} nats per decade (Holm p = "
                            f"{r['p_holm']:.2g}).")
@@ -227,9 +237,9 @@ def lead_sentences(ladder: pd.DataFrame, worth: pd.DataFrame, slope_rows: pd.Dat
         span = f"from {size_text(ok['moe_active'].min())} to {size_text(ok['moe_active'].max())} active parameters"
         r = s.loc["position p"] if "position p" in s.index else None
         if r is not None and np.isfinite(r["slope"]):
-            how = "rises" if r["ci_low"] > 0 else "falls" if r["ci_high"] < 0 else "shows no resolved trend"
+            how = _trend(r, "rises", "falls", "shows no resolved trend")
             out.append(f"At {tokens / 1e6:.2f}M training tokens, p is defined {span}; it {how} "
-                       f"({_ci(r['slope'], r['ci_low'], r['ci_high'])} per decade).")
+                       f"({_ci(r['slope'], r['ci_low'], r['ci_high'])} per decade, Holm p = {r['p_holm']:.2g}).")
         else:
             out.append(f"At {tokens / 1e6:.2f}M training tokens, p is defined {span}, too few sizes for a slope.")
     if len(bad):

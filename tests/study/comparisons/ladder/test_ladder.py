@@ -235,7 +235,8 @@ def _ladder_tables(out, passed=(False, True), p_slope=(-0.12, -0.2, -0.04)):
                         "p_low": [0.0, -0.1, -0.3], "p_high": [0.2, 0.0, -0.1], "p_defined": [True, True, True],
                         "p_reason": ["", "", ""]})
     sl = pd.DataFrame([{"quantity": "position p", "slope": p_slope[0], "ci_low": p_slope[1], "ci_high": p_slope[2],
-                        "p": 0.01, "p_holm": 0.02, "points": 3, "chi2_p": 0.5, "reason": ""}])
+                        "p": 0.01, "p_holm": 0.02 if p_slope[1] * p_slope[2] > 0 else 0.6, "points": 3, "chi2_p": 0.5,
+                        "reason": ""}])
     ver = pd.DataFrame({"form": ["lambda", "multiplier"], "checked": [12, 12], "inside": [5, 11], "share": [5 / 12, 11 / 12],
                         "passed": list(passed), "loss_rmse_bpb": [0.05, 0.01], "position_rmse": [0.3, 0.1],
                         "fit_max_active": [2.3e5, 2.3e5]})
@@ -253,14 +254,14 @@ def test_the_ladders_first_screen_is_two_short_plain_sentences(tmp_path):
     _ladder_tables(tmp_path)
     a = L.answer(tmp_path)
     assert a.lead == ("At 0.82M training tokens, p is defined from 59k to 0.92M active parameters; it falls "
-                      "(-0.12 [-0.20, -0.04] per decade).",
+                      "(-0.12 [-0.20, -0.04] per decade, Holm p = 0.02).",
                       "1 of 2 law forms predicted the larger sizes before they trained; carried on, the chosen one puts "
                       "p at -0.21 [-0.33, -0.10] at the paper's size.")
     glance.check_lead(a.lead)
     assert "multiplier 11 of 12 inside (passed" in a.markdown and "lambda 5 of 12 inside (failed" in a.markdown
     _ladder_tables(tmp_path, passed=(False, False), p_slope=(0.02, -0.1, 0.14))
     a = L.answer(tmp_path)
-    assert a.lead[0].endswith("it shows no resolved trend (+0.02 [-0.10, +0.14] per decade).")
+    assert a.lead[0].endswith("it shows no resolved trend (+0.02 [-0.10, +0.14] per decade, Holm p = 0.6).")
     assert a.lead[1] == ("No law form predicted the larger sizes before they trained (2 tried), so p at the paper's "
                          "size is not identified beyond 0.92M.")
     assert "The law is not identified beyond 230,000 active parameters." in a.markdown
@@ -322,3 +323,16 @@ def test_where_the_dense_pair_ties_p_is_undefined_and_the_sentences_say_so():
                     "apart, so p is undefined.",
                     "A router hashing the token id beats the learned router at 0.92M by 0.024 [0.015, 0.033] nats "
                     "(4 sizes)."]
+
+
+def test_a_preset_sharing_runs_sees_them_under_its_own_folder(tmp_path):
+    from studylib.run.layout import link_shared_runs
+
+    scale = load_preset(ROOT / "params" / "cpu_scale.yaml")
+    link_shared_runs(scale, tmp_path)
+    (tmp_path / "cpu" / "runs" / "moe_l").mkdir()
+    assert (tmp_path / "cpu_scale" / "runs" / "moe_l").is_dir()  # the report's facts, TensorBoard read it here
+    link_shared_runs(scale, tmp_path)  # again: nothing changes
+    own = load_preset(ROOT / "params" / "cpu.yaml")
+    link_shared_runs(own, tmp_path / "x")
+    assert not (tmp_path / "x").exists()  # its own runs: no link
