@@ -132,8 +132,11 @@ def law_lead(ladder, verdicts, carried) -> list[str]:
         ci = f" [{pos['ci_low']:.2f}, {pos['ci_high']:.2f}]" if pos["ci_low"] == pos["ci_low"] else " (no interval)"
         return [f"{k} of {n} law forms predicted the larger sizes before they trained; carried on, the chosen one puts "
                 f"p at {pos['estimate']:.2f}{ci} at the paper's size."]
-    return [f"No law form predicted the larger sizes before they trained ({n} tried), so p at the paper's size is "
-            f"not identified beyond {ladder['moe_active'].max() / 1e6:.2f}M."]
+    from studylib.study.comparisons.ladder.trend import size_text
+
+    top = float(verdicts["fit_max_active"].max()) if n else float(ladder["moe_active"].max())
+    return [f"No law form predicted the larger sizes before they trained ({n} tried), so the law is not identified "
+            f"beyond {size_text(top)} and says nothing at the paper's size."]
 
 
 def law_sentences(verdicts, carried) -> list[str]:

@@ -258,8 +258,8 @@ def lead_sentences(ladder: pd.DataFrame, worth: pd.DataFrame, slope_rows: pd.Dat
                 said.append(f"{who} at {size_text(r['moe_active'])} by {_ci(*g, '.3f')} nats")
             elif len(t):
                 said.append(f"{who} at {listed(size_text(n) for n in t['moe_active'])}")
-        out.append(("; ".join(said) if said else "No size resolves the learned router from a router hashing the "
-                    "token id") + f" ({len(w)} sizes).")
+        said = "; ".join(said) if said else "no size resolves the learned router from a router hashing the token id"
+        out.append(f"Of {len(w)} sizes, {said[0].lower()}{said[1:]}.")
     return out
 
 

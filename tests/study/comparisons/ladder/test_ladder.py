@@ -262,8 +262,8 @@ def test_the_ladders_first_screen_is_two_short_plain_sentences(tmp_path):
     _ladder_tables(tmp_path, passed=(False, False), p_slope=(0.02, -0.1, 0.14))
     a = L.answer(tmp_path)
     assert a.lead[0].endswith("it shows no resolved trend (+0.02 [-0.10, +0.14] per decade, Holm p = 0.6).")
-    assert a.lead[1] == ("No law form predicted the larger sizes before they trained (2 tried), so p at the paper's "
-                         "size is not identified beyond 0.92M.")
+    assert a.lead[1] == ("No law form predicted the larger sizes before they trained (2 tried), so the law is not "
+                         "identified beyond 230k and says nothing at the paper's size.")
     assert "The law is not identified beyond 230,000 active parameters." in a.markdown
 
 
@@ -321,8 +321,8 @@ def test_where_the_dense_pair_ties_p_is_undefined_and_the_sentences_say_so():
                     "slope.",
                     "At 0.52M and 0.92M, the dense models matched to the MoE's total and active parameters are not told "
                     "apart, so p is undefined.",
-                    "A router hashing the token id beats the learned router at 0.92M by 0.024 [0.015, 0.033] nats "
-                    "(4 sizes)."]
+                    "Of 4 sizes, a router hashing the token id beats the learned router at 0.92M by 0.024 [0.015, "
+                    "0.033] nats."]
 
 
 def test_a_preset_sharing_runs_sees_them_under_its_own_folder(tmp_path):
