@@ -130,25 +130,35 @@ def clark_worth(clark_positions: pd.DataFrame, experts: int = 4) -> pd.DataFrame
     return w
 
 
+def _line(ax, r, x_max: float, fmt: str) -> None:
+    """A :func:`slope` row's line over its fitted range (from its smallest x to ``x_max``)."""
+    xs = np.linspace(r["x0"], math.log10(x_max), 50)
+    ax.plot(10 ** xs, r["intercept"] + r["slope"] * (xs - r["x0"]), color="black", lw=1,
+            label=f"line: {r['slope']:{fmt}} [{r['ci_low']:{fmt}}, {r['ci_high']:{fmt}}] per decade")
+
+
 def figure(ladder: pd.DataFrame, worth: pd.DataFrame, clark: Optional[pd.DataFrame], slope_rows: pd.DataFrame,
            outdir=None, name: str = FIGURE):
-    """Two panels against active parameters (log x): p at every size with its 95% CI and the fitted
-    line, Clark et al.'s S-Base and Hash (E = 4) and the paper's 0.81; and the learned router's p
-    minus the hash router's (the paired gap over the dense spread) beside Clark's S-Base − Hash."""
+    """Three panels against active parameters (log x): p at every size where it is defined, with its
+    95% CI and the fitted line, Clark et al.'s S-Base and Hash (E = 4) and the paper's 0.81 (the
+    sizes where p is undefined marked); the hash router's loss minus the learned one's at every
+    size (paired, nats) with its line; and the learned router's p minus the hash router's beside
+    Clark's S-Base − Hash."""
     import matplotlib.pyplot as plt
 
     from studylib.study.analysis.plots import save_figure
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.8))
-    yerr = np.vstack([ladder["p"] - ladder["p_low"], ladder["p_high"] - ladder["p"]]).clip(min=0)
-    a.errorbar(ladder["moe_active"], ladder["p"], yerr=yerr, fmt="o", color="black", capsize=3,
+    fig, (a, g, b) = plt.subplots(1, 3, figsize=(16, 4.8))
+    ok = ladder[ladder["p_defined"].astype(bool)] if "p_defined" in ladder else ladder
+    yerr = np.vstack([ok["p"] - ok["p_low"], ok["p_high"] - ok["p"]]).clip(min=0)
+    a.errorbar(ok["moe_active"], ok["p"], yerr=yerr, fmt="o", color="black", capsize=3,
                label="this study, learned router (95% CI)")
     s = slope_rows.set_index("quantity")
     if "position p" in s.index and np.isfinite(s.loc["position p", "slope"]):
-        r = s.loc["position p"]
-        xs = np.linspace(r["x0"], math.log10(ladder["moe_active"].max()), 50)
-        a.plot(10 ** xs, r["intercept"] + r["slope"] * (xs - r["x0"]), color="black", lw=1,
-               label=f"line: {r['slope']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] per decade")
+        _line(a, s.loc["position p"], ok["moe_active"].max(), "+.2f")
+    undefined = ladder.loc[~ladder["p_defined"].astype(bool), "moe_active"] if "p_defined" in ladder else []
+    for k, n in enumerate(undefined):
+        a.axvline(n, color="grey", ls="--", lw=0.8, label="p undefined (the dense pair tied)" if k == 0 else None)
     if clark is not None and len(clark):
         for router, colour in (("S-Base", "tab:blue"), ("Hash", "tab:orange")):
             if router in clark:
@@ -157,21 +167,28 @@ def figure(ladder: pd.DataFrame, worth: pd.DataFrame, clark: Optional[pd.DataFra
             b.plot(clark["n_active"], clark["dp_hash"], "o-", color="tab:blue", label="Clark et al. S-Base − Hash (E = 4)")
     a.scatter([PAPER_ACTIVE_PARAMS], [PAPER_POSITION], marker="*", s=200, color="crimson", edgecolor="black",
               label=f"the paper ({PAPER_POSITION:.2f})", zorder=5)
-    for n in ladder.loc[~ladder["p_defined"].astype(bool), "moe_active"] if "p_defined" in ladder else ():
-        a.axvline(n, color="grey", ls="--", lw=0.8)
-        a.text(n, 0.02, " p undefined:\n dense pair tied", transform=a.get_xaxis_transform(), fontsize=7, color="grey")
+    if "hash_gap" in worth:
+        w = worth.dropna(subset=["hash_gap"])
+        err = np.vstack([w["hash_gap"] - w["hash_low"], w["hash_high"] - w["hash_gap"]]).clip(min=0)
+        g.errorbar(w["moe_active"], w["hash_gap"], yerr=err, fmt="o", color="black", capsize=3,
+                   label="hash − learned, paired (95% CI)")
+        if "hash − learned (nats)" in s.index and np.isfinite(s.loc["hash − learned (nats)", "slope"]):
+            _line(g, s.loc["hash − learned (nats)"], w["moe_active"].max(), "+.3f")
     if "dp_hash" in worth:
         w = worth.dropna(subset=["dp_hash"])
         err = np.vstack([w["dp_hash"] - w["dp_hash_low"], w["dp_hash_high"] - w["dp_hash"]]).clip(min=0)
         b.errorbar(w["moe_active"], w["dp_hash"], yerr=err, fmt="o", color="black", capsize=3,
                    label="this study, learned − hash (95% CI)")
-    for ax, title in ((a, "Position p at the headline's data"), (b, "The learned router's p minus the hash router's")):
+    for ax, title in ((a, "Position p at the headline's data"),
+                      (g, "Hash router's loss − the learned router's (> 0: learned better)"),
+                      (b, "The learned router's p minus the hash router's")):
         ax.axhline(0, color="grey", ls=":", lw=1)
         ax.set_xscale("log")
         ax.set_xlabel("active parameters N (log scale)")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7, loc="best")
     a.set_ylabel("p (0: active match, 1: total match)")
+    g.set_ylabel("nats")
     b.set_ylabel("p difference")
     fig.tight_layout()
     save_figure(fig, name, outdir)
