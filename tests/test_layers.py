@@ -118,16 +118,27 @@ def _comparison_of(module: str) -> str | None:
         and (COMPARISONS / parts[3]).is_dir() else None
 
 
+def _builds_on(own: str | None) -> tuple:
+    """The comparison packages ``own``'s Comparison declares it builds on (``builds_on``)."""
+    if own is None:
+        return ()
+    import importlib
+
+    found = getattr(importlib.import_module(f"studylib.study.comparisons.{own}"), "COMPARISON", None)
+    return tuple(getattr(found, "builds_on", ()))
+
+
 def _crossing(path: Path, me: str) -> list[str]:
     own = _comparison_of(me)
     return [f"line {ln}: {mod}" for ln, mod in _imports(path, me)
-            if own is not None and _comparison_of(mod) not in (None, own)]
+            if own is not None and _comparison_of(mod) not in (None, own, *_builds_on(own))]
 
 
 @pytest.mark.parametrize("path", [p for p in SOURCES if p.is_relative_to(COMPARISONS)],
                          ids=lambda p: str(p.relative_to(PKG)))
 def test_no_comparison_imports_another(path):
-    """What two comparisons share lives below them (study/analysis: the law, the position, the paper)."""
+    """What two comparisons share lives below them (study/analysis: the law, the position, the paper);
+    a comparison that builds on another's plan and tables declares it (``Comparison.builds_on``)."""
     me = _module_name(path)
     assert not _crossing(path, me), f"{me} imports another comparison: " + "; ".join(_crossing(path, me))
 

@@ -91,6 +91,15 @@ class Answer:
     glance: tuple = ()
     lead: tuple[str, ...] = ()
     key_figure: Optional[Path] = None
+    lead_topics: tuple[Optional[str], ...] = ()
+    covers: tuple[str, ...] = ()
+
+    def lead_without(self, covered: set) -> tuple[str, ...]:
+        """The lead's sentences but those whose topic (``lead_topics``, parallel to ``lead``; None or
+        absent: always said) another comparison's answer ``covers`` (a topic it words better: the
+        size ladder's scored law words "law" and "routers" where it ran)."""
+        topics = tuple(self.lead_topics) + (None,) * (len(self.lead) - len(self.lead_topics))
+        return tuple(s for s, t in zip(self.lead, topics) if t is None or t not in covered)
 
 
 def family_sentences(table: pd.DataFrame) -> list[str]:
@@ -128,7 +137,8 @@ class Comparison:
     it reads), ``parameters`` (the notebook's own ``-p`` parameters the plan depends on, e.g.
     notebook 04's ``model``), ``jobs`` (runs at a time when the notebook trains them itself; None:
     the notebook's), ``stage`` (a :class:`Stage` that trains and acts before the rest; None: one
-stage), ``tables`` (the CSV names, under ``tables/``, of its families of comparisons:
+stage), ``builds_on`` (the comparison packages whose plan and tables it reads, the only ones it
+may import: notebook 14 builds on the map's), ``tables`` (the CSV names, under ``tables/``, of its families of comparisons:
     the report words each with ``words``, one sentence per family) and ``answer`` (``(outputs dir)
     -> Answer``: what it adds to the report's answer, from its tables and figures; None: nothing)."""
 
@@ -142,6 +152,7 @@ stage), ``tables`` (the CSV names, under ``tables/``, of its families of compari
     words: Callable[[pd.DataFrame], list[str]] = family_sentences
     answer: Optional[Callable[[Path], Answer]] = None
     stage: Optional[Stage] = None
+    builds_on: tuple[str, ...] = ()
 
     def given(self, parameters: Optional[Mapping[str, Any]]) -> dict:
         """The notebook's ``parameters`` the plan takes (the others are the notebook's alone)."""

@@ -303,3 +303,22 @@ def execute_all(nbs: Sequence[Path], nb_out: Path, parameters: dict, root: Path,
     if failed:
         raise failed[min(failed)]
     return {stems[py]: times[stems[py]] for py in nbs}
+
+
+def environment(name: str, value: Optional[str]):
+    """Context manager: ``$name`` set to ``value`` for the block (unchanged when ``value`` is None)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def scoped():
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+    return scoped() if value is not None else contextlib.nullcontext()

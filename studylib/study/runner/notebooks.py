@@ -45,7 +45,7 @@ import yaml
 from studylib.config import ConfigError, load_preset
 from studylib.run.layout import link_shared_runs, outputs_root
 from studylib.run.tensorboard import after_runs
-from studylib.study.runner.execute import StudyError, execute_all, notebook_header, notebook_parameters
+from studylib.study.runner.execute import StudyError, environment, execute_all, notebook_header, notebook_parameters
 from studylib.study.orchestration.train import SCHEDULER_ENV, available_cores, default_jobs, scheduler_address
 from studylib.study.runner.parameters import apply_parameters, check_notebook, check_parameters
 from studylib.study.runner.report import write_answer, write_report
@@ -228,7 +228,7 @@ def run_study(params: str, notebooks: Optional[Sequence[str]] = None, jobs: Opti
     lone = [py.name.split("_")[0] for py in nbs if headers[py].run_alone]
     echo(f"notebooks: {min(notebook_jobs, len(nbs))} at a time"
          + (f"; {', '.join(lone)} alone (run_alone in the header)" if lone and notebook_jobs > 1 else ""))
-    with _environment(SCHEDULER_ENV, address):  # a run a notebook trains itself goes to the same cluster
+    with environment(SCHEDULER_ENV, address):  # a run a notebook trains itself goes to the same cluster
         times = execute_all(nbs, out / "notebooks", per_notebook, root, timeout, progress, echo, t_start,
                             notebook_jobs, headers)
     after_runs(out / "runs", echo)  # every run trained, by the queue or by a notebook: its TensorBoard curves
@@ -258,25 +258,6 @@ def _check_notebook_jobs(notebook_jobs) -> int:
     if isinstance(notebook_jobs, bool) or not isinstance(notebook_jobs, int) or notebook_jobs < 1:
         raise ConfigError(f"notebook_jobs: must be a positive integer, got {notebook_jobs!r}")
     return notebook_jobs
-
-
-def _environment(name: str, value: Optional[str]):
-    """Context manager: ``$name`` set to ``value`` for the block (unchanged when ``value`` is None)."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def scoped():
-        old = os.environ.get(name)
-        os.environ[name] = value
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
-
-    return scoped() if value is not None else contextlib.nullcontext()
 
 
 def plan_study(preset, nbs: Sequence[Path], parameters: Optional[Mapping[Path, Mapping]] = None,

@@ -150,9 +150,11 @@ def answer_cells(out_dir: os.PathLike, paths: Sequence[Path] = ()) -> list:
 
     out_dir = Path(out_dir)
     rows, lead, key, folded, limits, moe = [], [], None, [], [], None
-    for c, part in _parts(out_dir):
+    found = _parts(out_dir)
+    covered = {t for _, part in found for t in part.covers}
+    for c, part in found:
         rows += part.glance
-        lead += part.lead
+        lead += part.lead_without(covered - set(part.covers))
         key = part.key_figure or key
         nb = c.notebook.split("_")[0]
         folded.append(_details(f"Notebook {nb} ({c.name.replace('_', ' ')}) in full", part.markdown,
@@ -181,7 +183,9 @@ def write_answer(out_dir: os.PathLike) -> Path:
 
     out_dir = Path(out_dir)
     parts = [p for _, p in _parts(out_dir)]
-    rows, lead = [r for p in parts for r in p.glance], [s for p in parts for s in p.lead]
+    covered = {t for p in parts for t in p.covers}
+    rows = [r for p in parts for r in p.glance]
+    lead = [s for p in parts for s in p.lead_without(covered - set(p.covers))]
     text = (glance_markdown(QUESTION, rows, lead) + "\n\n## For the README (at most 150 words)\n\n"
             + readme_answer(lead, f"outputs/{out_dir.name}/report.html") + "\n")
     path = out_dir / "answer.md"

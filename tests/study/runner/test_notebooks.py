@@ -323,7 +323,7 @@ def test_the_timing_notebooks_are_marked_run_alone():
     assert [p.name for p in nbs if study.notebook_header(p).run_alone] == ["05_throughput.py", "07_iso_width.py"]
     # and those that read another's tables: 13 reads 09's map (its position against size)
     assert {p.name: study.notebook_header(p).after for p in nbs if study.notebook_header(p).after} == {
-        "13_controls.py": ("09",)}
+        "13_controls.py": ("09",), "14_size_ladder.py": ("09", "13")}
 
 
 def test_run_alone_header_errors_name_the_file(repo):

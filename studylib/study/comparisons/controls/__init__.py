@@ -86,16 +86,15 @@ def answer(out_dir: Path) -> Answer:
     twin = read_table(out_dir, TWIN, ("mean", "ci_low", "ci_high", "verdict", "family"))
     full = lead_sentence(pos, gap, twin, read_table(out_dir, CLARK_TREND, ("router", "experts", "size", "p", "ci_lo",
                                                                            "ci_hi", "decades_out")))
-    from studylib.study.comparisons.ladder.trend import WORTH  # where the size ladder ran, it words the routers
-
-    lead = [] if (out_dir / "tables" / f"{WORTH}.csv").is_file() else lead_sentences(pos, gap, twin)
+    lead = lead_sentences(pos, gap, twin)
     figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (POSITION_AGAINST_SIZE, GAPS)) if p.is_file())
     shown_cols = ("cell", "role", "model", "p [95% CI]", "gap to the reference", "verdict")
     shown = read_table(out_dir, CONTROLS, shown_cols)
     table = "" if shown is None else "\n\n" + markdown_table(shown_cols, shown[list(shown_cols)].itertuples(index=False))
     said = full or ("No sentence on the first screen: its first cell has no hash or frozen router, nor one expert "
                     "with its twin.")
-    return Answer(f"**Controls (notebook 13).** {said}{table}", figures, lead=tuple(lead))
+    return Answer(f"**Controls (notebook 13).** {said}{table}", figures, lead=tuple(lead),
+                  lead_topics=("routers",) * len(lead))
 
 
 COMPARISON = Comparison("controls", "13_controls", ControlsKnobs, grids, tables=(GAPS, TWIN), answer=answer)

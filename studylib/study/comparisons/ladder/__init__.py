@@ -117,7 +117,7 @@ def answer(out: Path) -> Answer:
     fig = out / "figures" / f"{trend.FIGURE}.png"
     lead = trend.lead_sentences(lad, worth if worth is not None else lad.iloc[:0], sl) + law_lead(lad, verdicts, carried)
     return Answer("**The size ladder (notebook 14).**\n\n" + "\n".join(f"* {s}" for s in words),
-                  (fig,) if fig.is_file() else (), lead=tuple(lead))
+                  (fig,) if fig.is_file() else (), lead=tuple(lead), covers=("law", "routers"))
 
 
 def law_lead(ladder, verdicts, carried) -> list[str]:
@@ -160,4 +160,5 @@ def law_sentences(verdicts, carried) -> list[str]:
     return out
 
 
-COMPARISON = Comparison("ladder", "14_size_ladder", LadderKnobs, grids, answer=answer, stage=STAGE)
+COMPARISON = Comparison("ladder", "14_size_ladder", LadderKnobs, grids, answer=answer, stage=STAGE,
+                        builds_on=("token_budget",))

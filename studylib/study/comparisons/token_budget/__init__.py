@@ -117,15 +117,12 @@ def answer(out_dir: Path) -> Answer:
 
     figures = tuple(p for p in (out_dir / "figures" / f"{f}.png" for f in (MAP, CROSSING))
                     if p.is_file())
-    from studylib.study.comparisons.ladder.trend import CARRIED  # where the size ladder ran, its law speaks
-
-    rows, lead = map_glance(table, _table(out_dir, PER_SEED), _table(out_dir, LAW_PAPER),
-                            law_said_elsewhere=(out_dir / "tables" / f"{CARRIED}.csv").is_file())
+    rows, lead = map_glance(table, _table(out_dir, PER_SEED), _table(out_dir, LAW_PAPER))
     key = out_dir / "figures" / f"{MAP}.png"
     summary = map_sentence(table, _table(out_dir, LAW_PAPER), _table(out_dir, LAW_FORMS_PAPER), _table(out_dir, LAW_CHOICE))
     return Answer("**The token-budget map (notebook 09).** " + summary + "\n\n"
                   + "\n".join(f"* {s}" for s in map_sentences(out_dir, table)),
-                  figures, (LIMITS,), glance=tuple(rows), lead=tuple(lead), key_figure=key if key.is_file() else None)
+                  figures, (LIMITS,), glance=tuple(rows), lead=tuple(lead), lead_topics=(None, "law"), key_figure=key if key.is_file() else None)
 
 
 COMPARISON = Comparison("token_budget", "09_token_budget", TokenBudgetKnobs, grids, answer=answer)

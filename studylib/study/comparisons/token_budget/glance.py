@@ -165,12 +165,11 @@ def map_sentence(table: pd.DataFrame, paper: Optional[pd.DataFrame], forms: Opti
     return win_clause(table) + " " + said[0].upper() + said[1:] + "."
 
 
-def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Optional[pd.DataFrame],
-               law_said_elsewhere: bool = False) -> tuple[list[GlanceRow], list[str]]:
-    """(the best-supported point's row and the law's, the map's plain sentences: where the MoE wins,
-    and what the law puts at the paper's point unless ``law_said_elsewhere``: the size ladder's
-    scored law says it) from ``token_budget_gaps.csv``, ``token_budget_per_seed.csv`` and
-    ``token_budget_law_paper.csv``."""
+def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Optional[pd.DataFrame]
+               ) -> tuple[list[GlanceRow], list[str]]:
+    """(the best-supported point's row and the law's, the map's two plain sentences: where the MoE
+    wins, and what the law puts at the paper's point) from ``token_budget_gaps.csv``,
+    ``token_budget_per_seed.csv`` and ``token_budget_law_paper.csv``."""
     rows = []
     best = best_point(table)
     if best is not None:
@@ -179,11 +178,8 @@ def map_glance(table: pd.DataFrame, per_seed: Optional[pd.DataFrame], paper: Opt
         rows.append(_law_row(paper))
     else:  # notebook 09 always writes it: missing is said, not a row dropped
         rows.append(missing_row("joint law at the paper's N and D", "tables/token_budget_law_paper.csv"))
-    lead = [win_clause(table)]
-    if not law_said_elsewhere:
-        lead.append(law_sentence(paper) if paper is not None and len(paper) else
-                    "The joint law's answer is missing: no tables/token_budget_law_paper.csv (run notebook 09 again).")
-    return rows, lead
+    return rows, [win_clause(table), law_sentence(paper) if paper is not None and len(paper) else
+                  "The joint law's answer is missing: no tables/token_budget_law_paper.csv (run notebook 09 again)."]
 
 
 __all__ = ["FORM_NAMES", "best_point", "win_clause", "law_clause", "law_sentence", "chosen_form", "map_sentence", "map_glance"]

@@ -336,3 +336,14 @@ def test_a_preset_sharing_runs_sees_them_under_its_own_folder(tmp_path):
     own = load_preset(ROOT / "params" / "cpu.yaml")
     link_shared_runs(own, tmp_path / "x")
     assert not (tmp_path / "x").exists()  # its own runs: no link
+
+
+def test_where_the_ladder_ran_its_sentences_replace_the_maps_law_and_the_controls_on_the_first_screen():
+    from studylib.study.comparisons.base import Answer
+
+    m = Answer("map", lead=("win.", "law."), lead_topics=(None, "law"))
+    c = Answer("controls", lead=("hash.", "twin."), lead_topics=("routers", "routers"))
+    ladder = Answer("ladder", lead=("p.", "no law."), covers=("law", "routers"))
+    covered = {t for a in (m, c, ladder) for t in a.covers}
+    assert [s for a in (m, c, ladder) for s in a.lead_without(covered - set(a.covers))] == ["win.", "p.", "no law."]
+    assert m.lead_without(set()) == ("win.", "law.") and c.lead_without(set()) == ("hash.", "twin.")
