@@ -82,19 +82,14 @@ fig = T.figure(ladder, worth, clark, slope_rows, outdir=out)
 # ## The law's predictions, written before the new sizes trained, scored on them
 
 # %%
-table, stamp = P.read(out)
-n_fit_grids = sum(len(t.cells()) for t in fit_trios)
-predicted_dirs = sorted({s.run_dir for group in runs.specs[n_fit_grids:] for s in group})
-if table is None:
+dirs = L.predicted_dirs(runs, fit_trios)
+stamp, scores, verdicts = P.scored(out, dirs, losses)
+if stamp is None:
     print("no pre-run prediction table: the predicted runs began before any prediction was written (or the "
           "stage did not run); no form is scored")
-    scores = verdicts = table
 else:
-    P.check_written_before(stamp, predicted_dirs)
     print(f"written {stamp['written_at']} from {stamp['fit_runs']} runs (fit set hash {stamp['fit_hash']}), "
-          f"before the {len(predicted_dirs)} runs it predicts began")
-    scores = P.score(table, losses)
-    verdicts = P.form_verdicts(scores)
+          f"before the {len(dirs)} runs it predicts began")
     plots.save_table(scores, T.SCORES, out, index=False)
     plots.save_table(verdicts, T.VERDICTS, out, index=False)
     display(scores[["form", "size", "epochs", "quantity", "predicted", "pi_low", "pi_high", "measured", "inside",

@@ -208,7 +208,8 @@ def _missing(here: pd.DataFrame, fam: pd.DataFrame, twin: Optional[pd.DataFrame]
 def _first_cell(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFrame], hash_name: str,
                 learned: str) -> tuple:
     """(the first cell, its positions, its gaps' family, [the hash and frozen routers against the
-    learned one, worded by :func:`_against`], one expert against its twin or None) of ``pos`` (not empty)."""
+    learned one, worded by :func:`_against`], the one expert's row against its twin or None) of
+    ``pos`` (not empty)."""
     cell = pos["cell"].iloc[0]
     here = pos[pos["cell"] == cell]
     fam = gap[gap["family"].str.contains(cell, regex=False)]
@@ -219,8 +220,7 @@ def _first_cell(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFram
         if len(rows):
             routers.append(_against(rows.iloc[0], name, learned if not routers else "it"))
     t = twin[twin["family"].str.contains(cell, regex=False)] if twin is not None and len(twin) else None
-    one = _against(t.iloc[0], "{one}", "its dense twin") if t is not None and len(t) else None
-    return cell, here, fam, routers, one
+    return cell, here, fam, routers, t.iloc[0] if t is not None and len(t) else None
 
 
 def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFrame],
@@ -236,7 +236,7 @@ def lead_sentence(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataFr
     if not len(pos):
         return f"Controls: not stated (incomplete tables, run notebook 13 again: {POSITIONS}.csv has no rows)."
     cell, here, fam, parts, one = _first_cell(pos, gap, twin, "a router hashing the token id", "the learned one")
-    parts += [one.format(one="one expert")] if one else []
+    parts += [_against(one, "one expert", "its dense twin")] if one is not None else []
     at = "that budget" if cell.endswith(" @ 1 epochs") else cell  # the headline's budget, the sentence before
     lack = _missing(here, fam, twin, cell)
     lack = lack and f"incomplete tables, run notebook 13 again: {lack}"
@@ -267,5 +267,5 @@ def lead_sentences(pos: pd.DataFrame, gap: pd.DataFrame, twin: Optional[pd.DataF
         return ["Controls: not stated (incomplete tables; see below)."]
     _, _, _, routers, one = _first_cell(pos, gap, twin, "A router hashing the token id", "the learned router")
     out = [", and ".join(routers) + "."] if routers else []
-    out += [one.format(one="One expert") + "."] if one else []
+    out += [_against(one, "One expert", "its dense twin") + "."] if one is not None else []
     return out

@@ -52,6 +52,13 @@ def _grids(study: Study, trios) -> list[Grid]:
     return cell_grids(study.preset, trios, study.preset.seeds, epoch_steps(study.preset))
 
 
+def predicted_dirs(runs: Runs, fit) -> list[Path]:
+    """The run folders of the predicted cells among ``runs`` (:func:`grids`' order: the fit set's
+    ``fit`` trios' grids first)."""
+    first = sum(len(t.cells()) for t in fit)
+    return sorted({s.run_dir for group in runs.specs[first:] for s in group})
+
+
 def grids(study: Study, knobs: LadderKnobs) -> list[Grid]:
     """The map's grids: the fit set's, then the predicted trios' (one grid per trio x cell)."""
     fit, new = split(study, knobs)
@@ -85,7 +92,7 @@ def predict_before(study: Study, knobs: LadderKnobs, runs: Runs) -> None:
     if stamp is not None and stamp.get("fit_hash") == h:
         print(f"ladder: the predictions of {predictions.TABLE} (written {stamp['written_at']}) stand: same fit set")
         return
-    began = predictions.may_predict(dirs)
+    began = predictions.begun(dirs)
     if began:
         print(f"ladder: no predictions written: {len(began)} of the {len(dirs)} predicted runs have begun "
               f"(e.g. {began[0]}); the scores will say so")
@@ -161,4 +168,4 @@ def law_sentences(verdicts, carried) -> list[str]:
 
 
 COMPARISON = Comparison("ladder", "14_size_ladder", LadderKnobs, grids, answer=answer, stage=STAGE,
-                        builds_on=("token_budget",))
+                        builds_on=("token_budget", "controls"))

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import math
 from pathlib import Path
@@ -165,7 +166,7 @@ def read(out_dir: Path) -> tuple[Optional[pd.DataFrame], Optional[dict]]:
     except ValueError:
         raise ConfigError(f"{s}: not a JSON stamp; delete it and {t.name} to predict again") from None
     text = t.read_text()
-    table = pd.read_csv(t)
+    table = pd.read_csv(io.StringIO(text))
     if config_hash(text) != stamp.get("table_sha"):
         raise ConfigError(f"{t}: not the table its stamp {s.name} was written with (edited after the runs it "
                           f"predicts?); delete both to predict again before those runs train")
@@ -193,7 +194,7 @@ def check_written_before(stamp: Mapping, run_dirs: Sequence[Path]) -> None:
                               f"table) and run the study again")
 
 
-def may_predict(run_dirs: Sequence[Path]) -> list[Path]:
+def begun(run_dirs: Sequence[Path]) -> list[Path]:
     """The runs of ``run_dirs`` that have begun (a prediction written now would not precede them)."""
     return [Path(d) for d in run_dirs if run_started(d) is not None]
 
@@ -253,7 +254,7 @@ def form_verdicts(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["FORMS", "TABLE", "CELL_KEYS", "new_cells", "inputs_hash", "predict", "write", "read", "run_started",
-           "check_written_before", "may_predict", "measured_cells", "score", "form_verdicts", "table_path",
+           "check_written_before", "begun", "scored", "measured_cells", "score", "form_verdicts", "table_path",
            "stamp_path"]
 
 
@@ -283,3 +284,15 @@ def carry(verdicts: Optional[pd.DataFrame], choice: Optional[pd.DataFrame], law_
                 form = f
     law = fit_law(runs_frame(law_runs, "ladder carried law")[list(COLUMNS)], form, False, n_boot=n_boot, seed=seed)
     return paper_point(law).assign(form=form, passed=", ".join(passed))
+
+
+def scored(out_dir: Path, predicted_dirs: Sequence[Path], losses: pd.DataFrame) -> tuple:
+    """(stamp, :func:`score`, :func:`form_verdicts`) of the table under ``out_dir``, refused when it
+    was written after a run of ``predicted_dirs`` began (:func:`check_written_before`); (None, None,
+    None) where no table was written (the predicted runs began first, or the stage did not run)."""
+    table, stamp = read(out_dir)
+    if table is None:
+        return None, None, None
+    check_written_before(stamp, predicted_dirs)
+    scores = score(table, losses)
+    return stamp, scores, form_verdicts(scores)

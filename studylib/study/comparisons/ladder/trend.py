@@ -14,6 +14,7 @@ import pandas as pd
 from scipy import stats
 
 from studylib.study.analysis.stats import holm
+from studylib.study.comparisons.controls.analysis import ROLE_LABELS  # 13's words for its roles
 from studylib.study.analysis.paper import PAPER_ACTIVE_PARAMS, PAPER_POSITION
 
 #: the tables notebook 14 writes (names under ``tables/``, the figure's under ``figures/``)
@@ -64,16 +65,18 @@ def router_worth(gaps: pd.DataFrame, control_positions: pd.DataFrame, ladder: pd
         g = gaps[(gaps["b"] == r.size) & gaps["family"].str.contains(f"({cell})", regex=False)]
         pos = control_positions[control_positions["cell"] == cell].set_index("role")
         row = {"size": r.size, "moe_active": r.moe_active}
-        for role, words in (("hash", "hash router"), ("frozen", "frozen router")):
+        for role in ("hash", "frozen"):
+            words = ROLE_LABELS[role]
             h = g[g["a"].isin(pos.loc[pos.index == words, "model"])] if words in pos.index else g.iloc[:0]
             if len(h):
                 h = h.iloc[0]
                 row.update({f"{role}_gap": h["mean"], f"{role}_low": h["ci_low"], f"{role}_high": h["ci_high"],
                             f"{role}_n": int(h["n"]), f"{role}_verdict": h["verdict"], f"{role}_p_holm": h["p_holm"]})
-        if ("hash_gap" in row and bool(r.p_defined) and "learned router (reference)" in pos.index
-                and "hash router" in pos.index):  # p, and so a p difference, needs the dense pair apart
-            row["p_learned"] = float(pos.loc["learned router (reference)", "position"])
-            row["p_hash"] = float(pos.loc["hash router", "position"])
+        learned, hashed = ROLE_LABELS["moe"], ROLE_LABELS["hash"]
+        if "hash_gap" in row and bool(r.p_defined) and learned in pos.index and hashed in pos.index:
+            # p, and so a p difference, needs the dense pair apart
+            row["p_learned"] = float(pos.loc[learned, "position"])
+            row["p_hash"] = float(pos.loc[hashed, "position"])
             row["dp_hash"] = row["hash_gap"] / r.den
             row["dp_hash_low"], row["dp_hash_high"] = sorted((row["hash_low"] / r.den, row["hash_high"] / r.den))
         rows.append(row)

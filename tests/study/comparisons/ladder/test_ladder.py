@@ -110,7 +110,7 @@ def test_a_table_written_after_a_run_it_predicts_began_is_refused(tmp_path, pred
     P.check_written_before(back, [late, tmp_path / "not_begun"])  # a run after the table, one not begun: fine
     with pytest.raises(ConfigError, match="after the run .*early.* began"):
         P.check_written_before(back, [late, early])
-    assert P.may_predict([late, tmp_path / "none"]) == [late]
+    assert P.begun([late, tmp_path / "none"]) == [late]
 
 
 def test_a_table_edited_after_its_stamp_is_refused(tmp_path, predicted):
